@@ -1,0 +1,55 @@
+//! Generated Rust for the gRPC APIs we speak: battery's `poolmgr.v1alpha1`, the
+//! flintlock messages and MicroVM service it uses, and flintlock's exec and SSH proxy
+//! services. Generated code only; the `.proto` files under `proto/` are the source.
+
+#![allow(missing_docs, clippy::all, clippy::pedantic)]
+
+/// battery's API: pools, leases, events and hosts.
+pub mod poolmgr {
+    pub mod v1alpha1 {
+        tonic::include_proto!("poolmgr.v1alpha1");
+    }
+}
+
+/// flintlock's types (`flintlock.types`), imported by battery's `PoolSpec`.
+pub mod flintlock {
+    pub mod types {
+        tonic::include_proto!("flintlock.types");
+    }
+}
+
+/// flintlock's MicroVM service (`microvm.services.api.v1alpha1`).
+pub mod microvm {
+    pub mod services {
+        pub mod api {
+            pub mod v1alpha1 {
+                tonic::include_proto!("microvm.services.api.v1alpha1");
+            }
+        }
+    }
+}
+
+/// flintlock's exec service (`microvmexec.services.api.v1alpha1`).
+pub mod microvmexec {
+    pub mod services {
+        pub mod api {
+            pub mod v1alpha1 {
+                tonic::include_proto!("microvmexec.services.api.v1alpha1");
+            }
+        }
+    }
+}
+
+/// flintlock's SSH proxy service (`microvmsshproxy.services.api.v1alpha1`).
+pub mod microvmsshproxy {
+    pub mod services {
+        pub mod api {
+            pub mod v1alpha1 {
+                tonic::include_proto!("microvmsshproxy.services.api.v1alpha1");
+            }
+        }
+    }
+}
+
+/// The encoded `FileDescriptorSet` of every file above, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptor.bin"));
