@@ -1,0 +1,102 @@
+//! `poolmgr.v1alpha1.Events` (§4.6): every Subscribe replays the whole outbox from id 0
+//! in id order, in batches, then streams new events as they commit. battery polls every
+//! second; this wakes on each commit instead, with the same order and replay.
+
+use std::sync::Arc;
+
+use battery_proto::poolmgr::v1alpha1::events_server::Events;
+use battery_proto::poolmgr::v1alpha1::{Event, SubscribeRequest};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::engine::Engine;
+use super::model::PoolKey;
+
+/// battery reads the outbox 100 events at a time and fetches again at once after a
+/// full batch.
+const BATCH: usize = 100;
+
+pub(crate) struct EventsService {
+    engine: Arc<Engine>,
+}
+
+impl EventsService {
+    pub(crate) fn new(engine: Arc<Engine>) -> Self {
+        Self { engine }
+    }
+}
+
+#[tonic::async_trait]
+impl Events for EventsService {
+    type SubscribeStream = ReceiverStream<Result<Event, Status>>;
+
+    async fn subscribe(
+        &self,
+        request: Request<SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        // The filter is exact (name and namespace) when `pool` is set.
+        let pool = request
+            .into_inner()
+            .pool
+            .map(|pool| PoolKey::of_ref(Some(&pool)));
+        let (sender, receiver) = mpsc::channel(BATCH);
+        let engine = Arc::clone(&self.engine);
+        if !self.engine.spawn(stream(engine, pool, sender)) {
+            return Err(Status::unavailable("battery is shutting down"));
+        }
+        Ok(Response::new(ReceiverStream::new(receiver)))
+    }
+}
+
+/// Feeds one subscription until the client goes away, the store fails (INTERNAL) or
+/// the battery shuts down (UNAVAILABLE: the stream is cut).
+async fn stream(
+    engine: Arc<Engine>,
+    pool: Option<PoolKey>,
+    sender: mpsc::Sender<Result<Event, Status>>,
+) {
+    let shutdown = engine.shutdown_token().clone();
+    let mut commits = engine.store.watch_events();
+    let mut last_sent = 0;
+    loop {
+        // Mark the newest commit seen before reading, so a commit after the read wakes us.
+        commits.borrow_and_update();
+        let batch = match engine.store.events_after(last_sent, pool.as_ref(), BATCH) {
+            Ok(batch) => batch,
+            Err(err) => {
+                let _ = sender.send(Err(Status::internal(err.to_string()))).await;
+                return;
+            }
+        };
+        let full = batch.len() == BATCH;
+        for event in batch {
+            last_sent = event.id;
+            tokio::select! {
+                sent = sender.send(Ok(event)) => {
+                    if sent.is_err() {
+                        return;
+                    }
+                }
+                () = shutdown.cancelled() => return cut(&sender),
+            }
+        }
+        if full {
+            continue;
+        }
+        tokio::select! {
+            changed = commits.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            () = sender.closed() => return,
+            () = shutdown.cancelled() => return cut(&sender),
+        }
+    }
+}
+
+fn cut(sender: &mpsc::Sender<Result<Event, Status>>) {
+    // try_send: a client that stopped reading must not hold up the shutdown.
+    let _ = sender.try_send(Err(Status::unavailable("battery is shutting down")));
+}

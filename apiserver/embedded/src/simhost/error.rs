@@ -1,0 +1,223 @@
+//! The simulated Host's errors: [`SimHostError`] when it cannot start, and
+//! [`RequestError`] for a refused gRPC request, converted to a `Status` in one place.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use tonic::{Code, Status};
+
+/// Why a [`SimulatedHost`](super::SimulatedHost) could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SimHostError {
+    /// `SimulatedHostConfig::state_dir` was left empty.
+    #[error("the simulated host needs a state_dir")]
+    StateDirRequired,
+    /// The state directory could not be created.
+    #[error("creating state directory {path}")]
+    CreateStateDir {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The persisted MicroVM list could not be read.
+    #[error("reading {path}")]
+    ReadState {
+        /// The state file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The persisted MicroVM list is not valid JSON of the expected shape.
+    #[error("parsing {path}")]
+    ParseState {
+        /// The state file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A persisted MicroVM's spec is not a valid `flintlock.types.MicroVMSpec`.
+    #[error("decoding the spec of microvm {uid} in {path}")]
+    DecodeSpec {
+        /// The state file.
+        path: PathBuf,
+        /// The MicroVM.
+        uid: String,
+        /// The cause.
+        #[source]
+        source: prost::DecodeError,
+    },
+    /// A persisted MicroVM's scratch directory could not be recreated.
+    #[error("creating scratch directory {path}")]
+    CreateScratchDir {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The gRPC listener could not be bound.
+    #[error("binding {addr}")]
+    Bind {
+        /// The requested address.
+        addr: SocketAddr,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The bound listener could not tell its address.
+    #[error("reading the listener's address")]
+    LocalAddr(#[source] io::Error),
+}
+
+/// Why the persisted MicroVM list could not be written.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum PersistError {
+    #[error("encoding the microvm list")]
+    Encode(#[source] serde_json::Error),
+    #[error("writing {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A request the simulated Host refuses or cuts short. Each variant fixes its gRPC
+/// code, so the code and the message never disagree.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum RequestError {
+    #[error("microvm spec is required")]
+    SpecRequired,
+    #[error("uid is required")]
+    UidRequired,
+    #[error("namespace is required when id is set")]
+    NamespaceRequired,
+    #[error("network interface {position} has no device_id")]
+    DeviceIdRequired { position: usize },
+    #[error("network interface device_id {0} is used more than once")]
+    DuplicateDeviceId(String),
+    #[error("network interface {device_id} has unknown type {value}")]
+    UnknownInterfaceType { device_id: String, value: i32 },
+    #[error("the host has no free network interface index")]
+    InterfacesExhausted,
+    #[error("microvm {0} not found")]
+    NotFound(String),
+    #[error("simulated fault: {0} is failing")]
+    Fault(&'static str),
+    #[error("creating scratch directory {path}")]
+    CreateScratchDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("persisting the microvm list")]
+    Persist(#[source] PersistError),
+    #[error("the first message must be start")]
+    StartFirst,
+    #[error("start may only be sent once, as the first message")]
+    StartRepeated,
+    #[error("a request carries no payload")]
+    EmptyRequest,
+    #[error("cmd is required")]
+    CmdRequired,
+    #[error("timeout_seconds must not be negative, got {0}")]
+    NegativeTimeout(i32),
+    #[error("microvm {uid} is {state}, not CREATED")]
+    NotCreated { uid: String, state: &'static str },
+    #[error("microvm {0} was deleted while the command ran")]
+    DeletedDuringExec(String),
+    #[error("the host is shutting down")]
+    ShuttingDown,
+    #[error("waiting for the command")]
+    WaitCommand(#[source] io::Error),
+}
+
+impl RequestError {
+    fn code(&self) -> Code {
+        match self {
+            Self::SpecRequired
+            | Self::UidRequired
+            | Self::NamespaceRequired
+            | Self::DeviceIdRequired { .. }
+            | Self::DuplicateDeviceId(_)
+            | Self::UnknownInterfaceType { .. }
+            | Self::StartFirst
+            | Self::StartRepeated
+            | Self::EmptyRequest
+            | Self::CmdRequired
+            | Self::NegativeTimeout(_) => Code::InvalidArgument,
+            Self::InterfacesExhausted => Code::ResourceExhausted,
+            Self::NotFound(_) => Code::NotFound,
+            Self::Fault(_) => Code::Unavailable,
+            Self::CreateScratchDir { .. } | Self::Persist(_) | Self::WaitCommand(_) => {
+                Code::Internal
+            }
+            Self::NotCreated { .. } => Code::FailedPrecondition,
+            Self::DeletedDuringExec(_) => Code::Aborted,
+            Self::ShuttingDown => Code::Unavailable,
+        }
+    }
+}
+
+impl From<RequestError> for Status {
+    fn from(error: RequestError) -> Self {
+        // A Status carries no source chain, so the causes go into its message.
+        Status::new(error.code(), error_chain(&error))
+    }
+}
+
+/// `error` and its causes, one line, for a Status message or a log field.
+pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_codes_follow_the_contract() {
+        let cases = [
+            (RequestError::StartFirst, Code::InvalidArgument),
+            (RequestError::NotFound("u".into()), Code::NotFound),
+            (RequestError::Fault("DeleteMicroVM"), Code::Unavailable),
+            (
+                RequestError::NotCreated {
+                    uid: "u".into(),
+                    state: "PENDING",
+                },
+                Code::FailedPrecondition,
+            ),
+            (RequestError::InterfacesExhausted, Code::ResourceExhausted),
+        ];
+        for (error, code) in cases {
+            assert_eq!(Status::from(error).code(), code);
+        }
+    }
+
+    #[test]
+    fn status_message_carries_the_cause_chain() {
+        let error = RequestError::Persist(PersistError::Write {
+            path: "/state/microvms.json".into(),
+            source: io::Error::other("disk full"),
+        });
+        let status = Status::from(error);
+        assert_eq!(status.code(), Code::Internal);
+        assert_eq!(
+            status.message(),
+            "persisting the microvm list: writing /state/microvms.json: disk full"
+        );
+    }
+}

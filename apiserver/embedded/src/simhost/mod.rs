@@ -1,0 +1,310 @@
+//! A simulated flintlock Host: a real gRPC server speaking flintlockd's API, so the
+//! embedded battery talks to it exactly as poolmgrd talks to flintlockd.
+//!
+//! # This is a simulation, with no isolation
+//!
+//! **A simulated MicroVM is a directory, and its commands are ordinary local
+//! processes run as the user who runs this Host, with that user's full rights.**
+//! Nothing is virtualized, sandboxed or confined: a command can read and write
+//! anything that user can, outside its MicroVM's directory too. Run it only for
+//! development and tests, and never expose its port to anyone you would not give a
+//! shell as that user.
+//!
+//! # What it serves
+//!
+//! On one port, as flintlockd does (`reference/battery-api.md` §2):
+//! - `microvm.services.api.v1alpha1.MicroVM`: CreateMicroVM, DeleteMicroVM,
+//!   GetMicroVM, ListMicroVMs, ListMicroVMsStream and ServerInfo;
+//! - `microvmexec.services.api.v1alpha1.MicroVMExec`: ExecCommand;
+//! - `grpc.health.v1.Health`, SERVING for "" and both services.
+//!
+//! # MicroVMs
+//!
+//! - CreateMicroVM assigns a uid (a UUID string; flintlock's are ULIDs, and clients
+//!   must treat both as opaque), sets `spec.uid` and `spec.created_at`, and answers
+//!   state PENDING. After [`SimulatedHostConfig::provisioning_delay`] the MicroVM is
+//!   CREATED, or FAILED if [`HostFaults::fail_boot`] was on when it was created. An
+//!   empty `spec.id` gets a generated one in namespace `default`, as in flintlock.
+//! - `status.network_interfaces` has one entry per template interface, keyed by
+//!   `device_id`: `host_device_name` `tap<N>` (`macvtap<N>` for MACVTAP), `index`
+//!   N (unique on the Host), and `mac_address` the template's `guest_mac` or a
+//!   random locally administered one.
+//! - DeleteMicroVM removes the MicroVM at once (no DELETING state is ever shown),
+//!   kills the commands running in it and removes its directory. An unknown uid is
+//!   NOT_FOUND.
+//! - ListMicroVMs with an empty namespace lists every namespace.
+//! - The list (uid, spec, state, interfaces) is persisted in
+//!   `<state_dir>/microvms.json` after every change, so a Host restarted on the same
+//!   directory still has its MicroVMs: CREATED ones stay CREATED, PENDING ones boot
+//!   again. Each MicroVM's directory is `<state_dir>/microvms/<uid>/`.
+//!
+//! # Exec
+//!
+//! Where flintlock's guest agent runs a command inside the MicroVM, the simulation
+//! runs it as a local process in the MicroVM's directory.
+//! - The first request must be `start`, else INVALID_ARGUMENT. An empty `uid` or
+//!   `cmd`, or a negative `timeout_seconds`, is INVALID_ARGUMENT; an unknown uid
+//!   NOT_FOUND; a MicroVM not CREATED FAILED_PRECONDITION. These end the RPC before
+//!   any output.
+//! - With `shell`, the command is `sh -c <cmd> sh <args>...`, so `args` are the
+//!   script's `$1`, `$2`, ...; without, `cmd` is the program, found on PATH, and
+//!   `args` its arguments.
+//! - `cwd` is a guest path: the MicroVM's directory stands for the guest's `/`, and
+//!   `..` never climbs above it. Empty means `/`.
+//! - The environment is PATH (the Host's), HOME (the MicroVM's directory) and the
+//!   request's `env`, which wins. Nothing else of the Host's environment leaks in.
+//! - `user` is ignored: every command runs as the user running the Host.
+//! - With `has_stdin`, `stdin` chunks are written to the command's stdin, and
+//!   `stdin_eof` or the client half-closing closes it. Without, the command's stdin
+//!   is empty and `stdin` chunks are dropped.
+//! - stdout and stderr chunks are sent as they are read. The stream ends with
+//!   `exit_code`: the exit status, or 128+n for a command killed by signal n.
+//! - Past `timeout_seconds` (0 means none) the command is killed and the stream ends
+//!   with `error` "command timed out after Ns" then `exit_code` 124, as timeout(1)
+//!   reports.
+//! - A command that cannot start ends with `error` saying why, then `exit_code` 127
+//!   if the program or cwd does not exist and 126 otherwise, as a shell reports.
+//! - The command leads its own process group. When it exits, whatever it left
+//!   running in that group is killed, so a background child holding its output open
+//!   cannot stall the stream. A process that leaves the group (`setsid`) escapes
+//!   this: there is no isolation.
+//! - The client cancelling or going away kills the process group. A second `start`
+//!   or an empty request kills it and ends the stream with INVALID_ARGUMENT.
+//!   Deleting the MicroVM kills it and ends the stream with ABORTED; the Host
+//!   shutting down, with UNAVAILABLE.
+
+mod error;
+mod exec;
+mod microvm;
+mod registry;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use battery_proto::microvm::services::api::v1alpha1::micro_vm_server::MicroVmServer;
+use battery_proto::microvmexec::services::api::v1alpha1::micro_vm_exec_server::MicroVmExecServer;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+pub use error::SimHostError;
+
+use exec::ExecService;
+use microvm::MicroVmService;
+use registry::{Registry, VmState};
+
+/// How long [`SimulatedHost::shutdown`] lets open connections finish before it
+/// drops them, as flintlockd and poolmgrd force a stop after a grace period.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// How to run a [`SimulatedHost`].
+#[derive(Clone, Debug)]
+pub struct SimulatedHostConfig {
+    /// The Host's name, as it is registered with battery.
+    pub name: String,
+    /// Where to serve gRPC; port 0 picks a free port.
+    pub listen: SocketAddr,
+    /// The MicroVMs' directories and the persisted MicroVM list. Required: the
+    /// default is empty and [`SimulatedHost::start`] refuses it.
+    pub state_dir: PathBuf,
+    /// How long a new MicroVM stays PENDING before it is CREATED.
+    pub provisioning_delay: Duration,
+    /// The version ServerInfo reports; battery requires v0.15.2 or newer.
+    pub version: String,
+}
+
+impl Default for SimulatedHostConfig {
+    fn default() -> Self {
+        Self {
+            name: "host-0".to_owned(),
+            listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            state_dir: PathBuf::new(),
+            provisioning_delay: Duration::ZERO,
+            version: "v0.15.2".to_owned(),
+        }
+    }
+}
+
+/// Faults to inject, for tests. All are off by default and can be toggled at any
+/// time.
+#[derive(Debug, Default)]
+pub struct HostFaults {
+    deletes: AtomicBool,
+    creates: AtomicBool,
+    boot: AtomicBool,
+}
+
+impl HostFaults {
+    /// While on, DeleteMicroVM answers UNAVAILABLE and deletes nothing.
+    pub fn fail_deletes(&self, on: bool) {
+        self.deletes.store(on, Ordering::Relaxed);
+    }
+
+    /// While on, CreateMicroVM answers UNAVAILABLE and creates nothing.
+    pub fn fail_creates(&self, on: bool) {
+        self.creates.store(on, Ordering::Relaxed);
+    }
+
+    /// While on, MicroVMs created from then on go to FAILED instead of CREATED when
+    /// their provisioning delay ends.
+    pub fn fail_boot(&self, on: bool) {
+        self.boot.store(on, Ordering::Relaxed);
+    }
+
+    fn deletes_fail(&self) -> bool {
+        self.deletes.load(Ordering::Relaxed)
+    }
+
+    fn creates_fail(&self) -> bool {
+        self.creates.load(Ordering::Relaxed)
+    }
+
+    fn boot_outcome(&self) -> VmState {
+        if self.boot.load(Ordering::Relaxed) {
+            VmState::Failed
+        } else {
+            VmState::Created
+        }
+    }
+}
+
+/// What the gRPC services share.
+struct Host {
+    name: String,
+    version: String,
+    provisioning_delay: Duration,
+    faults: HostFaults,
+    registry: Registry,
+    /// Stops the server, every boot timer and every running command.
+    shutdown: CancellationToken,
+}
+
+/// A running simulated flintlock Host. Dropping it stops it without waiting;
+/// [`shutdown`](Self::shutdown) waits until everything it ran has stopped.
+pub struct SimulatedHost {
+    host: Arc<Host>,
+    address: SocketAddr,
+    server: Option<JoinHandle<()>>,
+}
+
+impl SimulatedHost {
+    /// Loads the MicroVMs persisted in `config.state_dir`, binds `config.listen` and
+    /// starts serving. Returns once the port is bound, so the Host is reachable.
+    ///
+    /// # Errors
+    ///
+    /// When `state_dir` is empty, cannot be created, or holds a state file that
+    /// cannot be read; or when `listen` cannot be bound.
+    pub async fn start(config: SimulatedHostConfig) -> Result<SimulatedHost, SimHostError> {
+        if config.state_dir.as_os_str().is_empty() {
+            return Err(SimHostError::StateDirRequired);
+        }
+        let shutdown = CancellationToken::new();
+        let (registry, pending) = Registry::open(&config.state_dir, shutdown.clone()).await?;
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| SimHostError::Bind {
+                    addr: config.listen,
+                    source,
+                })?;
+        let address = listener.local_addr().map_err(SimHostError::LocalAddr)?;
+
+        let host = Arc::new(Host {
+            name: config.name,
+            version: config.version,
+            provisioning_delay: config.provisioning_delay,
+            faults: HostFaults::default(),
+            registry,
+            shutdown: shutdown.clone(),
+        });
+        for (uid, lifetime) in pending {
+            microvm::schedule_boot(&host, uid, &lifetime, host.faults.boot_outcome());
+        }
+
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_serving::<MicroVmServer<MicroVmService>>().await;
+        health.set_serving::<MicroVmExecServer<ExecService>>().await;
+        let router = tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(MicroVmServer::new(MicroVmService::new(Arc::clone(&host))))
+            .add_service(MicroVmExecServer::new(ExecService::new(Arc::clone(&host))));
+        let name = host.name.clone();
+        let server = tokio::spawn(async move {
+            let incoming = TcpListenerStream::new(listener);
+            if let Err(error) = router
+                .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
+                .await
+            {
+                warn!(host = %name, %error, "simulated host server failed");
+            }
+        });
+        info!(host = %host.name, %address, "simulated flintlock host started");
+        Ok(SimulatedHost {
+            host,
+            address,
+            server: Some(server),
+        })
+    }
+
+    /// The Host's name.
+    pub fn name(&self) -> &str {
+        &self.host.name
+    }
+
+    /// Where the Host serves gRPC (with the real port when 0 was asked for).
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Fault injection, for tests.
+    pub fn faults(&self) -> &HostFaults {
+        &self.host.faults
+    }
+
+    /// The uids of the MicroVMs that exist (not deleted), in order.
+    pub fn microvm_uids(&self) -> Vec<String> {
+        self.host.registry.uids()
+    }
+
+    /// Stops serving, kills every running command and waits until all of it has
+    /// stopped. The persisted MicroVMs stay for a Host started on the same directory.
+    pub async fn shutdown(mut self) {
+        self.host.shutdown.cancel();
+        self.host.registry.wait_idle().await;
+        if let Some(mut server) = self.server.take() {
+            match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => {
+                    warn!(host = %self.host.name, %error, "simulated host server task failed")
+                }
+                Err(_) => {
+                    warn!(host = %self.host.name, "connections still open after the grace period; dropping them");
+                    server.abort();
+                }
+            }
+        }
+        info!(host = %self.host.name, "simulated flintlock host stopped");
+    }
+}
+
+impl Drop for SimulatedHost {
+    fn drop(&mut self) {
+        // Without this a dropped Host would keep serving and running commands.
+        self.host.shutdown.cancel();
+    }
+}
+
+impl std::fmt::Debug for SimulatedHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimulatedHost")
+            .field("name", &self.host.name)
+            .field("address", &self.address)
+            .finish_non_exhaustive()
+    }
+}

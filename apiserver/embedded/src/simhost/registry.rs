@@ -1,0 +1,714 @@
+//! The simulated Host's MicroVMs: kept in memory, persisted as JSON in
+//! `<state_dir>/microvms.json` after every change, each with a scratch directory
+//! `<state_dir>/microvms/<uid>/` that stands in for its root filesystem.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::SystemTime;
+
+use battery_proto::flintlock::types::micro_vm_status::MicroVmState;
+use battery_proto::flintlock::types::network_interface::IfaceType;
+use battery_proto::flintlock::types::{
+    MicroVm, MicroVmSpec, MicroVmStatus, NetworkInterfaceStatus,
+};
+use prost::Message as _;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tokio_util::task::task_tracker::TaskTrackerToken;
+use tracing::warn;
+
+use super::error::{PersistError, RequestError, SimHostError, error_chain};
+
+const STATE_FILE: &str = "microvms.json";
+const SCRATCH_DIRS: &str = "microvms";
+/// flintlock puts a MicroVM created without an id in this namespace.
+const DEFAULT_NAMESPACE: &str = "default";
+/// The first index handed to a host interface; 1 is the loopback's on Linux.
+const FIRST_INTERFACE_INDEX: i32 = 2;
+
+/// A MicroVM's state as the simulation knows it. flintlock's DELETING never shows:
+/// a simulated delete completes at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub(super) enum VmState {
+    Pending,
+    Created,
+    Failed,
+}
+
+impl VmState {
+    fn to_proto(self) -> MicroVmState {
+        match self {
+            Self::Pending => MicroVmState::Pending,
+            Self::Created => MicroVmState::Created,
+            Self::Failed => MicroVmState::Failed,
+        }
+    }
+}
+
+/// What ends a MicroVM's background work: its boot timer and running commands.
+/// `cancel` fires when the MicroVM is deleted or the Host shuts down; `tasks` lets
+/// a delete wait until that work has stopped before removing the scratch directory.
+#[derive(Clone)]
+pub(super) struct Lifetime {
+    pub(super) cancel: CancellationToken,
+    pub(super) tasks: TaskTracker,
+}
+
+/// What a command needs to run in a CREATED MicroVM. Holding `_task` keeps a
+/// delete waiting until the command has been killed and reaped.
+pub(super) struct ExecTarget {
+    pub(super) scratch_dir: PathBuf,
+    /// Fires when the MicroVM is deleted or the Host shuts down.
+    pub(super) cancel: CancellationToken,
+    /// Fires only when the Host shuts down, to tell the two apart.
+    pub(super) host_shutdown: CancellationToken,
+    _task: TaskTrackerToken,
+}
+
+/// A MicroVM just accepted by [`Registry::create`].
+pub(super) struct Created {
+    pub(super) uid: String,
+    pub(super) microvm: MicroVm,
+    pub(super) lifetime: Lifetime,
+}
+
+struct Vm {
+    spec: MicroVmSpec,
+    state: VmState,
+    version: i32,
+    interfaces: BTreeMap<String, NetworkInterfaceStatus>,
+    lifetime: Lifetime,
+}
+
+impl Vm {
+    fn to_proto(&self) -> MicroVm {
+        MicroVm {
+            version: self.version,
+            spec: Some(self.spec.clone()),
+            status: Some(MicroVmStatus {
+                state: self.state.to_proto().into(),
+                network_interfaces: self
+                    .interfaces
+                    .iter()
+                    .map(|(device, status)| (device.clone(), status.clone()))
+                    .collect(),
+                ..MicroVmStatus::default()
+            }),
+        }
+    }
+
+    fn to_stored(&self, uid: &str) -> StoredMicroVm {
+        StoredMicroVm {
+            uid: uid.to_owned(),
+            state: self.state,
+            version: self.version,
+            spec: self.spec.encode_to_vec(),
+            network_interfaces: self
+                .interfaces
+                .iter()
+                .map(|(device, status)| (device.clone(), StoredInterface::from(status)))
+                .collect(),
+        }
+    }
+}
+
+struct Vms {
+    by_uid: BTreeMap<String, Vm>,
+    next_interface_index: i32,
+}
+
+impl Vms {
+    fn to_file(&self) -> StateFile {
+        StateFile {
+            microvms: self
+                .by_uid
+                .iter()
+                .map(|(uid, vm)| vm.to_stored(uid))
+                .collect(),
+        }
+    }
+
+    /// One host interface per template interface, keyed by device_id as flintlock
+    /// keys `status.network_interfaces`.
+    fn allocate_interfaces(
+        &mut self,
+        spec: &MicroVmSpec,
+    ) -> Result<BTreeMap<String, NetworkInterfaceStatus>, RequestError> {
+        let mut interfaces = BTreeMap::new();
+        let mut next = self.next_interface_index;
+        for iface in &spec.interfaces {
+            let kind = IfaceType::try_from(iface.r#type).map_err(|_| {
+                RequestError::UnknownInterfaceType {
+                    device_id: iface.device_id.clone(),
+                    value: iface.r#type,
+                }
+            })?;
+            let prefix = match kind {
+                IfaceType::Tap => "tap",
+                IfaceType::Macvtap => "macvtap",
+            };
+            let status = NetworkInterfaceStatus {
+                host_device_name: format!("{prefix}{next}"),
+                index: next,
+                mac_address: iface.guest_mac.clone().unwrap_or_else(random_mac),
+            };
+            interfaces.insert(iface.device_id.clone(), status);
+            next = next
+                .checked_add(1)
+                .ok_or(RequestError::InterfacesExhausted)?;
+        }
+        self.next_interface_index = next;
+        Ok(interfaces)
+    }
+}
+
+/// The MicroVMs of one simulated Host.
+pub(super) struct Registry {
+    state_file: PathBuf,
+    scratch_root: PathBuf,
+    vms: Mutex<Vms>,
+    /// Held across a change and the write that persists it, so the file always
+    /// ends up holding the newest list.
+    writes: tokio::sync::Mutex<()>,
+    host_shutdown: CancellationToken,
+}
+
+impl Registry {
+    /// Loads the MicroVMs persisted in `state_dir` (none if it is new). Returns the
+    /// uids of those still PENDING, whose boot must be resumed, with their lifetimes.
+    pub(super) async fn open(
+        state_dir: &Path,
+        host_shutdown: CancellationToken,
+    ) -> Result<(Self, Vec<(String, Lifetime)>), SimHostError> {
+        let scratch_root = state_dir.join(SCRATCH_DIRS);
+        tokio::fs::create_dir_all(&scratch_root)
+            .await
+            .map_err(|source| SimHostError::CreateStateDir {
+                path: scratch_root.clone(),
+                source,
+            })?;
+        let state_file = state_dir.join(STATE_FILE);
+        let stored = match tokio::fs::read(&state_file).await {
+            Ok(bytes) => serde_json::from_slice::<StateFile>(&bytes).map_err(|source| {
+                SimHostError::ParseState {
+                    path: state_file.clone(),
+                    source,
+                }
+            })?,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => StateFile::default(),
+            Err(source) => {
+                return Err(SimHostError::ReadState {
+                    path: state_file,
+                    source,
+                });
+            }
+        };
+
+        let mut by_uid = BTreeMap::new();
+        let mut pending = Vec::new();
+        let mut next_interface_index = FIRST_INTERFACE_INDEX;
+        for record in stored.microvms {
+            let spec = MicroVmSpec::decode(record.spec.as_slice()).map_err(|source| {
+                SimHostError::DecodeSpec {
+                    path: state_file.clone(),
+                    uid: record.uid.clone(),
+                    source,
+                }
+            })?;
+            // The list is the truth: a listed MicroVM whose directory was lost gets
+            // an empty one back.
+            let scratch_dir = scratch_root.join(&record.uid);
+            tokio::fs::create_dir_all(&scratch_dir)
+                .await
+                .map_err(|source| SimHostError::CreateScratchDir {
+                    path: scratch_dir,
+                    source,
+                })?;
+            let interfaces: BTreeMap<_, _> = record
+                .network_interfaces
+                .into_iter()
+                .map(|(device, stored)| (device, NetworkInterfaceStatus::from(stored)))
+                .collect();
+            if let Some(highest) = interfaces.values().map(|status| status.index).max() {
+                next_interface_index = next_interface_index.max(highest.saturating_add(1));
+            }
+            let lifetime = Lifetime {
+                cancel: host_shutdown.child_token(),
+                tasks: TaskTracker::new(),
+            };
+            if record.state == VmState::Pending {
+                pending.push((record.uid.clone(), lifetime.clone()));
+            }
+            by_uid.insert(
+                record.uid,
+                Vm {
+                    spec,
+                    state: record.state,
+                    version: record.version,
+                    interfaces,
+                    lifetime,
+                },
+            );
+        }
+        remove_unlisted_scratch_dirs(&scratch_root, &by_uid).await?;
+
+        let registry = Self {
+            state_file,
+            scratch_root,
+            vms: Mutex::new(Vms {
+                by_uid,
+                next_interface_index,
+            }),
+            writes: tokio::sync::Mutex::new(()),
+            host_shutdown,
+        };
+        Ok((registry, pending))
+    }
+
+    /// Accepts a MicroVM as flintlock does: a new uid, state PENDING, `created_at`
+    /// now. An empty id gets a generated name in namespace `default`.
+    pub(super) async fn create(&self, mut spec: MicroVmSpec) -> Result<Created, RequestError> {
+        validate_interfaces(&spec)?;
+        let uid = uuid::Uuid::new_v4().to_string();
+        if spec.id.is_empty() {
+            let short = uid.split('-').next().unwrap_or(&uid);
+            spec.id = format!("microvm-{short}");
+            spec.namespace = DEFAULT_NAMESPACE.to_owned();
+        } else if spec.namespace.is_empty() {
+            return Err(RequestError::NamespaceRequired);
+        }
+        spec.uid = Some(uid.clone());
+        spec.created_at = Some(SystemTime::now().into());
+
+        let scratch_dir = self.scratch_dir(&uid);
+        tokio::fs::create_dir_all(&scratch_dir)
+            .await
+            .map_err(|source| RequestError::CreateScratchDir {
+                path: scratch_dir.clone(),
+                source,
+            })?;
+
+        let _writes = self.writes.lock().await;
+        let inserted = {
+            let mut vms = self.lock();
+            vms.allocate_interfaces(&spec).map(|interfaces| {
+                let vm = Vm {
+                    spec,
+                    state: VmState::Pending,
+                    version: 1,
+                    interfaces,
+                    lifetime: Lifetime {
+                        cancel: self.host_shutdown.child_token(),
+                        tasks: TaskTracker::new(),
+                    },
+                };
+                let created = Created {
+                    uid: uid.clone(),
+                    microvm: vm.to_proto(),
+                    lifetime: vm.lifetime.clone(),
+                };
+                vms.by_uid.insert(uid.clone(), vm);
+                (created, vms.to_file())
+            })
+        };
+        let (created, file) = match inserted {
+            Ok(inserted) => inserted,
+            Err(error) => {
+                remove_scratch_dir(&scratch_dir).await;
+                return Err(error);
+            }
+        };
+        if let Err(error) = self.write(&file).await {
+            self.lock().by_uid.remove(&uid);
+            remove_scratch_dir(&scratch_dir).await;
+            return Err(RequestError::Persist(error));
+        }
+        Ok(created)
+    }
+
+    pub(super) fn get(&self, uid: &str) -> Result<MicroVm, RequestError> {
+        if uid.is_empty() {
+            return Err(RequestError::UidRequired);
+        }
+        self.lock()
+            .by_uid
+            .get(uid)
+            .map(Vm::to_proto)
+            .ok_or_else(|| RequestError::NotFound(uid.to_owned()))
+    }
+
+    /// The MicroVMs in `namespace` (all of them when it is empty), optionally only
+    /// those whose id is `name`.
+    pub(super) fn list(&self, namespace: &str, name: Option<&str>) -> Vec<MicroVm> {
+        self.lock()
+            .by_uid
+            .values()
+            .filter(|vm| namespace.is_empty() || vm.spec.namespace == namespace)
+            .filter(|vm| name.is_none_or(|name| vm.spec.id == name))
+            .map(Vm::to_proto)
+            .collect()
+    }
+
+    pub(super) fn uids(&self) -> Vec<String> {
+        self.lock().by_uid.keys().cloned().collect()
+    }
+
+    /// Removes a MicroVM, then kills whatever still runs in it and removes its
+    /// scratch directory.
+    pub(super) async fn delete(&self, uid: &str) -> Result<(), RequestError> {
+        if uid.is_empty() {
+            return Err(RequestError::UidRequired);
+        }
+        let writes = self.writes.lock().await;
+        let (vm, file) = {
+            let mut vms = self.lock();
+            let vm = vms
+                .by_uid
+                .remove(uid)
+                .ok_or_else(|| RequestError::NotFound(uid.to_owned()))?;
+            (vm, vms.to_file())
+        };
+        if let Err(error) = self.write(&file).await {
+            self.lock().by_uid.insert(uid.to_owned(), vm);
+            return Err(RequestError::Persist(error));
+        }
+        drop(writes);
+
+        vm.lifetime.cancel.cancel();
+        vm.lifetime.tasks.close();
+        vm.lifetime.tasks.wait().await;
+        // The MicroVM is gone either way: a directory left behind is only litter.
+        remove_scratch_dir(&self.scratch_dir(uid)).await;
+        Ok(())
+    }
+
+    /// Ends a PENDING MicroVM's boot in `state`. A MicroVM deleted meanwhile stays
+    /// deleted.
+    pub(super) async fn finish_boot(&self, uid: &str, state: VmState) {
+        let _writes = self.writes.lock().await;
+        let file = {
+            let mut vms = self.lock();
+            let Some(vm) = vms.by_uid.get_mut(uid) else {
+                return;
+            };
+            if vm.state != VmState::Pending {
+                return;
+            }
+            vm.state = state;
+            vm.version = vm.version.saturating_add(1);
+            vms.to_file()
+        };
+        // Nobody waits on a boot to report to; the next change persists it again.
+        if let Err(error) = self.write(&file).await {
+            warn!(uid, error = %error_chain(&error), "persisting a finished boot failed");
+        }
+    }
+
+    pub(super) fn exec_target(&self, uid: &str) -> Result<ExecTarget, RequestError> {
+        if uid.is_empty() {
+            return Err(RequestError::UidRequired);
+        }
+        let vms = self.lock();
+        let vm = vms
+            .by_uid
+            .get(uid)
+            .ok_or_else(|| RequestError::NotFound(uid.to_owned()))?;
+        if vm.state != VmState::Created {
+            return Err(RequestError::NotCreated {
+                uid: uid.to_owned(),
+                state: vm.state.to_proto().as_str_name(),
+            });
+        }
+        // Taken under the lock, so a delete that removes the MicroVM after this
+        // point waits for the command.
+        Ok(ExecTarget {
+            scratch_dir: self.scratch_dir(uid),
+            cancel: vm.lifetime.cancel.clone(),
+            host_shutdown: self.host_shutdown.clone(),
+            _task: vm.lifetime.tasks.token(),
+        })
+    }
+
+    /// Waits until every MicroVM's background work has stopped; called once the
+    /// Host's shutdown token has fired.
+    pub(super) async fn wait_idle(&self) {
+        let trackers: Vec<TaskTracker> = self
+            .lock()
+            .by_uid
+            .values()
+            .map(|vm| vm.lifetime.tasks.clone())
+            .collect();
+        for tasks in trackers {
+            tasks.close();
+            tasks.wait().await;
+        }
+    }
+
+    fn scratch_dir(&self, uid: &str) -> PathBuf {
+        self.scratch_root.join(uid)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vms> {
+        // No code panics while holding the lock, and the map stays consistent
+        // between statements, so a poisoned lock's data is still good.
+        self.vms.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Replaces the state file atomically: a crash leaves the old list or the new.
+    async fn write(&self, file: &StateFile) -> Result<(), PersistError> {
+        let bytes = serde_json::to_vec_pretty(file).map_err(PersistError::Encode)?;
+        let temporary = self.state_file.with_extension("json.tmp");
+        tokio::fs::write(&temporary, bytes)
+            .await
+            .map_err(|source| PersistError::Write {
+                path: temporary.clone(),
+                source,
+            })?;
+        tokio::fs::rename(&temporary, &self.state_file)
+            .await
+            .map_err(|source| PersistError::Write {
+                path: self.state_file.clone(),
+                source,
+            })
+    }
+}
+
+fn validate_interfaces(spec: &MicroVmSpec) -> Result<(), RequestError> {
+    let mut seen = HashSet::new();
+    for (position, iface) in spec.interfaces.iter().enumerate() {
+        if iface.device_id.is_empty() {
+            return Err(RequestError::DeviceIdRequired { position });
+        }
+        if !seen.insert(iface.device_id.as_str()) {
+            return Err(RequestError::DuplicateDeviceId(iface.device_id.clone()));
+        }
+    }
+    Ok(())
+}
+
+/// A random locally administered unicast MAC, as a TAP device without a
+/// `guest_mac` gets.
+fn random_mac() -> String {
+    // A v4 UUID's first six bytes are all random.
+    let bytes = uuid::Uuid::new_v4().into_bytes();
+    format!(
+        "02:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        bytes[0], bytes[1], bytes[2], bytes[3], bytes[4]
+    )
+}
+
+/// Removes the directories of MicroVMs not in the list: a crash after a create
+/// made its directory but before the list was written, or after a delete wrote the
+/// list but before it removed the directory, leaves one behind.
+async fn remove_unlisted_scratch_dirs(
+    scratch_root: &Path,
+    listed: &BTreeMap<String, Vm>,
+) -> Result<(), SimHostError> {
+    let read_error = |source| SimHostError::ReadState {
+        path: scratch_root.to_owned(),
+        source,
+    };
+    let mut entries = tokio::fs::read_dir(scratch_root)
+        .await
+        .map_err(read_error)?;
+    while let Some(entry) = entries.next_entry().await.map_err(read_error)? {
+        let listed = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|uid| listed.contains_key(uid));
+        if !listed {
+            remove_scratch_dir(&entry.path()).await;
+        }
+    }
+    Ok(())
+}
+
+async fn remove_scratch_dir(path: &Path) {
+    match tokio::fs::remove_dir_all(path).await {
+        Ok(()) => {}
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+        Err(error) => warn!(path = %path.display(), %error, "removing a scratch directory failed"),
+    }
+}
+
+/// `microvms.json`. The spec is kept as base64 protobuf: the generated types have
+/// no serde, and protobuf keeps every field, including ones added later.
+#[derive(Default, Serialize, Deserialize)]
+struct StateFile {
+    microvms: Vec<StoredMicroVm>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredMicroVm {
+    uid: String,
+    state: VmState,
+    version: i32,
+    #[serde(with = "base64_bytes")]
+    spec: Vec<u8>,
+    network_interfaces: BTreeMap<String, StoredInterface>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredInterface {
+    host_device_name: String,
+    index: i32,
+    mac_address: String,
+}
+
+impl From<&NetworkInterfaceStatus> for StoredInterface {
+    fn from(status: &NetworkInterfaceStatus) -> Self {
+        Self {
+            host_device_name: status.host_device_name.clone(),
+            index: status.index,
+            mac_address: status.mac_address.clone(),
+        }
+    }
+}
+
+impl From<StoredInterface> for NetworkInterfaceStatus {
+    fn from(stored: StoredInterface) -> Self {
+        Self {
+            host_device_name: stored.host_device_name,
+            index: stored.index,
+            mac_address: stored.mac_address,
+        }
+    }
+}
+
+mod base64_bytes {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD as BASE64;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&BASE64.encode(bytes))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        BASE64.decode(text).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use battery_proto::flintlock::types::NetworkInterface;
+
+    fn iface(device_id: &str, kind: IfaceType, guest_mac: Option<&str>) -> NetworkInterface {
+        NetworkInterface {
+            device_id: device_id.to_owned(),
+            r#type: kind.into(),
+            guest_mac: guest_mac.map(str::to_owned),
+            ..NetworkInterface::default()
+        }
+    }
+
+    #[test]
+    fn random_macs_are_local_unicast() {
+        let mac = random_mac();
+        let octets: Vec<u8> = mac
+            .split(':')
+            .map(|octet| u8::from_str_radix(octet, 16).expect("hex octet"))
+            .collect();
+        assert_eq!(octets.len(), 6);
+        assert_eq!(
+            octets[0] & 0b11,
+            0b10,
+            "locally administered, unicast: {mac}"
+        );
+    }
+
+    #[test]
+    fn interfaces_get_distinct_host_devices() {
+        let mut vms = Vms {
+            by_uid: BTreeMap::new(),
+            next_interface_index: FIRST_INTERFACE_INDEX,
+        };
+        let spec = MicroVmSpec {
+            interfaces: vec![
+                iface("eth0", IfaceType::Tap, None),
+                iface("eth1", IfaceType::Macvtap, Some("aa:bb:cc:dd:ee:ff")),
+            ],
+            ..MicroVmSpec::default()
+        };
+        let interfaces = vms.allocate_interfaces(&spec).expect("allocated");
+        assert_eq!(interfaces["eth0"].host_device_name, "tap2");
+        assert_eq!(interfaces["eth0"].index, 2);
+        assert_eq!(interfaces["eth1"].host_device_name, "macvtap3");
+        assert_eq!(interfaces["eth1"].mac_address, "aa:bb:cc:dd:ee:ff");
+        assert_eq!(vms.next_interface_index, 4);
+    }
+
+    #[test]
+    fn interface_validation() {
+        let duplicate = MicroVmSpec {
+            interfaces: vec![
+                iface("eth0", IfaceType::Tap, None),
+                iface("eth0", IfaceType::Tap, None),
+            ],
+            ..MicroVmSpec::default()
+        };
+        assert!(matches!(
+            validate_interfaces(&duplicate),
+            Err(RequestError::DuplicateDeviceId(device)) if device == "eth0"
+        ));
+        let unnamed = MicroVmSpec {
+            interfaces: vec![iface("", IfaceType::Tap, None)],
+            ..MicroVmSpec::default()
+        };
+        assert!(matches!(
+            validate_interfaces(&unnamed),
+            Err(RequestError::DeviceIdRequired { position: 0 })
+        ));
+    }
+
+    #[test]
+    fn unknown_interface_type_is_refused() {
+        let mut vms = Vms {
+            by_uid: BTreeMap::new(),
+            next_interface_index: FIRST_INTERFACE_INDEX,
+        };
+        let mut bad = iface("eth0", IfaceType::Tap, None);
+        bad.r#type = 7;
+        let spec = MicroVmSpec {
+            interfaces: vec![bad],
+            ..MicroVmSpec::default()
+        };
+        assert!(matches!(
+            vms.allocate_interfaces(&spec),
+            Err(RequestError::UnknownInterfaceType { value: 7, .. })
+        ));
+        assert_eq!(vms.next_interface_index, FIRST_INTERFACE_INDEX);
+    }
+
+    #[test]
+    fn state_file_round_trips() {
+        let spec = MicroVmSpec {
+            id: "vm".into(),
+            namespace: "ns".into(),
+            vcpu: 2,
+            ..MicroVmSpec::default()
+        };
+        let file = StateFile {
+            microvms: vec![StoredMicroVm {
+                uid: "u".into(),
+                state: VmState::Created,
+                version: 2,
+                spec: spec.encode_to_vec(),
+                network_interfaces: BTreeMap::new(),
+            }],
+        };
+        let json = serde_json::to_string(&file).expect("encoded");
+        assert!(json.contains(r#""state":"CREATED""#), "{json}");
+        let back: StateFile = serde_json::from_str(&json).expect("decoded");
+        let decoded = MicroVmSpec::decode(back.microvms[0].spec.as_slice()).expect("spec");
+        assert_eq!(decoded, spec);
+    }
+}

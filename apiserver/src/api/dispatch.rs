@@ -1,0 +1,288 @@
+//! From a request to the verb of one resource: parse the request info, find the
+//! resource, check the verb is one it serves, read the body, and call the generic
+//! handler with the resource's storage (`apiserver:pkg/endpoints/installer.go` derives
+//! the same routes from each storage's capabilities; ours come from `ResourceInfo`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use battery_api_machinery::negotiate::{Negotiated, body_format};
+use battery_api_machinery::params::{
+    CreateOptions, DeleteOptions, ListOptions, PatchOptions, QueryOptions, TableOptions,
+    UpdateOptions,
+};
+use battery_api_machinery::request_info::RequestInfo;
+use battery_api_machinery::status::ApiError;
+use battery_types::{HasResourceInfo, ResourceInfo, Scope, Verb};
+use futures::future::BoxFuture;
+use http::request::Parts;
+
+use super::handlers::{self, Write};
+use super::storage::Storage;
+use super::watch_stream;
+use super::{RequestContext, UserInfo};
+use crate::meta_store::MetaStore;
+
+/// Go's limit on request bodies (`apiserver:pkg/server/config.go` `MaxRequestBodyBytes`).
+pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+
+/// One served resource, with its storage behind an object-safe face.
+pub trait Endpoint: Send + Sync + 'static {
+    fn info(&self) -> &'static ResourceInfo;
+    fn handle(&self, call: Call) -> BoxFuture<'static, Result<Response, ApiError>>;
+}
+
+/// A request on its way to an [`Endpoint`].
+pub struct Call {
+    pub ctx: RequestContext,
+    pub info: RequestInfo,
+    pub parts: Parts,
+    pub body: Bytes,
+}
+
+/// The generic handlers over storage `S`.
+pub struct ResourceEndpoint<S: Storage> {
+    storage: Arc<S>,
+    store: Arc<MetaStore>,
+}
+
+impl<S: Storage> ResourceEndpoint<S> {
+    pub fn new(storage: Arc<S>, store: Arc<MetaStore>) -> Self {
+        Self { storage, store }
+    }
+}
+
+fn query(parts: &Parts) -> &str {
+    parts.uri.query().unwrap_or_default()
+}
+
+impl<S: Storage> Endpoint for ResourceEndpoint<S> {
+    fn info(&self) -> &'static ResourceInfo {
+        &<S::Object as HasResourceInfo>::INFO
+    }
+
+    fn handle(&self, call: Call) -> BoxFuture<'static, Result<Response, ApiError>> {
+        let shared = self.storage.clone();
+        let store = self.store.clone();
+        Box::pin(async move {
+            let Call {
+                ctx,
+                info,
+                parts,
+                body,
+            } = call;
+            let storage = shared.as_ref();
+            let headers = &parts.headers;
+            let q = query(&parts);
+            let resource = &<S::Object as HasResourceInfo>::INFO;
+            match info.subresource.as_str() {
+                "" => {}
+                // The status subresource reads the whole object, as Go's status storage.
+                "status" if info.verb == "get" => {
+                    let negotiated = Negotiated::for_resource(headers, Some(q))?;
+                    return handlers::get(storage, &ctx, &info.name, &negotiated, TableOptions::default()).await;
+                }
+                other => {
+                    return Err(ApiError::method_not_allowed(
+                        resource,
+                        &format!("{} on {}/{other}", info.verb, resource.plural),
+                    ));
+                }
+            }
+            match info.verb.as_str() {
+                "get" => {
+                    let negotiated = Negotiated::for_resource(headers, Some(q))?;
+                    let table = TableOptions::from_request(q, headers)?;
+                    handlers::get(storage, &ctx, &info.name, &negotiated, table).await
+                }
+                "list" => {
+                    let negotiated = Negotiated::for_resource(headers, Some(q))?;
+                    let table = TableOptions::from_request(q, headers)?;
+                    let options = ListOptions::from_request(q, headers)?;
+                    options.forbid_send_initial_events()?;
+                    handlers::list(storage, &ctx, &options, &negotiated, table).await
+                }
+                "watch" => {
+                    let negotiated = Negotiated::for_watch(headers)?;
+                    let table = TableOptions::from_request(q, headers)?;
+                    let mut options = ListOptions::from_request(q, headers)?;
+                    if !info.name.is_empty() {
+                        // `/watch/namespaces/ns/pools/x` watches one object.
+                        options.field_selector = battery_api_machinery::selectors::FieldSelector::parse(
+                            &format!("metadata.name={}", info.name),
+                        )?;
+                    }
+                    watch_stream::watch(
+                        shared.clone(),
+                        store,
+                        ctx,
+                        options,
+                        negotiated,
+                        table.include_object,
+                    )
+                    .await
+                }
+                "create" => {
+                    let negotiated = Negotiated::for_resource(headers, Some(q))?;
+                    let options = CreateOptions::from_request(q, headers)?;
+                    let write = Write {
+                        body: &body,
+                        format: body_format(headers)?,
+                    };
+                    handlers::create(storage, &ctx, write, &options, &negotiated).await
+                }
+                "update" => {
+                    let negotiated = Negotiated::for_resource(headers, Some(q))?;
+                    let options = UpdateOptions::from_request(q, headers)?;
+                    let write = Write {
+                        body: &body,
+                        format: body_format(headers)?,
+                    };
+                    handlers::update(storage, &ctx, &info.name, write, &options, &negotiated).await
+                }
+                "patch" => {
+                    let negotiated = Negotiated::for_resource(headers, Some(q))?;
+                    let options = PatchOptions::from_request(q, headers)?;
+                    handlers::patch(storage, &ctx, &info.name, &body, &options, &negotiated).await
+                }
+                "delete" => {
+                    let negotiated = Negotiated::for_resource(headers, Some(q))?;
+                    let options = DeleteOptions::from_request(q, headers, &body)?;
+                    handlers::delete(storage, &ctx, &info.name, &options, &negotiated).await
+                }
+                "deletecollection" => {
+                    let negotiated = Negotiated::for_resource(headers, Some(q))?;
+                    let list = ListOptions::from_request(q, headers)?;
+                    let options = DeleteOptions::from_request(q, headers, &body)?;
+                    handlers::delete_collection(storage, &ctx, &list, &options, &negotiated).await
+                }
+                other => Err(ApiError::method_not_allowed(resource, other)),
+            }
+        })
+    }
+}
+
+/// The request's user, as the authentication layer left it; anonymous otherwise.
+fn user(parts: &Parts) -> UserInfo {
+    parts.extensions.get::<UserInfo>().cloned().unwrap_or_else(|| UserInfo {
+        name: "system:anonymous".to_owned(),
+        groups: vec!["system:unauthenticated".to_owned()],
+        ..UserInfo::default()
+    })
+}
+
+struct Resources {
+    endpoints: HashMap<&'static str, Arc<dyn Endpoint>>,
+}
+
+/// The router of `/apis/<group>/<version>/...` for `endpoints`.
+pub fn resource_router(endpoints: Vec<Arc<dyn Endpoint>>) -> Router {
+    let mut by_plural = HashMap::new();
+    let mut prefixes = Vec::new();
+    for endpoint in endpoints {
+        let info = endpoint.info();
+        let prefix = format!("/apis/{}/{}", info.group, info.version);
+        if !prefixes.contains(&prefix) {
+            prefixes.push(prefix);
+        }
+        by_plural.insert(info.plural, endpoint);
+    }
+    let state = Arc::new(Resources {
+        endpoints: by_plural,
+    });
+    let mut router = Router::new();
+    for prefix in prefixes {
+        router = router.route(&format!("{prefix}/{{*rest}}"), any(dispatch));
+    }
+    router.with_state(state)
+}
+
+async fn dispatch(State(resources): State<Arc<Resources>>, request: Request) -> Response {
+    match route(&resources, request).await {
+        Ok(response) => response,
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn route(resources: &Resources, request: Request) -> Result<Response, ApiError> {
+    let (parts, body) = request.into_parts();
+    let info = RequestInfo::parse(&parts.method, parts.uri.path(), parts.uri.query())?;
+    let endpoint = resources
+        .endpoints
+        .get(info.resource.as_str())
+        .ok_or_else(|| not_found(&info))?;
+    let resource = endpoint.info();
+    check_scope(resource, &info)?;
+    check_verb(resource, &info)?;
+    let body = axum::body::to_bytes(Body::new(body), MAX_BODY_BYTES)
+        .await
+        .map_err(|_| {
+            ApiError::request_entity_too_large(format!(
+                "the request body is larger than {MAX_BODY_BYTES} bytes"
+            ))
+        })?;
+    let ctx = RequestContext {
+        user: user(&parts),
+        namespace: (!info.namespace.is_empty()).then(|| info.namespace.clone()),
+    };
+    endpoint
+        .handle(Call {
+            ctx,
+            info,
+            parts,
+            body,
+        })
+        .await
+}
+
+/// Go's answer for a path no resource serves: a 404 Status with the generic message.
+fn not_found(info: &RequestInfo) -> ApiError {
+    ApiError::new(
+        battery_api_machinery::status::Reason::NotFound,
+        format!("the server could not find the requested resource ({})", info.path),
+    )
+}
+
+fn check_scope(resource: &ResourceInfo, info: &RequestInfo) -> Result<(), ApiError> {
+    match resource.scope {
+        Scope::Cluster if !info.namespace.is_empty() => Err(not_found(info)),
+        // A single namespaced object is always addressed within its namespace.
+        Scope::Namespaced
+            if info.namespace.is_empty()
+                && !matches!(info.verb.as_str(), "list" | "watch" | "deletecollection") =>
+        {
+            Err(not_found(info))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The verb must be one the resource (or its subresource) serves: 405 otherwise.
+fn check_verb(resource: &ResourceInfo, info: &RequestInfo) -> Result<(), ApiError> {
+    let Some(verb) = info.resource_verb() else {
+        return Err(ApiError::method_not_allowed(resource, &info.verb));
+    };
+    let verbs: &[Verb] = if info.subresource.is_empty() {
+        resource.verbs
+    } else {
+        match resource
+            .subresources
+            .iter()
+            .find(|s| s.name == info.subresource)
+        {
+            Some(sub) => sub.verbs,
+            None => return Err(not_found(info)),
+        }
+    };
+    // `list` and `watch` of a collection are served when the resource lists them.
+    if verbs.contains(&verb) {
+        Ok(())
+    } else {
+        Err(ApiError::method_not_allowed(resource, &info.verb))
+    }
+}

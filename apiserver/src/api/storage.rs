@@ -1,0 +1,123 @@
+//! The contract between the generic handlers and one resource's storage, like
+//! `apiserver:pkg/registry/rest/rest.go`, reduced to what our three resources need.
+
+use battery_api_machinery::status::ApiError;
+use battery_api_machinery::table::TableColumnDefinition;
+use battery_types::HasResourceInfo;
+use battery_types::validation::FieldError;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::RequestContext;
+
+/// A kind the generic handlers can serve.
+pub trait ApiObject:
+    kube::Resource<DynamicType = ()>
+    + HasResourceInfo
+    + Serialize
+    + DeserializeOwned
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<T> ApiObject for T where
+    T: kube::Resource<DynamicType = ()>
+        + HasResourceInfo
+        + Serialize
+        + DeserializeOwned
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// What a delete did.
+#[derive(Debug)]
+pub enum Deleted<T> {
+    /// The object is gone; this was its last state.
+    Gone(T),
+    /// The object stays, marked for deletion, until something outside this request
+    /// finishes (a Pool whose MicroVMs are still leased).
+    Pending(T),
+}
+
+/// "Now" as Kubernetes records it in metadata: seconds precision.
+pub fn server_now() -> Time {
+    let now = Timestamp::now();
+    Time(Timestamp::from_second(now.as_second()).unwrap_or(now))
+}
+
+/// One resource's storage. Methods are called only after the handlers have decoded,
+/// defaulted, validated and authorized the request, and never for `dryRun`.
+pub trait Storage: Send + Sync + 'static {
+    /// The kind stored.
+    type Object: ApiObject;
+
+    /// Table columns after `Name` and before `Age`.
+    fn table_columns(&self) -> Vec<TableColumnDefinition>;
+
+    /// The cells of those columns for `object`.
+    fn table_cells(&self, object: &Self::Object) -> Vec<serde_json::Value>;
+
+    /// Field selector labels beyond `metadata.name` and `metadata.namespace`.
+    fn selectable_fields(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// The value of a field from [`Storage::selectable_fields`].
+    fn field_value(&self, _object: &Self::Object, _field: &str) -> Option<String> {
+        None
+    }
+
+    /// Rules of the kind itself (defaults were applied while decoding).
+    fn validate(&self, object: &Self::Object) -> Vec<FieldError>;
+
+    /// Rules about changing `old` into `new` (immutable fields).
+    fn validate_update(&self, _old: &Self::Object, _new: &Self::Object) -> Vec<FieldError> {
+        Vec::new()
+    }
+
+    /// The object `name` in `ctx.namespace`.
+    fn get(
+        &self,
+        ctx: &RequestContext,
+        name: &str,
+    ) -> impl Future<Output = Result<Self::Object, ApiError>> + Send;
+
+    /// Every object (in `ctx.namespace`, when set) and the resourceVersion the list is
+    /// consistent with.
+    fn list(
+        &self,
+        ctx: &RequestContext,
+    ) -> impl Future<Output = Result<(Vec<Self::Object>, u64), ApiError>> + Send;
+
+    /// Creates `object`, whose server-owned metadata (uid, creationTimestamp, generation,
+    /// managedFields) the handler set; the storage sets resourceVersion and status.
+    fn create(
+        &self,
+        ctx: &RequestContext,
+        object: Self::Object,
+    ) -> impl Future<Output = Result<Self::Object, ApiError>> + Send;
+
+    /// Replaces `old` with `new`. `new.metadata.resourceVersion` is the version the client
+    /// changed: the storage refuses with a Conflict if the object moved on since.
+    fn update(
+        &self,
+        ctx: &RequestContext,
+        old: Self::Object,
+        new: Self::Object,
+    ) -> impl Future<Output = Result<Self::Object, ApiError>> + Send;
+
+    /// Removes `object`, which has no finalizers left.
+    fn delete(
+        &self,
+        ctx: &RequestContext,
+        object: Self::Object,
+    ) -> impl Future<Output = Result<Deleted<Self::Object>, ApiError>> + Send;
+}

@@ -1,0 +1,389 @@
+//! The gRPC client of battery. Only this module and its siblings under `battery/`
+//! import `battery-proto`; the rest of the server sees our own types.
+
+use std::fmt;
+use std::time::Duration;
+
+use battery_proto::poolmgr::v1alpha1 as pb;
+use pb::events_client::EventsClient;
+use pb::host_admin_client::HostAdminClient;
+use pb::lease_client::LeaseClient;
+use pb::pool_admin_client::PoolAdminClient;
+use tonic::transport::{Channel, Endpoint};
+
+use super::convert;
+use battery_types::{HostSpec, HostStatus, NetworkInterfaceStatus, PoolSpec, PoolStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+/// Every unary call gets this long; ClaimVM, which runs the pool's pre-lease hooks, gets
+/// [`CLAIM_TIMEOUT`]. Both stay well inside kube-apiserver's 60 s proxy limit.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// ClaimVM blocks while pre-lease hooks run (battery-api.md §4.3).
+pub const CLAIM_TIMEOUT: Duration = Duration::from_secs(30);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// battery's lease id: a bearer secret for battery (anyone holding it may heartbeat or
+/// release). It prints as `<redacted>` so it never reaches a log line or a response.
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct LeaseId(String);
+
+impl LeaseId {
+    pub fn new(id: String) -> Self {
+        Self(id)
+    }
+
+    /// The id itself, for the battery call that needs it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// A lease battery granted, in our types.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    pub id: LeaseId,
+    pub vm_uid: String,
+    /// battery's name of the Host the MicroVM runs on.
+    pub host_name: String,
+    pub network_interfaces: Vec<NetworkInterfaceStatus>,
+    pub expires_at: Option<MicroTime>,
+}
+
+/// A lease as battery lists it, without its id (which only the claim's record keeps).
+#[derive(Debug, Clone)]
+pub struct LeaseInfo {
+    /// The request id it was claimed with: how a claim finds its lease.
+    pub request_id: String,
+    pub vm_uid: String,
+    pub expires_at: Option<MicroTime>,
+}
+
+/// A pool as battery holds it, in our types.
+#[derive(Debug, Clone)]
+pub struct BatteryPool {
+    pub namespace: String,
+    pub name: String,
+    /// The spec battery holds; `placement` is ours, so it is always `None` here.
+    pub spec: PoolSpec,
+    /// The host names battery places the pool's MicroVMs on.
+    pub hosts: Vec<String>,
+    /// battery's counts, without conditions.
+    pub counts: PoolStatus,
+}
+
+impl BatteryPool {
+    fn from_pb(pool: pb::Pool) -> Self {
+        let spec = pool.spec.unwrap_or_default();
+        Self {
+            namespace: spec.namespace.clone(),
+            name: spec.name.clone(),
+            hosts: spec.flintlock_hosts.clone(),
+            counts: convert::pool_counts(pool.status.as_ref()),
+            spec: convert::pool_spec_from_battery(&spec, None),
+        }
+    }
+}
+
+/// A host as battery holds it, in our types.
+#[derive(Debug, Clone)]
+pub struct BatteryHost {
+    pub name: String,
+    /// battery's view; `agentAddress` is ours, so it is always `None` here.
+    pub spec: HostSpec,
+    /// battery's view, without conditions.
+    pub status: HostStatus,
+}
+
+impl BatteryHost {
+    fn from_pb(status: pb::HostStatus) -> Option<Self> {
+        let host = status.host.as_ref()?;
+        Some(Self {
+            name: host.name.clone(),
+            spec: convert::host_spec_from_battery(host, None),
+            status: convert::host_status_from_battery(&status),
+        })
+    }
+}
+
+/// A cheap-to-clone client of all of battery's services over one channel.
+#[derive(Clone)]
+pub struct BatteryClient {
+    pools: PoolAdminClient<Channel>,
+    leases: LeaseClient<Channel>,
+    events: EventsClient<Channel>,
+    hosts: HostAdminClient<Channel>,
+    health: tonic_health::pb::health_client::HealthClient<Channel>,
+}
+
+fn call<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(CALL_TIMEOUT);
+    request
+}
+
+impl BatteryClient {
+    /// A client of the battery at `address` (`http://host:port`). It connects on first
+    /// use and reconnects after failures, so the server starts while battery is down.
+    pub fn connect_lazy(address: &str) -> Result<Self, tonic::transport::Error> {
+        let channel = Endpoint::from_shared(address.to_owned())?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .connect_lazy();
+        Ok(Self {
+            pools: PoolAdminClient::new(channel.clone()),
+            leases: LeaseClient::new(channel.clone()),
+            events: EventsClient::new(channel.clone()),
+            hosts: HostAdminClient::new(channel.clone()),
+            health: tonic_health::pb::health_client::HealthClient::new(channel),
+        })
+    }
+
+    /// True when battery's health service says SERVING.
+    pub async fn is_serving(&self) -> bool {
+        let mut health = self.health.clone();
+        let request = call(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        });
+        matches!(
+            health.check(request).await,
+            Ok(r) if r.get_ref().status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+        )
+    }
+
+    pub async fn pool(&self, namespace: &str, name: &str) -> Result<BatteryPool, tonic::Status> {
+        let request = pb::GetPoolRequest {
+            r#ref: Some(pool_ref(namespace, name)),
+        };
+        let pool = self.pools.clone().get_pool(call(request)).await?.into_inner();
+        Ok(BatteryPool::from_pb(pool))
+    }
+
+    /// Pools in `namespace`, or in all namespaces.
+    pub async fn pools(&self, namespace: Option<&str>) -> Result<Vec<BatteryPool>, tonic::Status> {
+        let request = pb::ListPoolsRequest {
+            namespace: namespace.map(str::to_owned),
+        };
+        let pools = self.pools.clone().list_pools(call(request)).await?.into_inner().pools;
+        Ok(pools.into_iter().map(BatteryPool::from_pb).collect())
+    }
+
+    /// Creates the pool `namespace/name` placed on `hosts`.
+    pub async fn create_pool(
+        &self,
+        namespace: &str,
+        name: &str,
+        spec: &PoolSpec,
+        hosts: Vec<String>,
+    ) -> Result<BatteryPool, tonic::Status> {
+        let request = pb::CreatePoolRequest {
+            spec: Some(convert::pool_spec_to_battery(namespace, name, spec, hosts)),
+        };
+        let pool = self.pools.clone().create_pool(call(request)).await?.into_inner();
+        Ok(BatteryPool::from_pb(pool))
+    }
+
+    /// Replaces the pool's spec (battery restarts its reconciler; it never scales down).
+    pub async fn update_pool(
+        &self,
+        namespace: &str,
+        name: &str,
+        spec: &PoolSpec,
+        hosts: Vec<String>,
+    ) -> Result<BatteryPool, tonic::Status> {
+        let request = pb::UpdatePoolRequest {
+            spec: Some(convert::pool_spec_to_battery(namespace, name, spec, hosts)),
+        };
+        let pool = self.pools.clone().update_pool(call(request)).await?.into_inner();
+        Ok(BatteryPool::from_pb(pool))
+    }
+
+    /// Deletes the pool; battery refuses with FAILED_PRECONDITION while a MicroVM of it is
+    /// leased (we never force: that would end a Holder's lease under it).
+    pub async fn delete_pool(&self, namespace: &str, name: &str) -> Result<(), tonic::Status> {
+        let request = pb::DeletePoolRequest {
+            r#ref: Some(pool_ref(namespace, name)),
+            force: false,
+        };
+        self.pools.clone().delete_pool(call(request)).await?;
+        Ok(())
+    }
+
+    /// Claims a MicroVM. `request_id` makes the call safe to repeat: battery answers a
+    /// repeat with the same lease. ClaimVM's answer has no expiry, so it is read from
+    /// battery's lease list right after.
+    pub async fn claim_vm(
+        &self,
+        namespace: &str,
+        pool: &str,
+        request_id: &str,
+    ) -> Result<Lease, tonic::Status> {
+        let mut request = tonic::Request::new(pb::ClaimVmRequest {
+            pool: Some(pool_ref(namespace, pool)),
+            request_id: request_id.to_owned(),
+        });
+        request.set_timeout(CLAIM_TIMEOUT);
+        let claimed = self.leases.clone().claim_vm(request).await?.into_inner();
+        let expires_at = self
+            .leases_of(Some((namespace, pool)))
+            .await?
+            .into_iter()
+            .find(|l| l.request_id == request_id)
+            .and_then(|l| l.expires_at);
+        let host = claimed.host.unwrap_or_default();
+        Ok(Lease {
+            id: LeaseId::new(claimed.lease_id),
+            vm_uid: claimed.vm_uid,
+            host_name: host.name,
+            network_interfaces: convert::network_interfaces(&claimed.network_interfaces),
+            expires_at,
+        })
+    }
+
+    /// Renews a lease; answers the new expiry.
+    pub async fn heartbeat(&self, lease: &LeaseId) -> Result<MicroTime, tonic::Status> {
+        let request = pb::HeartbeatRequest {
+            lease_id: lease.expose().to_owned(),
+        };
+        let response = self.leases.clone().heartbeat(call(request)).await?.into_inner();
+        response
+            .expires_at
+            .as_ref()
+            .and_then(convert::micro_time)
+            .ok_or_else(|| tonic::Status::internal("battery answered a heartbeat without a valid expires_at"))
+    }
+
+    pub async fn release_vm(&self, lease: &LeaseId) -> Result<(), tonic::Status> {
+        let request = pb::ReleaseVmRequest {
+            lease_id: lease.expose().to_owned(),
+        };
+        self.leases.clone().release_vm(call(request)).await?;
+        Ok(())
+    }
+
+    /// Every live lease, of all pools.
+    pub async fn leases(&self) -> Result<Vec<LeaseInfo>, tonic::Status> {
+        self.leases_of(None).await
+    }
+
+    async fn leases_of(&self, pool: Option<(&str, &str)>) -> Result<Vec<LeaseInfo>, tonic::Status> {
+        let request = pb::ListLeasesRequest {
+            pool_ref: pool.map(|(ns, name)| pool_ref(ns, name)),
+        };
+        let leases = self.leases.clone().list_leases(call(request)).await?.into_inner().leases;
+        Ok(leases
+            .into_iter()
+            .map(|l| LeaseInfo {
+                request_id: l.request_id,
+                vm_uid: l.vm_uid,
+                expires_at: l.expires_at.as_ref().and_then(convert::micro_time),
+            })
+            .collect())
+    }
+
+    /// battery's event stream: its whole history, then live events.
+    pub(super) async fn subscribe(&self) -> Result<tonic::Streaming<pb::Event>, tonic::Status> {
+        // No timeout: the stream lives as long as the server.
+        let request = tonic::Request::new(pb::SubscribeRequest { pool: None });
+        Ok(self.events.clone().subscribe(request).await?.into_inner())
+    }
+
+    /// Every host battery knows, in name order.
+    pub async fn hosts(&self) -> Result<Vec<BatteryHost>, tonic::Status> {
+        let hosts = self
+            .hosts
+            .clone()
+            .list_hosts(call(pb::ListHostsRequest {}))
+            .await?
+            .into_inner()
+            .hosts;
+        Ok(hosts.into_iter().filter_map(BatteryHost::from_pb).collect())
+    }
+
+    pub async fn host(&self, name: &str) -> Result<BatteryHost, tonic::Status> {
+        let request = pb::GetHostRequest {
+            name: name.to_owned(),
+        };
+        let status = self.hosts.clone().get_host(call(request)).await?.into_inner();
+        BatteryHost::from_pb(status)
+            .ok_or_else(|| tonic::Status::internal("battery answered GetHost without a host"))
+    }
+
+    /// Registers a host; battery dials it and checks its flintlockd version first.
+    pub async fn add_host(&self, name: &str, spec: &HostSpec) -> Result<BatteryHost, tonic::Status> {
+        let request = pb::AddHostRequest {
+            host: Some(convert::host_to_battery(name, spec)),
+            skip_validation: false,
+        };
+        self.hosts.clone().add_host(call(request)).await?;
+        self.host(name).await
+    }
+
+    /// Replaces a host's address and TLS files.
+    pub async fn update_host(&self, name: &str, spec: &HostSpec) -> Result<(), tonic::Status> {
+        let request = pb::UpdateHostRequest {
+            host: Some(convert::host_to_battery(name, spec)),
+            skip_validation: false,
+        };
+        self.hosts.clone().update_host(call(request)).await?;
+        Ok(())
+    }
+
+    pub async fn remove_host(&self, name: &str) -> Result<(), tonic::Status> {
+        let request = pb::RemoveHostRequest {
+            name: name.to_owned(),
+        };
+        self.hosts.clone().remove_host(call(request)).await?;
+        Ok(())
+    }
+
+    pub async fn cordon_host(&self, name: &str, reason: &str) -> Result<(), tonic::Status> {
+        let request = pb::CordonHostRequest {
+            name: name.to_owned(),
+            reason: reason.to_owned(),
+        };
+        self.hosts.clone().cordon_host(call(request)).await?;
+        Ok(())
+    }
+
+    pub async fn uncordon_host(&self, name: &str) -> Result<(), tonic::Status> {
+        let request = pb::UncordonHostRequest {
+            name: name.to_owned(),
+        };
+        self.hosts.clone().uncordon_host(call(request)).await?;
+        Ok(())
+    }
+}
+
+fn pool_ref(namespace: &str, name: &str) -> pb::PoolRef {
+    pb::PoolRef {
+        name: name.to_owned(),
+        namespace: namespace.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_id_never_prints() {
+        let id = LeaseId::new("5f0c-secret".into());
+        assert_eq!(format!("{id}"), "<redacted>");
+        assert_eq!(format!("{id:?}"), "<redacted>");
+        assert_eq!(format!("{:?}", Some(&id)), "Some(<redacted>)");
+        assert_eq!(id.expose(), "5f0c-secret");
+    }
+}

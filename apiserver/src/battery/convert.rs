@@ -1,0 +1,996 @@
+//! Conversion between our API types and battery's protobuf messages, both ways.
+//!
+//! Writing is total: every spec that passed validation has exactly one battery form.
+//! Reading never fails: battery is the authority, so a field it leaves unset or a value
+//! newer than our protos reads as our default rather than making the object unreadable.
+//! For everything our types can express, reading back what we wrote gives the original
+//! (the proptest below checks it).
+
+use std::collections::HashMap;
+
+use battery_proto::flintlock::types as fl;
+use battery_proto::poolmgr::v1alpha1 as pb;
+use battery_types::{
+    Duration, HookFailurePolicy, Hooks, HostSpec, HostStatus, HostTls, Initrd, InterfaceType,
+    Kernel, LeaseSettings, MicroVMTemplate, NetworkInterface, NetworkInterfaceStatus,
+    NetworkOverrides, Placement, PoolSpec, PoolStatus, Replenishment, ReplenishmentType,
+    StaticAddress, Volume,
+};
+use fl::network_interface::IfaceType;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use k8s_openapi::jiff::Timestamp;
+
+const NANOS_PER_SECOND: i64 = 1_000_000_000;
+const NANOS_PER_MICROSECOND: i64 = 1_000;
+
+/// The battery form of the Pool `namespace/name`. `hosts` are the Host names its
+/// `placement` selects, resolved by the caller: battery knows hosts by name, not labels.
+pub fn pool_spec_to_battery(
+    namespace: &str,
+    name: &str,
+    spec: &PoolSpec,
+    hosts: Vec<String>,
+) -> pb::PoolSpec {
+    pb::PoolSpec {
+        name: name.to_owned(),
+        namespace: namespace.to_owned(),
+        microvm_template: Some(template_to_battery(&spec.template)),
+        // Validation requires a size, so `None` never gets here; 0 is the harmless reading.
+        size: spec.size.unwrap_or(0),
+        flintlock_hosts: hosts,
+        replenishment_strategy: Some(pb::ReplenishmentStrategy {
+            r#type: replenishment_type_to_battery(&spec.replenishment.type_).into(),
+            min_size: spec.replenishment.min_size,
+        }),
+        create_commands: spec.hooks.create.clone(),
+        pre_lease_commands: spec.hooks.pre_lease.clone(),
+        hook_failure_policy: failure_policy_to_battery(&spec.hooks.failure_policy).into(),
+        heartbeat_interval: Some(duration_to_battery(spec.lease.heartbeat_interval)),
+        heartbeat_expiry_threshold: Some(duration_to_battery(spec.lease.expiry_threshold)),
+    }
+}
+
+/// Our form of a battery Pool spec. `placement` is passed through because battery holds
+/// only the Host names it resolved to, not the selector.
+pub fn pool_spec_from_battery(spec: &pb::PoolSpec, placement: Option<Placement>) -> PoolSpec {
+    let defaults = LeaseSettings::default();
+    PoolSpec {
+        template: spec
+            .microvm_template
+            .as_ref()
+            .map(template_from_battery)
+            .unwrap_or_default(),
+        size: Some(spec.size),
+        placement,
+        replenishment: spec
+            .replenishment_strategy
+            .as_ref()
+            .map(|strategy| Replenishment {
+                type_: replenishment_type_from_battery(strategy.r#type()),
+                min_size: strategy.min_size,
+            })
+            .unwrap_or_default(),
+        hooks: Hooks {
+            create: spec.create_commands.clone(),
+            pre_lease: spec.pre_lease_commands.clone(),
+            failure_policy: failure_policy_from_battery(spec.hook_failure_policy()),
+        },
+        // We always send both; only a Pool written by another client of battery can lack
+        // them, and our defaults are what such a Pool would have got here.
+        lease: LeaseSettings {
+            heartbeat_interval: spec
+                .heartbeat_interval
+                .as_ref()
+                .map_or(defaults.heartbeat_interval, duration_from_battery),
+            expiry_threshold: spec
+                .heartbeat_expiry_threshold
+                .as_ref()
+                .map_or(defaults.expiry_threshold, duration_from_battery),
+        },
+    }
+}
+
+/// The MicroVM counts of a Pool. A missing status counts nothing; conditions are the
+/// caller's to compute, from these counts and what it knows beyond battery.
+pub fn pool_counts(status: Option<&pb::PoolStatus>) -> PoolStatus {
+    let Some(status) = status else {
+        return PoolStatus::default();
+    };
+    PoolStatus {
+        available: status.available_count,
+        leased: status.leased_count,
+        provisioning: status.provisioning_count,
+        quarantined: status.quarantined_count,
+        conditions: Vec::new(),
+    }
+}
+
+/// The battery form of the Host `name`, for AddHost and UpdateHost. The cordon fields stay
+/// unset: both RPCs ignore them, and `unschedulable` is applied with CordonHost and
+/// UncordonHost instead.
+pub fn host_to_battery(name: &str, spec: &HostSpec) -> pb::Host {
+    let tls = &spec.tls;
+    pb::Host {
+        name: name.to_owned(),
+        address: spec.address.clone(),
+        cordoned: false,
+        cordoned_reason: String::new(),
+        cordoned_at: None,
+        updated_at: None,
+        tls: Some(pb::HostTls {
+            insecure: tls.insecure,
+            ca_file: tls.ca_file.clone().unwrap_or_default(),
+            cert_file: tls.cert_file.clone().unwrap_or_default(),
+            key_file: tls.key_file.clone().unwrap_or_default(),
+        }),
+    }
+}
+
+/// Our form of a battery Host. `agent_address` is passed through because battery does not
+/// hold it: only the exec relay uses it.
+pub fn host_spec_from_battery(host: &pb::Host, agent_address: Option<String>) -> HostSpec {
+    // Only a Host stored by a battery older than HostTLS lacks it; such a Host has no TLS
+    // settings at all, which is what the default says.
+    let tls = host
+        .tls
+        .as_ref()
+        .map_or_else(HostTls::default, |tls| HostTls {
+            insecure: tls.insecure,
+            ca_file: non_empty(&tls.ca_file),
+            cert_file: non_empty(&tls.cert_file),
+            key_file: non_empty(&tls.key_file),
+        });
+    HostSpec {
+        address: host.address.clone(),
+        unschedulable: host.cordoned,
+        tls,
+        agent_address,
+    }
+}
+
+/// What battery reports about a Host. Conditions come from its agent, not from battery.
+pub fn host_status_from_battery(status: &pb::HostStatus) -> HostStatus {
+    HostStatus {
+        // Empty until battery has asked flintlockd for its version.
+        flintlock_version: non_empty(&status.flintlock_version),
+        vm_count: status.vm_count,
+        cordoned_reason: status
+            .host
+            .as_ref()
+            .and_then(|host| non_empty(&host.cordoned_reason)),
+        conditions: Vec::new(),
+    }
+}
+
+/// A battery timestamp as Kubernetes writes a `Time`: whole seconds, the fraction dropped
+/// as Go's RFC 3339 formatting drops it, so an object compares equal to its own JSON.
+/// `None` when the time is outside what `Time` can hold (years -9999 to 9999).
+pub fn time(ts: &prost_types::Timestamp) -> Option<Time> {
+    let seconds = i64::try_from(timestamp_nanos(ts).div_euclid(NANOS_PER_SECOND.into())).ok()?;
+    Timestamp::from_second(seconds).ok().map(Time)
+}
+
+/// A battery timestamp as Kubernetes writes a `MicroTime`: to the microsecond, the rest
+/// dropped as for [`time`]. `None` when the time is outside what `MicroTime` can hold.
+pub fn micro_time(ts: &prost_types::Timestamp) -> Option<MicroTime> {
+    let micros =
+        i64::try_from(timestamp_nanos(ts).div_euclid(NANOS_PER_MICROSECOND.into())).ok()?;
+    Timestamp::from_microsecond(micros).ok().map(MicroTime)
+}
+
+/// A claimed MicroVM's interfaces, ordered by device id so that the list (which battery
+/// sends as a map) reads the same on every call.
+pub fn network_interfaces(
+    map: &HashMap<String, fl::NetworkInterfaceStatus>,
+) -> Vec<NetworkInterfaceStatus> {
+    let mut interfaces: Vec<_> = map
+        .iter()
+        .map(|(device_id, status)| NetworkInterfaceStatus {
+            device_id: device_id.clone(),
+            host_device_name: status.host_device_name.clone(),
+            index: status.index,
+            mac_address: status.mac_address.clone(),
+        })
+        .collect();
+    interfaces.sort_by(|a, b| a.device_id.cmp(&b.device_id));
+    interfaces
+}
+
+/// Nanoseconds since the epoch. Widened so that a timestamp whose nanos are out of their
+/// normal range (protobuf allows it on the wire) still adds up exactly.
+fn timestamp_nanos(ts: &prost_types::Timestamp) -> i128 {
+    i128::from(ts.seconds) * i128::from(NANOS_PER_SECOND) + i128::from(ts.nanos)
+}
+
+fn non_empty(value: &str) -> Option<String> {
+    (!value.is_empty()).then(|| value.to_owned())
+}
+
+/// Seconds and nanos truncated toward zero, so both carry the duration's sign as
+/// google.protobuf.Duration requires. Every `i64` of nanoseconds fits.
+fn duration_to_battery(duration: Duration) -> prost_types::Duration {
+    let nanos = duration.as_nanos();
+    prost_types::Duration {
+        seconds: nanos / NANOS_PER_SECOND,
+        nanos: i32::try_from(nanos % NANOS_PER_SECOND)
+            .expect("a remainder of a division by 1e9 fits an i32"),
+    }
+}
+
+/// A duration too long for `i64` nanoseconds (about 292 years) saturates, as Go's
+/// `durationpb.AsDuration` does when battery reads the same field.
+fn duration_from_battery(duration: &prost_types::Duration) -> Duration {
+    let nanos =
+        i128::from(duration.seconds) * i128::from(NANOS_PER_SECOND) + i128::from(duration.nanos);
+    let saturated = if nanos < 0 { i64::MIN } else { i64::MAX };
+    Duration::from_nanos(i64::try_from(nanos).unwrap_or(saturated))
+}
+
+/// Validation refuses an unknown type before a spec reaches battery; UNSPECIFIED is what
+/// battery would refuse it as, should one slip through.
+fn replenishment_type_to_battery(type_: &ReplenishmentType) -> pb::ReplenishmentStrategyType {
+    match type_ {
+        ReplenishmentType::ImmediateOnLease => pb::ReplenishmentStrategyType::ImmediateOnLease,
+        ReplenishmentType::MinSizeThreshold => pb::ReplenishmentStrategyType::MinSizeThreshold,
+        ReplenishmentType::ReplaceOnDelete => pb::ReplenishmentStrategyType::ReplaceOnDelete,
+        ReplenishmentType::Unknown(_) => pb::ReplenishmentStrategyType::Unspecified,
+    }
+}
+
+/// battery refuses UNSPECIFIED in a spec, so it reaches us only from a Pool stored some
+/// other way; prost also reads a value newer than our proto as UNSPECIFIED. Either way our
+/// default keeps the Pool readable.
+fn replenishment_type_from_battery(type_: pb::ReplenishmentStrategyType) -> ReplenishmentType {
+    match type_ {
+        pb::ReplenishmentStrategyType::ImmediateOnLease => ReplenishmentType::ImmediateOnLease,
+        pb::ReplenishmentStrategyType::MinSizeThreshold => ReplenishmentType::MinSizeThreshold,
+        pb::ReplenishmentStrategyType::ReplaceOnDelete => ReplenishmentType::ReplaceOnDelete,
+        pb::ReplenishmentStrategyType::Unspecified => ReplenishmentType::default(),
+    }
+}
+
+/// As for [`replenishment_type_to_battery`]: validation refuses an unknown policy first.
+fn failure_policy_to_battery(policy: &HookFailurePolicy) -> pb::HookFailurePolicy {
+    match policy {
+        HookFailurePolicy::DeleteAndReplace => pb::HookFailurePolicy::DeleteAndReplace,
+        HookFailurePolicy::Quarantine => pb::HookFailurePolicy::Quarantine,
+        HookFailurePolicy::Unknown(_) => pb::HookFailurePolicy::Unspecified,
+    }
+}
+
+/// UNSPECIFIED or a newer value reads as our default, DeleteAndReplace, which is also how
+/// battery itself treats an unknown policy when a hook fails.
+fn failure_policy_from_battery(policy: pb::HookFailurePolicy) -> HookFailurePolicy {
+    match policy {
+        pb::HookFailurePolicy::DeleteAndReplace => HookFailurePolicy::DeleteAndReplace,
+        pb::HookFailurePolicy::Quarantine => HookFailurePolicy::Quarantine,
+        pb::HookFailurePolicy::Unspecified => HookFailurePolicy::default(),
+    }
+}
+
+/// flintlock's MicroVMSpec for a template. The fields that identify one MicroVM stay
+/// empty: battery fills them for each MicroVM it creates, and an empty namespace makes it
+/// use the Pool's. `allow_guest_agent` is sent true because battery needs the agent for
+/// hooks and forces it true anyway.
+fn template_to_battery(template: &MicroVMTemplate) -> fl::MicroVmSpec {
+    let kernel = &template.kernel;
+    fl::MicroVmSpec {
+        id: String::new(),
+        namespace: String::new(),
+        labels: template.labels.clone().into_iter().collect(),
+        vcpu: template.vcpu,
+        memory_in_mb: template.memory_in_mb,
+        kernel: Some(fl::Kernel {
+            image: kernel.image.clone(),
+            cmdline: kernel.cmdline.clone().into_iter().collect(),
+            filename: kernel.filename.clone(),
+            add_network_config: kernel.add_network_config,
+        }),
+        initrd: template.initrd.as_ref().map(|initrd| fl::Initrd {
+            image: initrd.image.clone(),
+            filename: initrd.filename.clone(),
+        }),
+        root_volume: Some(volume_to_battery(&template.root_volume)),
+        additional_volumes: template
+            .additional_volumes
+            .iter()
+            .map(volume_to_battery)
+            .collect(),
+        interfaces: template
+            .interfaces
+            .iter()
+            .map(interface_to_battery)
+            .collect(),
+        metadata: template.metadata.clone().into_iter().collect(),
+        created_at: None,
+        updated_at: None,
+        deleted_at: None,
+        uid: None,
+        provider: template.provider.clone(),
+        allow_guest_agent: true,
+    }
+}
+
+/// Reads only what a template can express, so what battery adds (id, namespace, uid,
+/// timestamps, `allow_guest_agent`) does not show up as a change to the Pool.
+fn template_from_battery(spec: &fl::MicroVmSpec) -> MicroVMTemplate {
+    MicroVMTemplate {
+        provider: spec.provider.clone(),
+        vcpu: spec.vcpu,
+        memory_in_mb: spec.memory_in_mb,
+        kernel: spec
+            .kernel
+            .as_ref()
+            .map(|kernel| Kernel {
+                image: kernel.image.clone(),
+                cmdline: kernel.cmdline.clone().into_iter().collect(),
+                filename: kernel.filename.clone(),
+                add_network_config: kernel.add_network_config,
+            })
+            .unwrap_or_default(),
+        initrd: spec.initrd.as_ref().map(|initrd| Initrd {
+            image: initrd.image.clone(),
+            filename: initrd.filename.clone(),
+        }),
+        root_volume: spec
+            .root_volume
+            .as_ref()
+            .map(volume_from_battery)
+            .unwrap_or_default(),
+        additional_volumes: spec
+            .additional_volumes
+            .iter()
+            .map(volume_from_battery)
+            .collect(),
+        interfaces: spec.interfaces.iter().map(interface_from_battery).collect(),
+        metadata: spec.metadata.clone().into_iter().collect(),
+        labels: spec.labels.clone().into_iter().collect(),
+    }
+}
+
+fn volume_to_battery(volume: &Volume) -> fl::Volume {
+    fl::Volume {
+        id: volume.id.clone(),
+        is_read_only: volume.read_only,
+        mount_point: volume.mount_point.clone(),
+        source: Some(fl::VolumeSource {
+            container_source: volume.container_source.clone(),
+            virtiofs_source: volume.virtiofs_source.clone(),
+        }),
+        partition_id: volume.partition_id.clone(),
+        size_in_mb: volume.size_in_mb,
+    }
+}
+
+fn volume_from_battery(volume: &fl::Volume) -> Volume {
+    let source = volume.source.as_ref();
+    Volume {
+        id: volume.id.clone(),
+        read_only: volume.is_read_only,
+        mount_point: volume.mount_point.clone(),
+        partition_id: volume.partition_id.clone(),
+        size_in_mb: volume.size_in_mb,
+        container_source: source.and_then(|source| source.container_source.clone()),
+        virtiofs_source: source.and_then(|source| source.virtiofs_source.clone()),
+    }
+}
+
+fn interface_to_battery(interface: &NetworkInterface) -> fl::NetworkInterface {
+    let type_ = match &interface.type_ {
+        InterfaceType::Tap => IfaceType::Tap,
+        // Validation refuses an unknown type before a spec reaches battery; MACVTAP is
+        // flintlock's zero value, what it would read for an unset type.
+        InterfaceType::Macvtap | InterfaceType::Unknown(_) => IfaceType::Macvtap,
+    };
+    fl::NetworkInterface {
+        device_id: interface.device_id.clone(),
+        r#type: type_.into(),
+        guest_mac: interface.guest_mac.clone(),
+        address: interface.address.as_ref().map(|address| fl::StaticAddress {
+            address: address.address.clone(),
+            gateway: address.gateway.clone(),
+            nameservers: address.nameservers.clone(),
+        }),
+        overrides: interface
+            .overrides
+            .as_ref()
+            .map(|overrides| fl::NetworkOverrides {
+                bridge_name: overrides.bridge_name.clone(),
+            }),
+    }
+}
+
+fn interface_from_battery(interface: &fl::NetworkInterface) -> NetworkInterface {
+    // prost reads a type newer than our proto as MACVTAP, flintlock's zero value.
+    let type_ = match interface.r#type() {
+        IfaceType::Macvtap => InterfaceType::Macvtap,
+        IfaceType::Tap => InterfaceType::Tap,
+    };
+    NetworkInterface {
+        device_id: interface.device_id.clone(),
+        type_,
+        guest_mac: interface.guest_mac.clone(),
+        address: interface.address.as_ref().map(|address| StaticAddress {
+            address: address.address.clone(),
+            gateway: address.gateway.clone(),
+            nameservers: address.nameservers.clone(),
+        }),
+        overrides: interface
+            .overrides
+            .as_ref()
+            .map(|overrides| NetworkOverrides {
+                bridge_name: overrides.bridge_name.clone(),
+            }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::collection::{btree_map, vec};
+    use proptest::option;
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn text() -> impl Strategy<Value = String> {
+        ".{0,8}"
+    }
+
+    fn string_map() -> impl Strategy<Value = BTreeMap<String, String>> {
+        btree_map(text(), text(), 0..3)
+    }
+
+    fn volume() -> impl Strategy<Value = Volume> {
+        (
+            text(),
+            any::<bool>(),
+            option::of(text()),
+            option::of(text()),
+            option::of(any::<i32>()),
+            option::of(text()),
+            option::of(text()),
+        )
+            .prop_map(
+                |(
+                    id,
+                    read_only,
+                    mount_point,
+                    partition_id,
+                    size_in_mb,
+                    container_source,
+                    virtiofs_source,
+                )| Volume {
+                    id,
+                    read_only,
+                    mount_point,
+                    partition_id,
+                    size_in_mb,
+                    container_source,
+                    virtiofs_source,
+                },
+            )
+    }
+
+    fn interface() -> impl Strategy<Value = NetworkInterface> {
+        let address = (text(), option::of(text()), vec(text(), 0..3)).prop_map(
+            |(address, gateway, nameservers)| StaticAddress {
+                address,
+                gateway,
+                nameservers,
+            },
+        );
+        let overrides = option::of(text()).prop_map(|bridge_name| NetworkOverrides { bridge_name });
+        (
+            text(),
+            prop_oneof![Just(InterfaceType::Macvtap), Just(InterfaceType::Tap)],
+            option::of(text()),
+            option::of(address),
+            option::of(overrides),
+        )
+            .prop_map(|(device_id, type_, guest_mac, address, overrides)| {
+                NetworkInterface {
+                    device_id,
+                    type_,
+                    guest_mac,
+                    address,
+                    overrides,
+                }
+            })
+    }
+
+    fn template() -> impl Strategy<Value = MicroVMTemplate> {
+        let kernel = (text(), string_map(), option::of(text()), any::<bool>()).prop_map(
+            |(image, cmdline, filename, add_network_config)| Kernel {
+                image,
+                cmdline,
+                filename,
+                add_network_config,
+            },
+        );
+        let initrd =
+            (text(), option::of(text())).prop_map(|(image, filename)| Initrd { image, filename });
+        (
+            option::of(text()),
+            any::<i32>(),
+            any::<i32>(),
+            kernel,
+            option::of(initrd),
+            volume(),
+            vec(volume(), 0..3),
+            vec(interface(), 0..3),
+            string_map(),
+            string_map(),
+        )
+            .prop_map(
+                |(
+                    provider,
+                    vcpu,
+                    memory_in_mb,
+                    kernel,
+                    initrd,
+                    root_volume,
+                    additional_volumes,
+                    interfaces,
+                    metadata,
+                    labels,
+                )| MicroVMTemplate {
+                    provider,
+                    vcpu,
+                    memory_in_mb,
+                    kernel,
+                    initrd,
+                    root_volume,
+                    additional_volumes,
+                    interfaces,
+                    metadata,
+                    labels,
+                },
+            )
+    }
+
+    fn pool_spec() -> impl Strategy<Value = PoolSpec> {
+        let replenishment = (
+            prop_oneof![
+                Just(ReplenishmentType::ImmediateOnLease),
+                Just(ReplenishmentType::MinSizeThreshold),
+                Just(ReplenishmentType::ReplaceOnDelete),
+            ],
+            option::of(any::<i32>()),
+        )
+            .prop_map(|(type_, min_size)| Replenishment { type_, min_size });
+        let hooks = (
+            vec(text(), 0..3),
+            vec(text(), 0..3),
+            prop_oneof![
+                Just(HookFailurePolicy::DeleteAndReplace),
+                Just(HookFailurePolicy::Quarantine),
+            ],
+        )
+            .prop_map(|(create, pre_lease, failure_policy)| Hooks {
+                create,
+                pre_lease,
+                failure_policy,
+            });
+        let lease = (any::<i64>(), any::<i64>()).prop_map(|(interval, expiry)| LeaseSettings {
+            heartbeat_interval: Duration::from_nanos(interval),
+            expiry_threshold: Duration::from_nanos(expiry),
+        });
+        let placement =
+            option::of(string_map().prop_map(|node_selector| Placement { node_selector }));
+        (
+            template(),
+            any::<i32>(),
+            placement,
+            replenishment,
+            hooks,
+            lease,
+        )
+            .prop_map(|(template, size, placement, replenishment, hooks, lease)| {
+                PoolSpec {
+                    template,
+                    size: Some(size),
+                    placement,
+                    replenishment,
+                    hooks,
+                    lease,
+                }
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn pool_spec_round_trips(spec in pool_spec()) {
+            let battery = pool_spec_to_battery("ns", "pool", &spec, vec!["host-a".to_owned()]);
+            prop_assert_eq!(pool_spec_from_battery(&battery, spec.placement.clone()), spec);
+        }
+
+        #[test]
+        fn durations_round_trip(nanos in any::<i64>()) {
+            let duration = Duration::from_nanos(nanos);
+            let battery = duration_to_battery(duration);
+            prop_assert!(
+                (battery.seconds >= 0 && battery.nanos >= 0)
+                    || (battery.seconds <= 0 && battery.nanos <= 0),
+                "seconds and nanos must share a sign: {:?}",
+                battery
+            );
+            prop_assert_eq!(duration_from_battery(&battery), duration);
+        }
+    }
+
+    fn minimal_spec() -> PoolSpec {
+        PoolSpec {
+            size: Some(2),
+            ..PoolSpec::default()
+        }
+    }
+
+    #[test]
+    fn writes_identity_and_battery_owned_fields() {
+        let hosts = vec!["a".to_owned(), "b".to_owned()];
+        let battery = pool_spec_to_battery("team", "web", &minimal_spec(), hosts.clone());
+        assert_eq!(battery.name, "web");
+        assert_eq!(battery.namespace, "team");
+        assert_eq!(battery.flintlock_hosts, hosts);
+        let template = battery.microvm_template.expect("always sent");
+        assert!(template.allow_guest_agent);
+        assert_eq!(template.id, "");
+        assert_eq!(template.namespace, "");
+        assert_eq!(template.uid, None);
+        assert_eq!(template.created_at, None);
+    }
+
+    #[test]
+    fn reading_ignores_what_battery_adds() {
+        let spec = minimal_spec();
+        let mut battery = pool_spec_to_battery("team", "web", &spec, Vec::new());
+        let template = battery.microvm_template.as_mut().expect("always sent");
+        template.id = "web-1".to_owned();
+        template.namespace = "team".to_owned();
+        template.uid = Some("01J".to_owned());
+        template.created_at = Some(prost_types::Timestamp {
+            seconds: 1,
+            nanos: 0,
+        });
+        assert_eq!(pool_spec_from_battery(&battery, None), spec);
+    }
+
+    #[test]
+    fn missing_size_is_sent_as_zero_and_read_back_as_zero() {
+        let spec = PoolSpec::default();
+        let battery = pool_spec_to_battery("ns", "p", &spec, Vec::new());
+        assert_eq!(battery.size, 0);
+        assert_eq!(pool_spec_from_battery(&battery, None).size, Some(0));
+    }
+
+    #[test]
+    fn empty_battery_spec_reads_as_defaults() {
+        let spec = pool_spec_from_battery(&pb::PoolSpec::default(), None);
+        assert_eq!(spec.replenishment, Replenishment::default());
+        assert_eq!(spec.hooks, Hooks::default());
+        assert_eq!(spec.lease, LeaseSettings::default());
+        assert_eq!(spec.template, MicroVMTemplate::default());
+    }
+
+    #[test]
+    fn replenishment_types() {
+        let table = [
+            (
+                ReplenishmentType::ImmediateOnLease,
+                pb::ReplenishmentStrategyType::ImmediateOnLease,
+            ),
+            (
+                ReplenishmentType::MinSizeThreshold,
+                pb::ReplenishmentStrategyType::MinSizeThreshold,
+            ),
+            (
+                ReplenishmentType::ReplaceOnDelete,
+                pb::ReplenishmentStrategyType::ReplaceOnDelete,
+            ),
+        ];
+        for (ours, theirs) in table {
+            assert_eq!(replenishment_type_to_battery(&ours), theirs);
+            assert_eq!(replenishment_type_from_battery(theirs), ours);
+        }
+        assert_eq!(
+            replenishment_type_to_battery(&ReplenishmentType::Unknown("Eager".to_owned())),
+            pb::ReplenishmentStrategyType::Unspecified,
+        );
+        for raw in [0, 99] {
+            let strategy = pb::ReplenishmentStrategy {
+                r#type: raw,
+                min_size: Some(3),
+            };
+            let spec = pool_spec_from_battery(
+                &pb::PoolSpec {
+                    replenishment_strategy: Some(strategy),
+                    ..pb::PoolSpec::default()
+                },
+                None,
+            );
+            assert_eq!(
+                spec.replenishment.type_,
+                ReplenishmentType::ImmediateOnLease
+            );
+            assert_eq!(spec.replenishment.min_size, Some(3));
+        }
+    }
+
+    #[test]
+    fn failure_policies() {
+        let table = [
+            (
+                HookFailurePolicy::DeleteAndReplace,
+                pb::HookFailurePolicy::DeleteAndReplace,
+            ),
+            (
+                HookFailurePolicy::Quarantine,
+                pb::HookFailurePolicy::Quarantine,
+            ),
+        ];
+        for (ours, theirs) in table {
+            assert_eq!(failure_policy_to_battery(&ours), theirs);
+            assert_eq!(failure_policy_from_battery(theirs), ours);
+        }
+        assert_eq!(
+            failure_policy_to_battery(&HookFailurePolicy::Unknown("Ignore".to_owned())),
+            pb::HookFailurePolicy::Unspecified,
+        );
+        for raw in [0, 99] {
+            let spec = pool_spec_from_battery(
+                &pb::PoolSpec {
+                    hook_failure_policy: raw,
+                    ..pb::PoolSpec::default()
+                },
+                None,
+            );
+            assert_eq!(
+                spec.hooks.failure_policy,
+                HookFailurePolicy::DeleteAndReplace
+            );
+        }
+    }
+
+    #[test]
+    fn interface_types() {
+        let table = [
+            (InterfaceType::Macvtap, IfaceType::Macvtap),
+            (InterfaceType::Tap, IfaceType::Tap),
+            (
+                InterfaceType::Unknown("Veth".to_owned()),
+                IfaceType::Macvtap,
+            ),
+        ];
+        for (ours, theirs) in table {
+            let interface = NetworkInterface {
+                type_: ours,
+                ..NetworkInterface::default()
+            };
+            assert_eq!(interface_to_battery(&interface).r#type(), theirs);
+        }
+        let newer = fl::NetworkInterface {
+            r#type: 7,
+            ..fl::NetworkInterface::default()
+        };
+        assert_eq!(interface_from_battery(&newer).type_, InterfaceType::Macvtap);
+    }
+
+    #[test]
+    fn durations_from_battery() {
+        let cases = [
+            ((10, 0), 10_000_000_000),
+            ((1, 500_000_000), 1_500_000_000),
+            ((-1, -500_000_000), -1_500_000_000),
+            ((0, -1), -1),
+            // Unnormalized nanos still add up.
+            ((2, -1), 1_999_999_999),
+            ((i64::MAX, 0), i64::MAX),
+            ((i64::MIN, 0), i64::MIN),
+        ];
+        for ((seconds, nanos), expected) in cases {
+            let battery = prost_types::Duration { seconds, nanos };
+            assert_eq!(
+                duration_from_battery(&battery),
+                Duration::from_nanos(expected),
+                "{seconds}s {nanos}ns"
+            );
+        }
+    }
+
+    #[test]
+    fn time_keeps_whole_seconds() {
+        let cases = [
+            ((1_700_000_000, 0), Some(1_700_000_000)),
+            ((1_700_000_000, 999_999_999), Some(1_700_000_000)),
+            // Before the epoch, dropping the fraction rounds towards the past, as in Go.
+            ((-1, 500_000_000), Some(-1)),
+            ((0, -1), Some(-1)),
+            ((i64::MAX, 0), None),
+        ];
+        for ((seconds, nanos), expected) in cases {
+            let ts = prost_types::Timestamp { seconds, nanos };
+            assert_eq!(
+                time(&ts).map(|Time(t)| t.as_second()),
+                expected,
+                "{seconds}s {nanos}ns"
+            );
+            if let Some(Time(t)) = time(&ts) {
+                assert_eq!(t.subsec_nanosecond(), 0);
+            }
+        }
+    }
+
+    #[test]
+    fn micro_time_keeps_microseconds() {
+        let cases = [
+            ((1_700_000_000, 0), Some(1_700_000_000_000_000)),
+            ((1_700_000_000, 123_456_789), Some(1_700_000_000_123_456)),
+            ((-1, 999), Some(-1_000_000)),
+            ((i64::MIN, 0), None),
+        ];
+        for ((seconds, nanos), expected) in cases {
+            let ts = prost_types::Timestamp { seconds, nanos };
+            assert_eq!(
+                micro_time(&ts).map(|MicroTime(t)| t.as_microsecond()),
+                expected,
+                "{seconds}s {nanos}ns"
+            );
+        }
+    }
+
+    #[test]
+    fn time_serializes_as_kubernetes_does() {
+        let ts = prost_types::Timestamp {
+            seconds: 1_700_000_000,
+            nanos: 123_456_789,
+        };
+        assert_eq!(
+            serde_json::to_value(time(&ts)).expect("serializable"),
+            "2023-11-14T22:13:20Z"
+        );
+        assert_eq!(
+            serde_json::to_value(micro_time(&ts)).expect("serializable"),
+            "2023-11-14T22:13:20.123456Z"
+        );
+    }
+
+    #[test]
+    fn network_interfaces_are_ordered_by_device_id() {
+        let status = |index| fl::NetworkInterfaceStatus {
+            host_device_name: format!("tap{index}"),
+            index,
+            mac_address: format!("02:00:00:00:00:0{index}"),
+        };
+        let map = HashMap::from([
+            ("eth2".to_owned(), status(2)),
+            ("eth0".to_owned(), status(0)),
+            ("eth1".to_owned(), status(1)),
+        ]);
+        let interfaces = network_interfaces(&map);
+        let ids: Vec<_> = interfaces.iter().map(|i| i.device_id.as_str()).collect();
+        assert_eq!(ids, ["eth0", "eth1", "eth2"]);
+        assert_eq!(
+            interfaces[1],
+            NetworkInterfaceStatus {
+                device_id: "eth1".to_owned(),
+                host_device_name: "tap1".to_owned(),
+                index: 1,
+                mac_address: "02:00:00:00:00:01".to_owned(),
+            }
+        );
+        assert!(network_interfaces(&HashMap::new()).is_empty());
+    }
+
+    #[test]
+    fn pool_counts_copy_battery_counts() {
+        let status = pb::PoolStatus {
+            available_count: 1,
+            leased_count: 2,
+            provisioning_count: 3,
+            quarantined_count: 4,
+        };
+        assert_eq!(
+            pool_counts(Some(&status)),
+            PoolStatus {
+                available: 1,
+                leased: 2,
+                provisioning: 3,
+                quarantined: 4,
+                conditions: Vec::new(),
+            }
+        );
+        assert_eq!(pool_counts(None), PoolStatus::default());
+    }
+
+    #[test]
+    fn host_round_trips() {
+        let specs = [
+            HostSpec {
+                address: "10.0.0.1:9090".to_owned(),
+                unschedulable: false,
+                tls: HostTls {
+                    insecure: false,
+                    ca_file: Some("/etc/ca.pem".to_owned()),
+                    cert_file: Some("/etc/cert.pem".to_owned()),
+                    key_file: Some("/etc/key.pem".to_owned()),
+                },
+                agent_address: Some("10.0.0.1:9443".to_owned()),
+            },
+            HostSpec {
+                address: "h:9090".to_owned(),
+                unschedulable: false,
+                tls: HostTls {
+                    insecure: true,
+                    ..HostTls::default()
+                },
+                agent_address: None,
+            },
+        ];
+        for spec in specs {
+            let battery = host_to_battery("h1", &spec);
+            assert_eq!(battery.name, "h1");
+            assert_eq!(
+                host_spec_from_battery(&battery, spec.agent_address.clone()),
+                spec
+            );
+        }
+    }
+
+    #[test]
+    fn host_cordon_is_left_to_the_cordon_rpcs() {
+        let spec = HostSpec {
+            address: "h:9090".to_owned(),
+            unschedulable: true,
+            ..HostSpec::default()
+        };
+        let battery = host_to_battery("h1", &spec);
+        assert!(!battery.cordoned);
+        assert_eq!(battery.cordoned_reason, "");
+        assert_eq!(battery.cordoned_at, None);
+    }
+
+    #[test]
+    fn host_from_battery() {
+        let host = pb::Host {
+            name: "h1".to_owned(),
+            address: "h:9090".to_owned(),
+            cordoned: true,
+            cordoned_reason: "maintenance".to_owned(),
+            cordoned_at: Some(prost_types::Timestamp {
+                seconds: 1,
+                nanos: 0,
+            }),
+            updated_at: None,
+            tls: None,
+        };
+        assert_eq!(
+            host_spec_from_battery(&host, None),
+            HostSpec {
+                address: "h:9090".to_owned(),
+                unschedulable: true,
+                tls: HostTls::default(),
+                agent_address: None,
+            }
+        );
+        let status = pb::HostStatus {
+            host: Some(host),
+            vm_count: 3,
+            flintlock_version: "v0.15.2".to_owned(),
+        };
+        assert_eq!(
+            host_status_from_battery(&status),
+            HostStatus {
+                flintlock_version: Some("v0.15.2".to_owned()),
+                vm_count: 3,
+                cordoned_reason: Some("maintenance".to_owned()),
+                conditions: Vec::new(),
+            }
+        );
+        assert_eq!(
+            host_status_from_battery(&pb::HostStatus::default()),
+            HostStatus::default()
+        );
+    }
+}

@@ -1,0 +1,182 @@
+//! The command line. Every flag can also come from the environment variable named
+//! after it (`--data-dir` is `BATTERY_APISERVER_DATA_DIR`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Kubernetes aggregated API server for battery's warm pools of flintlock MicroVMs.
+#[derive(Debug, Parser)]
+#[command(name = "battery-apiserver", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the API over TLS in front of a battery at --battery-address (production).
+    Serve(ServeArgs),
+    /// Run everything on this machine for trying it out: the server on loopback with the
+    /// embedded battery and simulated Hosts, a Pool to claim from, self-made certificates,
+    /// and a kubeconfig for kubectl.
+    Dev(DevArgs),
+    /// Serve the embedded battery (a simulation of battery's poolmgrd gRPC API with
+    /// simulated flintlock Hosts) on a TCP address, for grpcurl and other clients.
+    EmbeddedBattery(EmbeddedBatteryArgs),
+}
+
+/// Options of `serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// HTTPS address to serve the API on.
+    #[arg(long, env = "BATTERY_APISERVER_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+
+    /// battery's gRPC address, e.g. http://127.0.0.1:9090 (the poolmgrd sidecar).
+    #[arg(long, env = "BATTERY_APISERVER_BATTERY_ADDRESS")]
+    pub battery_address: String,
+
+    /// The serving certificate (PEM); reloaded when the file changes.
+    #[arg(long, env = "BATTERY_APISERVER_TLS_CERT_FILE")]
+    pub tls_cert_file: PathBuf,
+
+    /// The serving certificate's key (PEM); reloaded with it.
+    #[arg(long, env = "BATTERY_APISERVER_TLS_PRIVATE_KEY_FILE")]
+    pub tls_private_key_file: PathBuf,
+
+    /// CA bundle that signs client certificates; their CN is the user, their
+    /// organizations the groups.
+    #[arg(long, env = "BATTERY_APISERVER_CLIENT_CA_FILE")]
+    pub client_ca_file: Option<PathBuf>,
+
+    /// Directory of the metadata store, on battery's volume. Without it the metadata is
+    /// kept in memory and lost on restart.
+    #[arg(long, env = "BATTERY_APISERVER_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// How long creating a claim waits for a MicroVM when the pool has none available,
+    /// before answering 429.
+    #[arg(long, env = "BATTERY_APISERVER_BIND_WAIT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub bind_wait: Duration,
+}
+
+/// Options of `dev`.
+#[derive(Debug, Args)]
+pub struct DevArgs {
+    /// HTTPS address to serve the API on; loopback only.
+    #[arg(long, env = "BATTERY_APISERVER_LISTEN", default_value = "127.0.0.1:8443", value_parser = loopback)]
+    pub listen: SocketAddr,
+
+    /// Where the certificates and the kubeconfig are written.
+    #[arg(long, env = "BATTERY_APISERVER_DEV_DIR", default_value = ".battery-dev")]
+    pub dir: PathBuf,
+
+    /// Keep battery's state, the simulated MicroVMs and the metadata here, so they
+    /// survive a restart. Without it everything is in memory.
+    #[arg(long, env = "BATTERY_APISERVER_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Number of simulated Hosts.
+    #[arg(long, env = "BATTERY_APISERVER_HOSTS", default_value_t = 2)]
+    pub hosts: usize,
+
+    /// How often battery's sweeper expires leases.
+    #[arg(long, env = "BATTERY_APISERVER_SWEEP_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub sweep_interval: Duration,
+
+    /// How long creating a claim waits for a MicroVM when the pool has none available.
+    #[arg(long, env = "BATTERY_APISERVER_BIND_WAIT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub bind_wait: Duration,
+
+    /// Size of the Pool `default/dev` made at start; 0 makes none.
+    #[arg(long, env = "BATTERY_APISERVER_DEV_POOL_SIZE", default_value_t = 3)]
+    pub pool_size: i32,
+}
+
+/// `dev` has no authorization beyond its own certificate: refuse to serve it on a
+/// network.
+fn loopback(value: &str) -> Result<SocketAddr, String> {
+    let addr: SocketAddr = value.parse().map_err(|e| format!("{e}"))?;
+    if addr.ip().is_loopback() {
+        Ok(addr)
+    } else {
+        Err(format!("{addr} is not a loopback address; dev serves on loopback only (try 127.0.0.1:8443)"))
+    }
+}
+
+/// Options of `embedded-battery`.
+#[derive(Debug, Args)]
+pub struct EmbeddedBatteryArgs {
+    /// gRPC address to serve battery's API on.
+    #[arg(long, env = "BATTERY_APISERVER_LISTEN", default_value = "127.0.0.1:9090")]
+    pub listen: SocketAddr,
+
+    /// Keep battery's state and the simulated Hosts' MicroVMs here, so they survive a
+    /// restart. Without it everything is in memory.
+    #[arg(long, env = "BATTERY_APISERVER_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Number of simulated Hosts (host-0, host-1, ...).
+    #[arg(long, env = "BATTERY_APISERVER_HOSTS", default_value_t = 2)]
+    pub hosts: usize,
+
+    /// How long a simulated MicroVM takes to boot.
+    #[arg(long, env = "BATTERY_APISERVER_PROVISIONING_DELAY", default_value = "200ms", value_parser = humantime::parse_duration)]
+    pub provisioning_delay: Duration,
+
+    /// How often battery's sweeper expires leases and retries deletions.
+    #[arg(long, env = "BATTERY_APISERVER_SWEEP_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub sweep_interval: Duration,
+
+    /// How long before expiry battery emits VM_EXPIRING_SOON.
+    #[arg(long, env = "BATTERY_APISERVER_WARNING_WINDOW", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub warning_window: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_parse_durations_and_defaults() {
+        let cli = Cli::try_parse_from([
+            "battery-apiserver",
+            "embedded-battery",
+            "--listen",
+            "127.0.0.1:0",
+            "--sweep-interval",
+            "250ms",
+        ])
+        .unwrap();
+        let Command::EmbeddedBattery(args) = cli.command else {
+            panic!("parsed another command");
+        };
+        assert_eq!(args.listen, SocketAddr::from(([127, 0, 0, 1], 0)));
+        assert_eq!(args.sweep_interval, Duration::from_millis(250));
+        assert_eq!(args.warning_window, Duration::from_secs(30));
+        assert_eq!(args.hosts, 2);
+        assert!(args.data_dir.is_none());
+    }
+
+    #[test]
+    fn dev_refuses_a_non_loopback_address() {
+        let err = Cli::try_parse_from(["battery-apiserver", "dev", "--listen", "0.0.0.0:8443"]).unwrap_err();
+        assert!(err.to_string().contains("loopback only"), "{err}");
+        assert!(Cli::try_parse_from(["battery-apiserver", "dev", "--listen", "127.0.0.1:0"]).is_ok());
+    }
+
+    #[test]
+    fn a_bad_duration_is_refused() {
+        let err = Cli::try_parse_from([
+            "battery-apiserver",
+            "embedded-battery",
+            "--sweep-interval",
+            "soon",
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("--sweep-interval"), "{err}");
+    }
+}

@@ -1,0 +1,153 @@
+//! `battery-apiserver dev`: the server on loopback with the embedded battery and its
+//! simulated Hosts, self-made certificates, a Pool to claim from, and a kubeconfig whose
+//! user is the dev ServiceAccount (DESIGN §6). It prints the next command to type.
+
+pub mod pki;
+
+use std::path::Path;
+
+use anyhow::Context;
+use axum::body::Body;
+use battery_embedded::BatteryConfig;
+use battery_embedded::local::{LocalBattery, LocalBatteryConfig};
+use http::{Request, StatusCode};
+use tokio::net::TcpListener;
+use tower::ServiceExt;
+
+use crate::api::UserInfo;
+use crate::battery::BatteryClient;
+use crate::config::DevArgs;
+use crate::serve::{self, TlsFiles};
+use crate::serve_command::{open_store, shutdown_signal};
+use crate::server::{self, Settings};
+
+/// The Pool `dev` makes, so a claim works at once.
+pub const DEV_POOL: &str = "dev";
+
+pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
+    let dir = args.dir.canonicalize().with_context(|| format!("resolving {}", args.dir.display()))?;
+    let pki = pki::write_dev_pki(&dir)?;
+    let local = LocalBattery::start(LocalBatteryConfig {
+        data_dir: args.data_dir.as_ref().map(|d| d.join("battery")),
+        hosts: args.hosts,
+        battery: BatteryConfig {
+            sweep_interval: args.sweep_interval,
+            // Fast enough to try things by hand, within what the simulation sustains.
+            create_poll_interval: std::time::Duration::from_millis(200),
+            guest_agent_interval: std::time::Duration::from_millis(200),
+            ..BatteryConfig::default()
+        },
+        ..LocalBatteryConfig::default()
+    })
+    .await
+    .context("starting the embedded battery")?;
+    let battery = BatteryClient::connect_lazy(&format!("http://{}", local.address()))?;
+    let store = open_store(args.data_dir.as_ref().map(|d| d.join("apiserver")).as_deref())?;
+    let app = server::build(battery, store, &Settings { bind_wait: args.bind_wait })?;
+    if args.pool_size > 0 {
+        create_dev_pool(&app.router, args.pool_size).await?;
+    }
+    let (acceptor, _reloader) = serve::acceptor(&TlsFiles {
+        cert: pki.serving_cert.clone(),
+        key: pki.serving_key.clone(),
+        client_ca: Some(pki.ca_cert.clone()),
+    })?;
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {} (is another dev server running? try --listen 127.0.0.1:0)", args.listen))?;
+    let addr = listener.local_addr()?;
+    let kubeconfig = dir.join("kubeconfig");
+    write_kubeconfig(&kubeconfig, &format!("https://{addr}"), &pki)?;
+    println!("battery-apiserver dev: serving https://{addr}");
+    println!(
+        "  on the embedded battery (a simulation of poolmgrd; MicroVM commands run as local processes, no isolation) with {} simulated Hosts",
+        local.hosts().len()
+    );
+    println!("  you are {} (every request is allowed in dev)", pki::DEV_USER);
+    println!("next: kubectl --kubeconfig {} get pools,microvmclaims", kubeconfig.display());
+    serve::serve(listener, acceptor, app.router, shutdown_signal()).await;
+    local.shutdown().await;
+    Ok(())
+}
+
+/// Creates the Pool `default/dev` through the API itself, as the dev user.
+async fn create_dev_pool(router: &axum::Router, size: i32) -> anyhow::Result<()> {
+    let pool = serde_json::json!({
+        "apiVersion": battery_types::API_VERSION,
+        "kind": "Pool",
+        "metadata": {"name": DEV_POOL, "namespace": "default"},
+        "spec": {
+            "size": size,
+            "template": {
+                "vcpu": 1,
+                "memoryInMb": 1024,
+                "kernel": {"image": "ghcr.io/liquidmetal-dev/flintlock-kernel:6.1.55"},
+                "rootVolume": {"id": "root", "containerSource": "ghcr.io/liquidmetal-dev/capmvm-kubernetes:1.30.0"},
+                "interfaces": [{"deviceId": "eth1", "type": "Tap"}]
+            }
+        }
+    });
+    let mut request = Request::post(format!(
+        "/apis/{}/namespaces/default/pools?fieldManager=battery-apiserver-dev",
+        battery_types::API_VERSION
+    ))
+    .header(http::header::CONTENT_TYPE, "application/json")
+    .body(Body::from(pool.to_string()))?;
+    request.extensions_mut().insert(UserInfo {
+        name: pki::DEV_USER.to_owned(),
+        groups: pki::DEV_GROUPS.iter().map(|g| (*g).to_owned()).collect(),
+        ..UserInfo::default()
+    });
+    let response = router.clone().oneshot(request).await?;
+    let status = response.status();
+    // A persisted dev environment already has its Pool.
+    if status == StatusCode::CREATED || status == StatusCode::CONFLICT {
+        return Ok(());
+    }
+    let body = axum::body::to_bytes(response.into_body(), 64 * 1024).await?;
+    anyhow::bail!("creating the dev Pool: {status}: {}", String::from_utf8_lossy(&body))
+}
+
+/// A kubeconfig for the dev user, pointing at the certificate files.
+fn write_kubeconfig(path: &Path, server: &str, pki: &pki::DevPki) -> anyhow::Result<()> {
+    use kube::config::{AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext};
+    const NAME: &str = "battery-dev";
+    let config = Kubeconfig {
+        api_version: Some("v1".to_owned()),
+        kind: Some("Config".to_owned()),
+        clusters: vec![NamedCluster {
+            name: NAME.to_owned(),
+            cluster: Some(Cluster {
+                server: Some(server.to_owned()),
+                certificate_authority: Some(pki.ca_cert.display().to_string()),
+                ..Cluster::default()
+            }),
+            other: Default::default(),
+        }],
+        auth_infos: vec![NamedAuthInfo {
+            name: NAME.to_owned(),
+            auth_info: Some(AuthInfo {
+                client_certificate: Some(pki.client_cert.display().to_string()),
+                client_key: Some(pki.client_key.display().to_string()),
+                ..AuthInfo::default()
+            }),
+            other: Default::default(),
+        }],
+        contexts: vec![NamedContext {
+            name: NAME.to_owned(),
+            context: Some(Context {
+                cluster: NAME.to_owned(),
+                user: Some(NAME.to_owned()),
+                namespace: Some("default".to_owned()),
+                ..Context::default()
+            }),
+            other: Default::default(),
+        }],
+        current_context: Some(NAME.to_owned()),
+        ..Kubeconfig::default()
+    };
+    let yaml = serde_norway::to_string(&config)?;
+    pki::write_file(path, &yaml, false)?;
+    Ok(())
+}

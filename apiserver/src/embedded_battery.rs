@@ -1,0 +1,40 @@
+//! `battery-apiserver embedded-battery`: serve the embedded battery and its simulated
+//! Hosts until Ctrl-C or SIGTERM.
+
+use battery_embedded::BatteryConfig;
+use battery_embedded::local::{LocalBattery, LocalBatteryConfig};
+
+use crate::config::EmbeddedBatteryArgs;
+
+/// Starts the embedded battery, prints where it listens and the next command to try,
+/// and stops it cleanly on a signal.
+pub async fn run(args: EmbeddedBatteryArgs) -> anyhow::Result<()> {
+    let local = LocalBattery::start(LocalBatteryConfig {
+        listen: args.listen,
+        data_dir: args.data_dir.clone(),
+        hosts: args.hosts,
+        provisioning_delay: args.provisioning_delay,
+        battery: BatteryConfig {
+            sweep_interval: args.sweep_interval,
+            warning_window: args.warning_window,
+            ..BatteryConfig::default()
+        },
+    })
+    .await?;
+    let addr = local.address();
+    let state = match &args.data_dir {
+        Some(dir) => format!("state in {}", dir.display()),
+        None => "state in memory".to_owned(),
+    };
+    // Tests and scripts read this first line to learn the port when --listen has port 0.
+    println!("embedded battery serving battery's gRPC API on {addr}");
+    println!(
+        "  a simulation of poolmgrd with {} simulated Hosts (no isolation: commands run as you), {state}",
+        local.hosts().len()
+    );
+    println!("next: grpcurl -plaintext {addr} list");
+    crate::serve_command::shutdown_signal().await;
+    tracing::info!("stopping the embedded battery");
+    local.shutdown().await;
+    Ok(())
+}

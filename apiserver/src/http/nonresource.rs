@@ -1,0 +1,147 @@
+//! Paths that are not resources: health, version, metrics, discovery and OpenAPI.
+//! Discovery and OpenAPI are built once at start and answer even when battery is down,
+//! so the APIService stays Available and the cluster's discovery never breaks.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use battery_api_machinery::discovery::Discovery;
+use battery_api_machinery::negotiate;
+use battery_api_machinery::openapi::OpenApi;
+use battery_api_machinery::status::{ApiError, Reason};
+use serde::Deserialize;
+
+use super::metrics::Metrics;
+use crate::battery::BatteryClient;
+
+/// What the non-resource paths serve.
+pub struct NonResource {
+    pub discovery: Discovery,
+    pub openapi: OpenApi,
+    pub battery: BatteryClient,
+    pub metrics: Arc<Metrics>,
+}
+
+pub fn router(state: Arc<NonResource>, group: &str, version: &str) -> Router {
+    Router::new()
+        .route("/healthz", get(ok))
+        .route("/livez", get(ok))
+        .route("/readyz", get(readyz))
+        .route("/version", get(version_info))
+        .route("/metrics", get(metrics))
+        .route("/api", get(api))
+        .route("/apis", get(apis))
+        .route(&format!("/apis/{group}"), get(group_doc))
+        .route(&format!("/apis/{group}/{version}"), get(resource_list))
+        .route("/openapi/v2", get(openapi_v2))
+        .route("/openapi/v3", get(openapi_v3_root))
+        .route(&format!("/openapi/v3/apis/{group}/{version}"), get(openapi_v3))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+async fn ok() -> &'static str {
+    "ok"
+}
+
+/// Ready only when battery answers: without it no resource can be served.
+async fn readyz(State(state): State<Arc<NonResource>>) -> Response {
+    if state.battery.is_serving().await {
+        "ok".into_response()
+    } else {
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "[-]battery failed: battery is not serving\nreadyz check failed\n",
+        )
+            .into_response()
+    }
+}
+
+async fn version_info() -> Response {
+    let version = env!("CARGO_PKG_VERSION");
+    let mut parts = version.split('.');
+    let info = k8s_openapi::apimachinery::pkg::version::Info {
+        major: parts.next().unwrap_or_default().to_owned(),
+        minor: parts.next().unwrap_or_default().to_owned(),
+        git_version: format!("v{version}"),
+        git_commit: option_env!("BATTERY_APISERVER_GIT_COMMIT").unwrap_or("unknown").to_owned(),
+        git_tree_state: "unknown".to_owned(),
+        build_date: "unknown".to_owned(),
+        go_version: String::new(),
+        compiler: "rustc".to_owned(),
+        platform: format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
+        ..Default::default()
+    };
+    axum::Json(info).into_response()
+}
+
+async fn metrics(State(state): State<Arc<NonResource>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn api(State(state): State<Arc<NonResource>>, headers: HeaderMap) -> Response {
+    match negotiate::Discovery::negotiate(&headers) {
+        Ok(_) => state.discovery.api_versions(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `/apis`: aggregated discovery when asked for, the legacy list otherwise, 406 when
+/// neither is acceptable (aggregators of 1.27/1.28 fall back only on 406).
+async fn apis(State(state): State<Arc<NonResource>>, headers: HeaderMap) -> Response {
+    match negotiate::Discovery::negotiate(&headers) {
+        Ok(negotiate::Discovery::Aggregated(version, _)) => {
+            state.discovery.aggregated(version, &headers)
+        }
+        Ok(negotiate::Discovery::Legacy(_)) => state.discovery.group_list(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn group_doc(State(state): State<Arc<NonResource>>) -> Response {
+    state.discovery.group()
+}
+
+async fn resource_list(State(state): State<Arc<NonResource>>) -> Response {
+    state.discovery.resource_list()
+}
+
+async fn openapi_v2(State(state): State<Arc<NonResource>>, headers: HeaderMap) -> Response {
+    state.openapi.v2(&headers)
+}
+
+async fn openapi_v3_root(State(state): State<Arc<NonResource>>, headers: HeaderMap) -> Response {
+    state.openapi.v3_root(&headers)
+}
+
+#[derive(Deserialize)]
+struct HashQuery {
+    hash: Option<String>,
+}
+
+async fn openapi_v3(
+    State(state): State<Arc<NonResource>>,
+    Query(query): Query<HashQuery>,
+    headers: HeaderMap,
+) -> Response {
+    state
+        .openapi
+        .v3_group_version(query.hash.as_deref(), &headers)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(Reason::NotFound, "the server could not find the requested resource")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(Reason::MethodNotAllowed, "the server does not allow this method on the requested resource")
+}

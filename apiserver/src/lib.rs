@@ -1,0 +1,25 @@
+//! The Kubernetes aggregated API server for battery's warm pools of flintlock
+//! MicroVMs, and the commands around it.
+
+pub mod api;
+pub mod battery;
+pub mod config;
+pub mod dev;
+pub mod embedded_battery;
+pub mod http;
+pub mod logging;
+pub mod meta_store;
+pub mod resources;
+pub mod serve;
+pub mod server;
+mod serve_command;
+pub mod watch;
+
+/// Runs the command the user chose.
+pub async fn run(cli: config::Cli) -> anyhow::Result<()> {
+    match cli.command {
+        config::Command::Serve(args) => serve_command::run(args).await,
+        config::Command::Dev(args) => dev::run(args).await,
+        config::Command::EmbeddedBattery(args) => embedded_battery::run(args).await,
+    }
+}

@@ -1,0 +1,98 @@
+//! Follows battery's event stream: every new event updates the Pool it names (counts,
+//! conditions, a blocked deletion finishing) and expires the claim whose MicroVM battery
+//! deleted, each with a new resourceVersion so watches see it. battery replays its whole
+//! history on each subscription, so events up to the last id applied (kept durably) are
+//! skipped, and a resubscription after an error loses nothing.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use tokio::sync::broadcast;
+
+use super::microvmclaims::ClaimStorage;
+use super::pools::PoolStorage;
+use crate::battery::{BatteryClient, BatteryEvent};
+use crate::meta_store::MetaStore;
+
+/// Events applied per batch: during a replay, a pool named by many events is re-read
+/// once per batch instead of once per event.
+const BATCH: usize = 256;
+/// Pause before resubscribing after the stream failed.
+const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(1);
+
+pub struct Follower {
+    pub battery: BatteryClient,
+    pub store: Arc<MetaStore>,
+    pub pools: Arc<PoolStorage>,
+    pub claims: Arc<ClaimStorage>,
+    /// Every new event, for binds waiting for a MicroVM to become available.
+    pub events: broadcast::Sender<BatteryEvent>,
+}
+
+impl Follower {
+    /// Runs until the task is dropped.
+    pub async fn run(self) {
+        loop {
+            match self.battery.events().await {
+                Ok(stream) => {
+                    if let Err(err) = self.follow(stream).await {
+                        tracing::warn!(error = %err, "battery's event stream ended; resubscribing");
+                    }
+                }
+                Err(status) => {
+                    tracing::warn!(code = ?status.code(), message = status.message(), "subscribing to battery's events");
+                }
+            }
+            tokio::time::sleep(RESUBSCRIBE_AFTER).await;
+        }
+    }
+
+    async fn follow(
+        &self,
+        stream: impl futures::Stream<Item = Result<BatteryEvent, tonic::Status>>,
+    ) -> Result<(), tonic::Status> {
+        futures::pin_mut!(stream);
+        let mut last = self
+            .store
+            .last_battery_event_id()
+            .map_err(|e| tonic::Status::internal(e.to_string()))?;
+        while let Some(first) = stream.next().await {
+            let mut batch = vec![first?];
+            while batch.len() < BATCH {
+                match stream.next().now_or_never() {
+                    Some(Some(event)) => batch.push(event?),
+                    _ => break,
+                }
+            }
+            let fresh: Vec<BatteryEvent> = batch.into_iter().filter(|e| e.id > last).collect();
+            let Some(newest) = fresh.iter().map(|e| e.id).max() else {
+                continue;
+            };
+            self.apply(&fresh).await;
+            self.store
+                .transact(|tx| tx.set_last_battery_event_id(newest))
+                .map_err(|e| tonic::Status::internal(e.to_string()))?;
+            last = newest;
+        }
+        Ok(())
+    }
+
+    async fn apply(&self, events: &[BatteryEvent]) {
+        let mut pools = BTreeSet::new();
+        for event in events {
+            // Nobody waiting is fine.
+            let _ = self.events.send(event.clone());
+            if let Err(err) = self.claims.observe(event).await {
+                tracing::warn!(error = %err, event = event.id, "applying a battery event to claims");
+            }
+            pools.insert((event.namespace.clone(), event.pool.clone()));
+        }
+        for (namespace, pool) in pools {
+            if let Err(err) = self.pools.observe(&namespace, &pool).await {
+                tracing::warn!(error = %err, %namespace, %pool, "re-reading a pool after battery events");
+            }
+        }
+    }
+}

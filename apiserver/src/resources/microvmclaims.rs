@@ -1,0 +1,508 @@
+//! `microvmclaims`: a claim is bound inside its create (DESIGN §4): the intent is
+//! recorded durably, battery's `ClaimVM` is called with a `request_id` derived from the
+//! claim's uid, and the response is already Bound. The metadata store keeps the claim's
+//! metadata, spec and status, and battery's lease id (a secret that never leaves it);
+//! battery's lease list says whether the lease still lives.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use battery_api_machinery::status::ApiError;
+use battery_api_machinery::table::TableColumnDefinition;
+use battery_types::conditions::{self, ClaimBoundReason, ConditionStatus};
+use battery_types::validation::FieldError;
+use battery_types::{
+    ClaimHost, ClaimPhase, ClaimedMicroVM, HasResourceInfo, MicroVMClaim, MicroVMClaimSpec,
+    MicroVMClaimStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, ObjectMeta};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+use super::pools::PoolStorage;
+use super::{KeyLocks, check_resource_version};
+use crate::api::{Deleted, RequestContext, Storage, server_now};
+use crate::battery::{BatteryClient, BatteryEvent, EventKind, LeaseId, to_api_error};
+use crate::meta_store::{Key, MetaStore};
+use crate::watch::ChangeType;
+
+const RESOURCE: &str = "microvmclaims";
+/// ABORTED from ClaimVM means the MicroVM was deleted under the claim: battery says
+/// retry. We retry this often, with growing pauses, before answering 409.
+const ABORTED_RETRIES: u32 = 4;
+/// ReleaseVM answers UNAVAILABLE while the Host cannot delete the MicroVM yet.
+const RELEASE_RETRIES: u32 = 5;
+
+/// What the metadata store keeps of a claim.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct ClaimRecord {
+    metadata: ObjectMeta,
+    spec: MicroVMClaimSpec,
+    #[serde(default)]
+    status: MicroVMClaimStatus,
+    /// battery's lease id, while the claim holds a lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease: Option<LeaseId>,
+}
+
+/// A bind in flight, recorded before `ClaimVM` so a crash between the two is finished
+/// (or undone) on restart by replaying `ClaimVM` with the same request id.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BindIntent {
+    claim: MicroVMClaim,
+    request_id: String,
+}
+
+fn key(namespace: &str, name: &str) -> Key {
+    Key::new(RESOURCE, Some(namespace), name)
+}
+
+fn info() -> &'static battery_types::ResourceInfo {
+    &MicroVMClaim::INFO
+}
+
+/// battery's `request_id` for a claim: stable across retries and restarts, unique per
+/// claim, well under battery's 255 bytes.
+fn request_id(uid: &str) -> String {
+    format!("microvmclaim/{uid}")
+}
+
+fn bound_condition(status: ConditionStatus, reason: ClaimBoundReason, message: &str, generation: Option<i64>) -> Condition {
+    Condition {
+        type_: conditions::BOUND.to_owned(),
+        status: status.as_str().to_owned(),
+        reason: reason.as_str().to_owned(),
+        message: message.to_owned(),
+        observed_generation: generation,
+        last_transition_time: server_now(),
+    }
+}
+
+pub struct ClaimStorage {
+    battery: BatteryClient,
+    store: Arc<MetaStore>,
+    pools: Arc<PoolStorage>,
+    locks: KeyLocks,
+    /// battery's events, so a bind waiting for a MicroVM wakes on `VM_AVAILABLE`.
+    events: broadcast::Sender<BatteryEvent>,
+    /// How long a create waits for a MicroVM when the pool has none available.
+    bind_wait: Duration,
+}
+
+impl ClaimStorage {
+    pub fn new(
+        battery: BatteryClient,
+        store: Arc<MetaStore>,
+        pools: Arc<PoolStorage>,
+        events: broadcast::Sender<BatteryEvent>,
+        bind_wait: Duration,
+    ) -> Self {
+        Self {
+            battery,
+            store,
+            pools,
+            locks: KeyLocks::default(),
+            events,
+            bind_wait,
+        }
+    }
+
+    fn object(record: ClaimRecord) -> MicroVMClaim {
+        let mut claim = MicroVMClaim::new(
+            record.metadata.name.as_deref().unwrap_or_default(),
+            record.spec,
+        );
+        claim.metadata = record.metadata;
+        claim.status = Some(record.status);
+        claim
+    }
+
+    /// Writes the claim's record (`lease` kept as given) with a new resourceVersion and
+    /// tells watchers.
+    fn commit(
+        &self,
+        claim: &mut MicroVMClaim,
+        lease: Option<LeaseId>,
+        change: ChangeType,
+        finished_intent: Option<&str>,
+    ) -> Result<(), ApiError> {
+        let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let key = key(&namespace, &name);
+        self.store.transact(|tx| -> Result<(), ApiError> {
+            let rv = tx.next_resource_version();
+            claim.metadata.resource_version = Some(rv.to_string());
+            match change {
+                ChangeType::Deleted => tx.delete(&key)?,
+                ChangeType::Added | ChangeType::Modified => tx.put(
+                    &key,
+                    &ClaimRecord {
+                        metadata: claim.metadata.clone(),
+                        spec: claim.spec.clone(),
+                        status: claim.status.clone().unwrap_or_default(),
+                        lease,
+                    },
+                )?,
+            }
+            if let Some(uid) = finished_intent {
+                tx.delete_intent(uid)?;
+            }
+            let value = serde_json::to_value(&*claim).map_err(ApiError::internal)?;
+            tx.record_change(&key, change, rv, value);
+            Ok(())
+        })
+    }
+
+    /// The uids of the MicroVMs battery still leases, by request id.
+    async fn live_request_ids(&self) -> Result<HashSet<String>, ApiError> {
+        let leases = self
+            .battery
+            .leases()
+            .await
+            .map_err(|s| to_api_error(s, info(), ""))?;
+        Ok(leases.into_iter().map(|l| l.request_id).collect())
+    }
+
+    /// A Bound claim whose lease battery no longer has is Expired (`reference/
+    /// battery-operator.md` §1.3: a read that finds the lease gone).
+    fn with_liveness(&self, record: ClaimRecord, live: &HashSet<String>) -> ClaimRecord {
+        let uid = record.metadata.uid.clone().unwrap_or_default();
+        if record.lease.is_some() && !live.contains(&request_id(&uid)) {
+            return expire(record);
+        }
+        record
+    }
+
+    /// Calls `ClaimVM`, retrying ABORTED and waiting (bounded) for a MicroVM when the pool
+    /// has none available.
+    async fn claim_vm(&self, namespace: &str, pool: &str, request_id: &str, name: &str) -> Result<crate::battery::Lease, ApiError> {
+        let deadline = tokio::time::Instant::now() + self.bind_wait;
+        let mut aborted = 0;
+        loop {
+            // Subscribe before asking, so a VM_AVAILABLE between the answer and the wait
+            // is not missed.
+            let mut events = self.events.subscribe();
+            match self.battery.claim_vm(namespace, pool, request_id).await {
+                Ok(lease) => return Ok(lease),
+                Err(status) => match status.code() {
+                    tonic::Code::Aborted if aborted < ABORTED_RETRIES => {
+                        aborted += 1;
+                        tokio::time::sleep(Duration::from_millis(50 << aborted)).await;
+                    }
+                    tonic::Code::ResourceExhausted => {
+                        let available = wait_for_available(&mut events, namespace, pool, deadline).await;
+                        if !available {
+                            return Err(ApiError::too_many_requests(
+                                format!("pool {namespace}/{pool} has no MicroVM available; retry later"),
+                                crate::battery::RETRY_AFTER_SECONDS,
+                            ));
+                        }
+                    }
+                    tonic::Code::NotFound => {
+                        return Err(ApiError::not_found(&battery_types::Pool::INFO, pool));
+                    }
+                    _ => return Err(to_api_error(status, info(), name)),
+                },
+            }
+        }
+    }
+
+    /// Finishes every bind a crash interrupted: replays `ClaimVM` with the recorded request
+    /// id (battery answers a live lease with the same lease) and records the claim, or
+    /// forgets the intent when battery made no lease.
+    pub async fn recover(&self) -> Result<usize, ApiError> {
+        let intents = self.store.intents::<BindIntent>()?;
+        let count = intents.len();
+        for (uid, intent) in intents {
+            let mut claim = intent.claim;
+            let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+            let pool = claim.spec.pool_ref.name.clone();
+            match self.battery.claim_vm(&namespace, &pool, &intent.request_id).await {
+                Ok(lease) => {
+                    let id = bind_status(&mut claim, lease);
+                    self.commit(&mut claim, Some(id), ChangeType::Added, Some(&uid))?;
+                    tracing::info!(claim = %claim.metadata.name.as_deref().unwrap_or_default(), %namespace, "finished a bind interrupted by a restart");
+                }
+                Err(status) if status.code() == tonic::Code::Unavailable => {
+                    // battery is not up yet: keep the intent for the next start.
+                    return Err(to_api_error(status, info(), ""));
+                }
+                Err(_) => {
+                    self.store.transact(|tx| tx.delete_intent(&uid))?;
+                }
+            }
+        }
+        Ok(count)
+    }
+
+    /// Marks claims whose MicroVM battery deleted (expiry, or a forced pool deletion) as
+    /// Expired, and tells watchers.
+    pub async fn observe(&self, event: &BatteryEvent) -> Result<(), ApiError> {
+        if !event.kind.deletes_vm() || event.kind == EventKind::VmDeletedOnRelease {
+            return Ok(());
+        }
+        let (records, _) = self.store.list::<ClaimRecord>(RESOURCE, Some(&event.namespace))?;
+        let Some(record) = records.into_iter().find(|r| {
+            r.lease.is_some()
+                && r.status
+                    .micro_vm
+                    .as_ref()
+                    .is_some_and(|vm| vm.uid == event.vm_uid)
+        }) else {
+            return Ok(());
+        };
+        let namespace = record.metadata.namespace.clone().unwrap_or_default();
+        let name = record.metadata.name.clone().unwrap_or_default();
+        let _guard = self.locks.lock(&key(&namespace, &name)).await;
+        let mut claim = Self::object(expire(record));
+        self.commit(&mut claim, None, ChangeType::Modified, None)
+    }
+}
+
+/// Fills a claim's status from battery's answer, returning the lease id to keep.
+fn bind_status(claim: &mut MicroVMClaim, lease: crate::battery::Lease) -> LeaseId {
+    let now = server_now();
+    let mut status = MicroVMClaimStatus {
+        phase: Some(ClaimPhase::Bound),
+        micro_vm: Some(ClaimedMicroVM { uid: lease.vm_uid }),
+        host: Some(ClaimHost {
+            node_name: lease.host_name,
+            agent_address: None,
+        }),
+        bound_time: Some(now.clone()),
+        lease_expires_at: lease.expires_at,
+        renew_time: Some(MicroTime(now.0)),
+        network_interfaces: lease.network_interfaces,
+        conditions: Vec::new(),
+    };
+    status.conditions.push(bound_condition(
+        ConditionStatus::True,
+        ClaimBoundReason::Bound,
+        "battery leased a MicroVM to the claim",
+        claim.metadata.generation,
+    ));
+    claim.status = Some(status);
+    lease.id
+}
+
+/// The record of a claim whose lease is gone: phase Expired, `Bound=False`.
+fn expire(mut record: ClaimRecord) -> ClaimRecord {
+    record.lease = None;
+    record.status.phase = Some(ClaimPhase::Expired);
+    conditions::set_status_condition(
+        &mut record.status.conditions,
+        bound_condition(
+            ConditionStatus::False,
+            ClaimBoundReason::LeaseExpired,
+            "the lease expired unrenewed and battery deleted the MicroVM",
+            record.metadata.generation,
+        ),
+    );
+    record
+}
+
+async fn wait_for_available(
+    events: &mut broadcast::Receiver<BatteryEvent>,
+    namespace: &str,
+    pool: &str,
+    deadline: tokio::time::Instant,
+) -> bool {
+    loop {
+        match tokio::time::timeout_at(deadline, events.recv()).await {
+            Err(_) => return false,
+            Ok(Ok(e)) if e.kind == EventKind::VmAvailable && e.namespace == namespace && e.pool == pool => {
+                return true;
+            }
+            Ok(Ok(_)) => {}
+            // Missed events: one of them may have been ours, so try again.
+            Ok(Err(broadcast::error::RecvError::Lagged(_))) => return true,
+            Ok(Err(broadcast::error::RecvError::Closed)) => return false,
+        }
+    }
+}
+
+fn phase(claim: &MicroVMClaim) -> String {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_ref())
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_default()
+}
+
+impl Storage for ClaimStorage {
+    type Object = MicroVMClaim;
+
+    fn table_columns(&self) -> Vec<TableColumnDefinition> {
+        vec![
+            TableColumnDefinition::new("Pool", "string", "The Pool the MicroVM comes from.", 0),
+            TableColumnDefinition::new("Phase", "string", "Bound, or Expired once the lease ran out.", 0),
+            TableColumnDefinition::new("Node", "string", "The Host the MicroVM runs on.", 0),
+            // A string, not a date: kubectl shows a date column as an age, and a future
+            // time has none (battery-operator #161).
+            TableColumnDefinition::new("Expires", "string", "When the lease expires unless renewed.", 0),
+            TableColumnDefinition::new("MicroVM", "string", "The MicroVM's uid.", 1),
+            TableColumnDefinition::new("Holder", "string", "The ServiceAccount that may use the MicroVM.", 1),
+        ]
+    }
+
+    fn table_cells(&self, claim: &MicroVMClaim) -> Vec<Value> {
+        let status = claim.status.clone().unwrap_or_default();
+        vec![
+            claim.spec.pool_ref.name.clone().into(),
+            phase(claim).into(),
+            status.host.map(|h| h.node_name).unwrap_or_default().into(),
+            status
+                .lease_expires_at
+                .map(|t| t.0.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+                .unwrap_or_default()
+                .into(),
+            status.micro_vm.map(|vm| vm.uid).unwrap_or_default().into(),
+            claim.spec.service_account_name.clone().into(),
+        ]
+    }
+
+    fn selectable_fields(&self) -> &'static [&'static str] {
+        &["spec.poolRef.name", "status.phase"]
+    }
+
+    fn field_value(&self, claim: &MicroVMClaim, field: &str) -> Option<String> {
+        match field {
+            "spec.poolRef.name" => Some(claim.spec.pool_ref.name.clone()),
+            "status.phase" => Some(phase(claim)),
+            _ => None,
+        }
+    }
+
+    fn validate(&self, claim: &MicroVMClaim) -> Vec<FieldError> {
+        claim.spec.validate()
+    }
+
+    fn validate_update(&self, old: &MicroVMClaim, new: &MicroVMClaim) -> Vec<FieldError> {
+        MicroVMClaimSpec::validate_update(&old.spec, &new.spec)
+    }
+
+    async fn get(&self, ctx: &RequestContext, name: &str) -> Result<MicroVMClaim, ApiError> {
+        let namespace = ctx.namespace.as_deref().unwrap_or_default();
+        let record = self
+            .store
+            .get::<ClaimRecord>(&key(namespace, name))?
+            .ok_or_else(|| ApiError::not_found(info(), name))?;
+        let live = if record.lease.is_some() {
+            self.live_request_ids().await?
+        } else {
+            HashSet::new()
+        };
+        Ok(Self::object(self.with_liveness(record, &live)))
+    }
+
+    async fn list(&self, ctx: &RequestContext) -> Result<(Vec<MicroVMClaim>, u64), ApiError> {
+        let (records, rv) = self
+            .store
+            .list::<ClaimRecord>(RESOURCE, ctx.namespace.as_deref())?;
+        let live = if records.iter().any(|r| r.lease.is_some()) {
+            self.live_request_ids().await?
+        } else {
+            HashSet::new()
+        };
+        let items = records
+            .into_iter()
+            .map(|r| Self::object(self.with_liveness(r, &live)))
+            .collect();
+        Ok((items, rv))
+    }
+
+    async fn create(&self, _ctx: &RequestContext, mut claim: MicroVMClaim) -> Result<MicroVMClaim, ApiError> {
+        let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let uid = claim.metadata.uid.clone().unwrap_or_default();
+        let pool = claim.spec.pool_ref.name.clone();
+        let key = key(&namespace, &name);
+        let _guard = self.locks.lock(&key).await;
+        if self.store.get::<ClaimRecord>(&key)?.is_some() {
+            return Err(ApiError::already_exists(info(), &name));
+        }
+        if self.pools.is_deleting(&namespace, &pool)? {
+            return Err(ApiError::conflict(
+                info(),
+                &name,
+                format!("pool {namespace}/{pool} is being deleted"),
+            )
+            .with_specific_reason("PoolDeleting"));
+        }
+        let request_id = request_id(&uid);
+        claim.status = None;
+        self.store.transact(|tx| {
+            tx.put_intent(
+                &uid,
+                &BindIntent {
+                    claim: claim.clone(),
+                    request_id: request_id.clone(),
+                },
+            )
+        })?;
+        let lease = match self.claim_vm(&namespace, &pool, &request_id, &name).await {
+            Ok(lease) => lease,
+            Err(error) => {
+                // Nothing was leased (battery said so), so nothing is left behind.
+                self.store.transact(|tx| tx.delete_intent(&uid))?;
+                return Err(error);
+            }
+        };
+        let id = bind_status(&mut claim, lease);
+        self.commit(&mut claim, Some(id), ChangeType::Added, Some(&uid))?;
+        Ok(claim)
+    }
+
+    async fn update(&self, _ctx: &RequestContext, _old: MicroVMClaim, mut new: MicroVMClaim) -> Result<MicroVMClaim, ApiError> {
+        let namespace = new.metadata.namespace.clone().unwrap_or_default();
+        let name = new.metadata.name.clone().unwrap_or_default();
+        let key = key(&namespace, &name);
+        let _guard = self.locks.lock(&key).await;
+        let record = self
+            .store
+            .get::<ClaimRecord>(&key)?
+            .ok_or_else(|| ApiError::not_found(info(), &name))?;
+        check_resource_version(info(), &record.metadata, &new.metadata)?;
+        // Only metadata changes through the main resource; status is battery's.
+        new.status = Some(record.status);
+        self.commit(&mut new, record.lease, ChangeType::Modified, None)?;
+        Ok(new)
+    }
+
+    async fn delete(&self, _ctx: &RequestContext, claim: MicroVMClaim) -> Result<Deleted<MicroVMClaim>, ApiError> {
+        let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let key = key(&namespace, &name);
+        let _guard = self.locks.lock(&key).await;
+        let record = self
+            .store
+            .get::<ClaimRecord>(&key)?
+            .ok_or_else(|| ApiError::not_found(info(), &name))?;
+        if let Some(lease) = &record.lease {
+            release(&self.battery, lease, &name).await?;
+        }
+        let mut claim = Self::object(record);
+        self.commit(&mut claim, None, ChangeType::Deleted, None)?;
+        Ok(Deleted::Gone(claim))
+    }
+}
+
+/// `ReleaseVM`, retrying while the Host cannot delete the MicroVM yet; NOT_FOUND means
+/// battery already let it go (expiry, a forced pool deletion, an earlier release).
+async fn release(battery: &BatteryClient, lease: &LeaseId, name: &str) -> Result<(), ApiError> {
+    let mut attempt = 0;
+    loop {
+        match battery.release_vm(lease).await {
+            Ok(()) => return Ok(()),
+            Err(status) if status.code() == tonic::Code::NotFound => return Ok(()),
+            Err(status) if status.code() == tonic::Code::Unavailable && attempt < RELEASE_RETRIES => {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+            }
+            Err(status) => return Err(to_api_error(status, info(), name)),
+        }
+    }
+}

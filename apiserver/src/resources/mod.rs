@@ -1,0 +1,65 @@
+//! One module per resource, each a [`crate::api::Storage`] over battery and the metadata
+//! store, plus what they share: a per-object write lock and the record bookkeeping.
+
+pub mod hosts;
+pub mod microvmclaims;
+pub mod follow;
+pub mod pools;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use battery_api_machinery::status::ApiError;
+use battery_types::ResourceInfo;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use tokio::sync::OwnedMutexGuard;
+
+use crate::meta_store::{Key, StoreError};
+
+/// Serializes writes to one object, so a battery call and the record written after it
+/// are never interleaved with another write to the same object (a store transaction
+/// alone cannot span the battery call).
+#[derive(Default)]
+pub struct KeyLocks {
+    locks: Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl KeyLocks {
+    pub async fn lock(&self, key: &Key) -> OwnedMutexGuard<()> {
+        let lock = {
+            let mut locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+            // Forget locks nobody holds, so the map stays as small as the writes in flight.
+            locks.retain(|_, l| Arc::strong_count(l) > 1);
+            locks.entry(key.clone()).or_default().clone()
+        };
+        lock.lock_owned().await
+    }
+}
+
+/// A store failure, answered as a 500 with the cause kept for the log.
+pub fn store_error(error: StoreError) -> ApiError {
+    ApiError::internal(error)
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        store_error(error)
+    }
+}
+
+/// The optimistic-concurrency check of an update: the version the client changed must be
+/// the one stored.
+pub fn check_resource_version(
+    info: &ResourceInfo,
+    stored: &ObjectMeta,
+    new: &ObjectMeta,
+) -> Result<(), ApiError> {
+    if stored.resource_version == new.resource_version {
+        Ok(())
+    } else {
+        Err(ApiError::optimistic_lock(
+            info,
+            new.name.as_deref().unwrap_or_default(),
+        ))
+    }
+}

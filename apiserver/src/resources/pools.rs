@@ -1,0 +1,461 @@
+//! `pools`: battery holds each Pool's spec and counts; the metadata store holds its
+//! Kubernetes metadata, its `placement` (battery knows only the host names it resolves
+//! to) and the last conditions written, whose transition times reads reuse.
+
+use std::sync::Arc;
+
+use battery_api_machinery::status::ApiError;
+use battery_api_machinery::table::TableColumnDefinition;
+use battery_types::conditions::{self, ConditionStatus, PoolExhaustedReason, PoolReadyReason};
+use battery_types::validation::FieldError;
+use battery_types::{HasResourceInfo, Placement, Pool, PoolSpec, PoolStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::hosts::HostDirectory;
+use super::{KeyLocks, check_resource_version};
+use crate::api::{Deleted, RequestContext, Storage, server_now};
+use crate::battery::{BatteryClient, BatteryPool, to_api_error};
+use crate::meta_store::{Key, MetaStore};
+use crate::watch::ChangeType;
+
+const RESOURCE: &str = "pools";
+
+/// What the metadata store keeps of a Pool.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct PoolRecord {
+    metadata: ObjectMeta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    placement: Option<Placement>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    conditions: Vec<Condition>,
+}
+
+pub struct PoolStorage {
+    battery: BatteryClient,
+    store: Arc<MetaStore>,
+    hosts: Arc<HostDirectory>,
+    locks: KeyLocks,
+}
+
+fn key(namespace: &str, name: &str) -> Key {
+    Key::new(RESOURCE, Some(namespace), name)
+}
+
+fn info() -> &'static battery_types::ResourceInfo {
+    &Pool::INFO
+}
+
+/// Metadata for a Pool battery has but we never recorded (created with `poolmgrctl`,
+/// or by a create that crashed before its record was written): a uid derived from its
+/// identity, so it is stable across reads, and resourceVersion 0 until it is written.
+fn adopted_metadata(namespace: &str, name: &str) -> ObjectMeta {
+    let uid = uuid::Uuid::new_v5(
+        &uuid::Uuid::NAMESPACE_OID,
+        format!("{RESOURCE}/{namespace}/{name}").as_bytes(),
+    );
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: Some(namespace.to_owned()),
+        uid: Some(uid.to_string()),
+        resource_version: Some("0".to_owned()),
+        generation: Some(1),
+        ..ObjectMeta::default()
+    }
+}
+
+fn condition(
+    type_: &str,
+    status: ConditionStatus,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+) -> Condition {
+    Condition {
+        type_: type_.to_owned(),
+        status: status.as_str().to_owned(),
+        reason: reason.to_owned(),
+        message,
+        observed_generation: generation,
+        last_transition_time: server_now(),
+    }
+}
+
+/// `Ready` and `Exhausted` from battery's counts (`reference/battery-operator.md` §1.1).
+fn conditions_for(
+    previous: &[Condition],
+    metadata: &ObjectMeta,
+    spec: &PoolSpec,
+    hosts: &[String],
+    counts: &PoolStatus,
+) -> Vec<Condition> {
+    let generation = metadata.generation;
+    let size = spec.size.unwrap_or_default();
+    let ready = if metadata.deletion_timestamp.is_some() {
+        condition(
+            conditions::READY,
+            ConditionStatus::False,
+            PoolReadyReason::DeletionBlocked.as_str(),
+            format!(
+                "waiting for {} leased MicroVM(s) to be released or to expire",
+                counts.leased
+            ),
+            generation,
+        )
+    } else if hosts.is_empty() {
+        condition(
+            conditions::READY,
+            ConditionStatus::False,
+            PoolReadyReason::NoEligibleHost.as_str(),
+            "placement.nodeSelector matches no Host".to_owned(),
+            generation,
+        )
+    } else if counts.available + counts.leased + counts.provisioning >= size {
+        condition(
+            conditions::READY,
+            ConditionStatus::True,
+            PoolReadyReason::AtSize.as_str(),
+            format!("{size} MicroVM(s) available, leased or provisioning"),
+            generation,
+        )
+    } else {
+        condition(
+            conditions::READY,
+            ConditionStatus::False,
+            PoolReadyReason::BelowSize.as_str(),
+            format!(
+                "{} of {size} MicroVM(s) available, leased or provisioning",
+                counts.available + counts.leased + counts.provisioning
+            ),
+            generation,
+        )
+    };
+    let exhausted = if size == 0 {
+        condition(
+            conditions::EXHAUSTED,
+            ConditionStatus::False,
+            PoolExhaustedReason::SizeZero.as_str(),
+            "the Pool has size 0".to_owned(),
+            generation,
+        )
+    } else if counts.available == 0 {
+        condition(
+            conditions::EXHAUSTED,
+            ConditionStatus::True,
+            PoolExhaustedReason::NoneAvailable.as_str(),
+            "no MicroVM is available to claim".to_owned(),
+            generation,
+        )
+    } else {
+        condition(
+            conditions::EXHAUSTED,
+            ConditionStatus::False,
+            PoolExhaustedReason::Available.as_str(),
+            format!("{} MicroVM(s) available", counts.available),
+            generation,
+        )
+    };
+    let mut out = previous.to_vec();
+    conditions::set_status_condition(&mut out, ready);
+    conditions::set_status_condition(&mut out, exhausted);
+    out
+}
+
+impl PoolStorage {
+    pub fn new(battery: BatteryClient, store: Arc<MetaStore>, hosts: Arc<HostDirectory>) -> Self {
+        Self {
+            battery,
+            store,
+            hosts,
+            locks: KeyLocks::default(),
+        }
+    }
+
+    fn assemble(&self, record: Option<PoolRecord>, pool: BatteryPool) -> Pool {
+        let record = record.unwrap_or_else(|| PoolRecord {
+            metadata: adopted_metadata(&pool.namespace, &pool.name),
+            ..PoolRecord::default()
+        });
+        let mut spec = pool.spec;
+        spec.placement = record.placement;
+        let mut status = pool.counts;
+        status.conditions = conditions_for(
+            &record.conditions,
+            &record.metadata,
+            &spec,
+            &pool.hosts,
+            &status,
+        );
+        let mut object = Pool::new(record.metadata.name.as_deref().unwrap_or(&pool.name), spec);
+        object.metadata = record.metadata;
+        object.status = Some(status);
+        object
+    }
+
+    async fn read(&self, namespace: &str, name: &str) -> Result<Pool, ApiError> {
+        let pool = self
+            .battery
+            .pool(namespace, name)
+            .await
+            .map_err(|s| to_api_error(s, info(), name))?;
+        let record = self.store.get::<PoolRecord>(&key(namespace, name))?;
+        Ok(self.assemble(record, pool))
+    }
+
+    /// Writes `object`'s record with a new resourceVersion and tells watchers.
+    fn commit(&self, object: &mut Pool, change: ChangeType) -> Result<(), ApiError> {
+        let namespace = object.metadata.namespace.clone().unwrap_or_default();
+        let name = object.metadata.name.clone().unwrap_or_default();
+        let key = key(&namespace, &name);
+        self.store.transact(|tx| -> Result<(), ApiError> {
+            let rv = tx.next_resource_version();
+            object.metadata.resource_version = Some(rv.to_string());
+            match change {
+                ChangeType::Deleted => tx.delete(&key)?,
+                ChangeType::Added | ChangeType::Modified => tx.put(
+                    &key,
+                    &PoolRecord {
+                        metadata: object.metadata.clone(),
+                        placement: object.spec.placement.clone(),
+                        conditions: object
+                            .status
+                            .as_ref()
+                            .map(|s| s.conditions.clone())
+                            .unwrap_or_default(),
+                    },
+                )?,
+            }
+            let value = serde_json::to_value(&*object).map_err(ApiError::internal)?;
+            tx.record_change(&key, change, rv, value);
+            Ok(())
+        })
+    }
+
+    /// The Host names a Pool's selector resolves to, as battery's `flintlock_hosts`.
+    async fn resolve_hosts(&self, spec: &PoolSpec) -> Result<Vec<String>, ApiError> {
+        let selector = spec
+            .placement
+            .as_ref()
+            .map(|p| p.node_selector.clone())
+            .unwrap_or_default();
+        self.hosts.matching(&selector).await
+    }
+
+    /// Re-reads a Pool after battery reported a change to it, records it and tells
+    /// watchers; finishes a blocked deletion once battery lets it go.
+    pub async fn observe(&self, namespace: &str, name: &str) -> Result<(), ApiError> {
+        let key = key(namespace, name);
+        let _guard = self.locks.lock(&key).await;
+        let record = self.store.get::<PoolRecord>(&key)?;
+        let pool = match self.battery.pool(namespace, name).await {
+            Ok(pool) => pool,
+            Err(status) if status.code() == tonic::Code::NotFound => {
+                if let Some(record) = record {
+                    let mut object = Pool::new(name, PoolSpec::default());
+                    object.metadata = record.metadata;
+                    self.commit(&mut object, ChangeType::Deleted)?;
+                }
+                return Ok(());
+            }
+            Err(status) => return Err(to_api_error(status, info(), name)),
+        };
+        let blocked = record
+            .as_ref()
+            .is_some_and(|r| r.metadata.deletion_timestamp.is_some() && r.metadata.finalizers.as_ref().is_none_or(Vec::is_empty));
+        let mut object = self.assemble(record, pool);
+        if blocked && self.battery.delete_pool(namespace, name).await.is_ok() {
+            return self.commit(&mut object, ChangeType::Deleted);
+        }
+        self.commit(&mut object, ChangeType::Modified)
+    }
+
+    /// Whether the Pool is being deleted, so new claims on it are refused.
+    pub fn is_deleting(&self, namespace: &str, name: &str) -> Result<bool, ApiError> {
+        Ok(self
+            .store
+            .get::<PoolRecord>(&key(namespace, name))?
+            .is_some_and(|r| r.metadata.deletion_timestamp.is_some()))
+    }
+}
+
+impl Storage for PoolStorage {
+    type Object = Pool;
+
+    fn table_columns(&self) -> Vec<TableColumnDefinition> {
+        vec![
+            TableColumnDefinition::new("Size", "integer", "How many MicroVMs battery keeps in the Pool.", 0),
+            TableColumnDefinition::new("Available", "integer", "MicroVMs ready to be claimed.", 0),
+            TableColumnDefinition::new("Leased", "integer", "MicroVMs bound to a claim.", 0),
+            TableColumnDefinition::new("Ready", "string", "The status of the Ready condition.", 0),
+        ]
+    }
+
+    fn table_cells(&self, pool: &Pool) -> Vec<Value> {
+        let status = pool.status.clone().unwrap_or_default();
+        let ready = conditions::find_status_condition(&status.conditions, conditions::READY)
+            .map_or_else(|| "Unknown".to_owned(), |c| c.status.clone());
+        vec![
+            pool.spec.size.unwrap_or_default().into(),
+            status.available.into(),
+            status.leased.into(),
+            ready.into(),
+        ]
+    }
+
+    fn validate(&self, pool: &Pool) -> Vec<FieldError> {
+        pool.spec.validate()
+    }
+
+    async fn get(&self, ctx: &RequestContext, name: &str) -> Result<Pool, ApiError> {
+        self.read(ctx.namespace.as_deref().unwrap_or_default(), name)
+            .await
+    }
+
+    async fn list(&self, ctx: &RequestContext) -> Result<(Vec<Pool>, u64), ApiError> {
+        let namespace = ctx.namespace.as_deref();
+        let (records, rv) = self.store.list::<PoolRecord>(RESOURCE, namespace)?;
+        let pools = self
+            .battery
+            .pools(namespace)
+            .await
+            .map_err(|s| to_api_error(s, info(), ""))?;
+        let mut by_key: std::collections::HashMap<(String, String), PoolRecord> = records
+            .into_iter()
+            .map(|r| {
+                (
+                    (
+                        r.metadata.namespace.clone().unwrap_or_default(),
+                        r.metadata.name.clone().unwrap_or_default(),
+                    ),
+                    r,
+                )
+            })
+            .collect();
+        let mut items: Vec<Pool> = pools
+            .into_iter()
+            .map(|p| {
+                let record = by_key.remove(&(p.namespace.clone(), p.name.clone()));
+                self.assemble(record, p)
+            })
+            .collect();
+        items.sort_by(|a, b| {
+            (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
+        });
+        Ok((items, rv))
+    }
+
+    async fn create(&self, _ctx: &RequestContext, mut pool: Pool) -> Result<Pool, ApiError> {
+        let namespace = pool.metadata.namespace.clone().unwrap_or_default();
+        let name = pool.metadata.name.clone().unwrap_or_default();
+        let _guard = self.locks.lock(&key(&namespace, &name)).await;
+        let hosts = self.resolve_hosts(&pool.spec).await?;
+        let created = self
+            .battery
+            .create_pool(&namespace, &name, &pool.spec, hosts.clone())
+            .await
+            .map_err(|s| to_api_error(s, info(), &name))?;
+        let mut status = created.counts;
+        status.conditions = conditions_for(&[], &pool.metadata, &pool.spec, &hosts, &status);
+        pool.status = Some(status);
+        self.commit(&mut pool, ChangeType::Added)?;
+        Ok(pool)
+    }
+
+    async fn update(&self, _ctx: &RequestContext, _old: Pool, mut new: Pool) -> Result<Pool, ApiError> {
+        let namespace = new.metadata.namespace.clone().unwrap_or_default();
+        let name = new.metadata.name.clone().unwrap_or_default();
+        let key = key(&namespace, &name);
+        let _guard = self.locks.lock(&key).await;
+        let current = self.read(&namespace, &name).await?;
+        check_resource_version(info(), &current.metadata, &new.metadata)?;
+        let hosts = self.resolve_hosts(&new.spec).await?;
+        let battery_now = self
+            .battery
+            .pool(&namespace, &name)
+            .await
+            .map_err(|s| to_api_error(s, info(), &name))?;
+        let mut wanted = new.spec.clone();
+        wanted.placement = None;
+        // UpdatePool restarts battery's reconciler: only call it for a real change.
+        let pool = if battery_now.spec != wanted || battery_now.hosts != hosts {
+            self.battery
+                .update_pool(&namespace, &name, &new.spec, hosts.clone())
+                .await
+                .map_err(|s| to_api_error(s, info(), &name))?
+        } else {
+            battery_now
+        };
+        let previous = current.status.map(|s| s.conditions).unwrap_or_default();
+        let mut status = pool.counts;
+        status.conditions = conditions_for(&previous, &new.metadata, &new.spec, &hosts, &status);
+        new.status = Some(status);
+        self.commit(&mut new, ChangeType::Modified)?;
+        Ok(new)
+    }
+
+    async fn delete(&self, _ctx: &RequestContext, mut pool: Pool) -> Result<Deleted<Pool>, ApiError> {
+        let namespace = pool.metadata.namespace.clone().unwrap_or_default();
+        let name = pool.metadata.name.clone().unwrap_or_default();
+        let _guard = self.locks.lock(&key(&namespace, &name)).await;
+        match self.battery.delete_pool(&namespace, &name).await {
+            Ok(()) => {}
+            Err(status) if status.code() == tonic::Code::NotFound => {}
+            Err(status) if status.code() == tonic::Code::FailedPrecondition => {
+                // MicroVMs are still leased: battery refuses until they go. Stop it
+                // provisioning, mark the Pool, and finish when the last one is released
+                // or expires (`observe`).
+                let mut drained = pool.spec.clone();
+                drained.size = Some(0);
+                let hosts = self.resolve_hosts(&pool.spec).await?;
+                let counts = self
+                    .battery
+                    .update_pool(&namespace, &name, &drained, hosts.clone())
+                    .await
+                    .map_err(|s| to_api_error(s, info(), &name))?
+                    .counts;
+                pool.spec.size = Some(0);
+                if pool.metadata.deletion_timestamp.is_none() {
+                    pool.metadata.deletion_timestamp = Some(server_now());
+                    pool.metadata.deletion_grace_period_seconds = Some(0);
+                }
+                let previous = pool.status.take().map(|s| s.conditions).unwrap_or_default();
+                let mut status = counts;
+                status.conditions = conditions_for(&previous, &pool.metadata, &pool.spec, &hosts, &status);
+                pool.status = Some(status);
+                self.commit(&mut pool, ChangeType::Modified)?;
+                return Ok(Deleted::Pending(pool));
+            }
+            Err(status) => return Err(to_api_error(status, info(), &name)),
+        }
+        self.commit(&mut pool, ChangeType::Deleted)?;
+        Ok(Deleted::Gone(pool))
+    }
+}
+
+impl PoolStorage {
+    /// Re-resolves every Pool's `placement.nodeSelector` after a Host was added, changed
+    /// or removed, and tells battery where the Pools whose Hosts changed may now run.
+    pub async fn reresolve_all(&self) -> Result<(), ApiError> {
+        let pools = self
+            .battery
+            .pools(None)
+            .await
+            .map_err(|s| to_api_error(s, info(), ""))?;
+        for pool in pools {
+            let key = key(&pool.namespace, &pool.name);
+            let _guard = self.locks.lock(&key).await;
+            let record = self.store.get::<PoolRecord>(&key)?;
+            let mut spec = pool.spec.clone();
+            spec.placement = record.and_then(|r| r.placement);
+            let hosts = self.resolve_hosts(&spec).await?;
+            if hosts != pool.hosts {
+                self.battery
+                    .update_pool(&pool.namespace, &pool.name, &spec, hosts)
+                    .await
+                    .map_err(|s| to_api_error(s, info(), &pool.name))?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,306 @@
+//! HTTPS serving: rustls (TLS 1.2+), HTTP/1.1 and HTTP/2 on one port, with the limits an
+//! aggregated API server needs (`reference/aggregated-apiserver.md` §11.4–§11.5):
+//! 1,000 concurrent HTTP/2 streams per connection, since the aggregator multiplexes every
+//! user's requests and watches over a few connections; header limits large enough for
+//! users in many groups. The serving certificate is reloaded when its files change.
+//! Client certificates are asked for but not required: kubelet probes come without one.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use rustls::RootCertStore;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
+
+/// HTTP/2 streams per connection (Go's aggregated-server recommendation).
+const MAX_CONCURRENT_STREAMS: u32 = 1000;
+/// Header bytes accepted, as Go's `MaxHeaderBytes` (1 MiB).
+const MAX_HEADER_BYTES: u32 = 1 << 20;
+/// HTTP/1 header lines: one `X-Remote-Group` line per group adds up.
+const MAX_HTTP1_HEADERS: usize = 1000;
+/// A client that has not finished its TLS handshake by then is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the certificate files are checked for changes.
+const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
+/// How long open connections (watches, exec) get to finish after a shutdown signal.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why TLS could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("reading {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path} holds no PEM certificate")]
+    NoCertificate { path: PathBuf },
+    #[error("parsing PEM in {path}")]
+    Pem {
+        path: PathBuf,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("the key in {key} does not fit the certificate in {cert}")]
+    Key {
+        cert: PathBuf,
+        key: PathBuf,
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("building the client certificate verifier for {path}")]
+    ClientCa {
+        path: PathBuf,
+        #[source]
+        source: rustls::server::VerifierBuilderError,
+    },
+    #[error("setting up TLS")]
+    Config(#[source] rustls::Error),
+}
+
+/// The files TLS is served from.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Client certificates signed by this CA are verified and offered to authentication.
+    pub client_ca: Option<PathBuf>,
+}
+
+/// The client certificate chain a connection presented, verified against the client CA.
+/// Every request on that connection carries it as an extension.
+#[derive(Debug, Clone)]
+pub struct PeerCertificates(pub Arc<Vec<CertificateDer<'static>>>);
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = read(path)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|source| TlsError::Pem {
+            path: path.to_owned(),
+            source,
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificate {
+            path: path.to_owned(),
+        });
+    }
+    Ok(certs)
+}
+
+fn certified_key(files: &TlsFiles) -> Result<CertifiedKey, TlsError> {
+    let chain = certificates(&files.cert)?;
+    let key_pem = read(&files.key)?;
+    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|source| TlsError::Pem {
+        path: files.key.clone(),
+        source,
+    })?;
+    CertifiedKey::from_der(chain, key, &provider()).map_err(|source| TlsError::Key {
+        cert: files.cert.clone(),
+        key: files.key.clone(),
+        source,
+    })
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// Serves the certificate last loaded, and reloads it when its files change. A broken
+/// new pair is logged and the old one kept, so a half-written rotation never takes the
+/// server down.
+#[derive(Debug)]
+struct ReloadingCert {
+    files: TlsFiles,
+    current: RwLock<(Arc<CertifiedKey>, Option<SystemTime>, Option<SystemTime>)>,
+}
+
+impl ReloadingCert {
+    fn load(files: TlsFiles) -> Result<Arc<Self>, TlsError> {
+        let key = certified_key(&files)?;
+        let stamps = (modified(&files.cert), modified(&files.key));
+        Ok(Arc::new(Self {
+            current: RwLock::new((Arc::new(key), stamps.0, stamps.1)),
+            files,
+        }))
+    }
+
+    fn reload_if_changed(&self) {
+        let stamps = (modified(&self.files.cert), modified(&self.files.key));
+        {
+            let current = self.current.read().unwrap_or_else(|e| e.into_inner());
+            if (current.1, current.2) == stamps {
+                return;
+            }
+        }
+        match certified_key(&self.files) {
+            Ok(key) => {
+                *self.current.write().unwrap_or_else(|e| e.into_inner()) =
+                    (Arc::new(key), stamps.0, stamps.1);
+                tracing::info!(cert = %self.files.cert.display(), "reloaded the serving certificate");
+            }
+            Err(err) => {
+                tracing::warn!(error = %format!("{err:#}"), "keeping the old serving certificate")
+            }
+        }
+    }
+}
+
+impl ResolvesServerCert for ReloadingCert {
+    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(
+            self.current
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .0
+                .clone(),
+        )
+    }
+}
+
+/// A TLS acceptor whose certificate follows its files until the returned task is
+/// dropped or aborted.
+pub fn acceptor(files: &TlsFiles) -> Result<(TlsAcceptor, tokio::task::JoinHandle<()>), TlsError> {
+    let cert = ReloadingCert::load(files.clone())?;
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(TlsError::Config)?;
+    let builder = match &files.client_ca {
+        Some(path) => {
+            let mut roots = RootCertStore::empty();
+            for ca in certificates(path)? {
+                roots.add(ca).map_err(TlsError::Config)?;
+            }
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+                    .allow_unauthenticated()
+                    .build()
+                    .map_err(|source| TlsError::ClientCa {
+                        path: path.clone(),
+                        source,
+                    })?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(cert.clone());
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let reloader = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(RELOAD_INTERVAL);
+        loop {
+            tick.tick().await;
+            cert.reload_if_changed();
+        }
+    });
+    Ok((TlsAcceptor::from(Arc::new(config)), reloader))
+}
+
+fn http_builder() -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .max_headers(MAX_HTTP1_HEADERS)
+        .max_buf_size(MAX_HEADER_BYTES as usize);
+    builder
+        .http2()
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .max_header_list_size(MAX_HEADER_BYTES);
+    builder
+}
+
+/// Serves `app` over TLS on `listener` until `shutdown` resolves, then lets open
+/// connections finish for a few seconds.
+pub async fn serve(
+    listener: TcpListener,
+    tls: TlsAcceptor,
+    app: Router,
+    shutdown: impl Future<Output = ()>,
+) {
+    let builder = Arc::new(http_builder());
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(err) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %err, "accepting a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let tls = tls.clone();
+        let app = app.clone();
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(tcp)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(err)) => {
+                    tracing::debug!(%peer, error = %err, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let certs = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .map(|c| PeerCertificates(Arc::new(c.to_vec())));
+            let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+                if let Some(certs) = &certs {
+                    req.extensions_mut().insert(certs.clone());
+                }
+                req.extensions_mut().insert(RemoteAddr(peer));
+                app.clone().oneshot(req)
+            });
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            if let Err(err) = watcher.watch(conn.into_owned()).await {
+                tracing::debug!(%peer, error = %err, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::info!("closing connections still open after {DRAIN_TIMEOUT:?}");
+    }
+}
+
+/// The client's address, for logs and rate limits.
+#[derive(Debug, Clone, Copy)]
+pub struct RemoteAddr(pub SocketAddr);

@@ -1,0 +1,62 @@
+//! `battery-apiserver serve`: the production server in front of battery.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+
+use crate::battery::BatteryClient;
+use crate::config::ServeArgs;
+use crate::meta_store::MetaStore;
+use crate::serve::{self, TlsFiles};
+use crate::server::{self, Settings};
+
+/// Opens the metadata store (in `dir`, or in memory).
+pub fn open_store(dir: Option<&std::path::Path>) -> anyhow::Result<Arc<MetaStore>> {
+    let store = match dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            MetaStore::open(&dir.join("apiserver.redb"))?
+        }
+        None => MetaStore::in_memory()?,
+    };
+    Ok(Arc::new(store))
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let tls = TlsFiles {
+        cert: args.tls_cert_file,
+        key: args.tls_private_key_file,
+        client_ca: args.client_ca_file,
+    };
+    let (acceptor, _reloader) = serve::acceptor(&tls)?;
+    let battery = BatteryClient::connect_lazy(&args.battery_address)
+        .with_context(|| format!("--battery-address {}", args.battery_address))?;
+    let store = open_store(args.data_dir.as_deref())?;
+    let app = server::build(battery, store, &Settings { bind_wait: args.bind_wait })?;
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    tracing::info!(address = %args.listen, "serving");
+    serve::serve(listener, acceptor, app.router, shutdown_signal()).await;
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+}

@@ -1,0 +1,169 @@
+//! Composes the server: the metadata store, battery's client, one storage per resource,
+//! the background work that follows battery, and the HTTP stack in front of them.
+//!
+//! The request path, outermost first (a refusing layer answers with a `Status`):
+//! 1. `metrics::observe` — logs the request once and counts it, whatever answered;
+//! 2. `authn::authenticate` — who is asking, from the verified client certificate;
+//! 3. the routes — non-resource paths, then `/apis/<group>/<version>/...` dispatched
+//!    by request info to the resource's storage.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use battery_api_machinery::discovery::Discovery;
+use battery_api_machinery::openapi::OpenApi;
+use battery_types::{GROUP, HasResourceInfo, Host, MicroVMClaim, Pool, RESOURCES, VERSION};
+use kube::CustomResourceExt;
+use tokio::sync::broadcast;
+use tokio::task::JoinSet;
+
+use crate::api::{Endpoint, ResourceEndpoint, resource_router};
+use crate::battery::BatteryClient;
+use crate::http::metrics::{self, Metrics};
+use crate::http::{NonResource, authn, nonresource_router};
+use crate::meta_store::MetaStore;
+use crate::resources::follow::Follower;
+use crate::resources::hosts::{HostDirectory, HostStorage};
+use crate::resources::microvmclaims::ClaimStorage;
+use crate::resources::pools::PoolStorage;
+
+/// Events kept for binds waiting on `VM_AVAILABLE`.
+const EVENT_FANOUT: usize = 1024;
+
+/// How the server behaves, beyond where it listens.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How long a claim's create waits for a MicroVM when its pool has none available.
+    pub bind_wait: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            bind_wait: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The kind's schema as its CRD carries it, for OpenAPI.
+fn schema<K: CustomResourceExt>() -> serde_json::Value {
+    let crd = K::crd();
+    crd.spec
+        .versions
+        .first()
+        .and_then(|v| v.schema.as_ref())
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .map(|s| serde_json::to_value(s).unwrap_or_default())
+        .map(unwrap_descriptions)
+        .unwrap_or_default()
+}
+
+/// Doc comments wrap at our line width; `kubectl explain` wraps again itself, so a
+/// single line break becomes a space and only paragraph breaks stay.
+fn unwrap_descriptions(mut value: serde_json::Value) -> serde_json::Value {
+    match &mut value {
+        serde_json::Value::Object(map) => {
+            for (key, child) in map.iter_mut() {
+                if key == "description"
+                    && let serde_json::Value::String(text) = child
+                {
+                    *text = text
+                        .split("\n\n")
+                        .map(|paragraph| paragraph.split('\n').map(str::trim).collect::<Vec<_>>().join(" "))
+                        .collect::<Vec<_>>()
+                        .join("\n\n");
+                } else {
+                    *child = unwrap_descriptions(std::mem::take(child));
+                }
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for item in items.iter_mut() {
+                *item = unwrap_descriptions(std::mem::take(item));
+            }
+        }
+        _ => {}
+    }
+    value
+}
+
+/// The built server: its router and the background tasks it needs.
+pub struct App {
+    pub router: Router,
+    pub tasks: JoinSet<()>,
+}
+
+/// Builds the server over `battery` and `store`, and starts its background work.
+pub fn build(battery: BatteryClient, store: Arc<MetaStore>, settings: &Settings) -> anyhow::Result<App> {
+    let (events, _) = broadcast::channel(EVENT_FANOUT);
+    let directory = Arc::new(HostDirectory::new(battery.clone(), store.clone()));
+    let pools = Arc::new(PoolStorage::new(battery.clone(), store.clone(), directory.clone()));
+    let hosts = Arc::new(HostStorage::new(directory.clone()));
+    let claims = Arc::new(ClaimStorage::new(
+        battery.clone(),
+        store.clone(),
+        pools.clone(),
+        events.clone(),
+        settings.bind_wait,
+    ));
+
+    let endpoints: Vec<Arc<dyn Endpoint>> = vec![
+        Arc::new(ResourceEndpoint::new(pools.clone(), store.clone())),
+        Arc::new(ResourceEndpoint::new(claims.clone(), store.clone())),
+        Arc::new(ResourceEndpoint::new(hosts, store.clone())),
+    ];
+    let metrics = Arc::new(Metrics::default());
+    let kinds = [
+        (&Pool::INFO, schema::<Pool>()),
+        (&MicroVMClaim::INFO, schema::<MicroVMClaim>()),
+        (&Host::INFO, schema::<Host>()),
+    ];
+    let nonresource = Arc::new(NonResource {
+        discovery: Discovery::new(GROUP, VERSION, RESOURCES),
+        openapi: OpenApi::new(GROUP, VERSION, &kinds)?,
+        battery: battery.clone(),
+        metrics: metrics.clone(),
+    });
+    let router = resource_router(endpoints)
+        .merge(nonresource_router(nonresource, GROUP, VERSION))
+        .layer(axum::middleware::from_fn(authn::authenticate))
+        .layer(axum::middleware::from_fn_with_state(metrics, metrics::observe));
+
+    let mut tasks = JoinSet::new();
+    tasks.spawn(
+        Follower {
+            battery,
+            store,
+            pools: pools.clone(),
+            claims: claims.clone(),
+            events,
+        }
+        .run(),
+    );
+    tasks.spawn(async move {
+        loop {
+            directory.changed().await;
+            if let Err(err) = pools.reresolve_all().await {
+                tracing::warn!(error = %err, "re-resolving pools after a Host changed");
+            }
+        }
+    });
+    tasks.spawn(async move {
+        // battery may still be starting: retry until every interrupted bind is settled.
+        loop {
+            match claims.recover().await {
+                Ok(0) => return,
+                Ok(n) => {
+                    tracing::info!(binds = n, "settled binds a restart interrupted");
+                    return;
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "settling interrupted binds; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    });
+    Ok(App { router, tasks })
+}

@@ -1,0 +1,43 @@
+//! The battery conformance suite's shared harness.
+//!
+//! The tests in `tests/battery_conformance/` check battery's gRPC API
+//! (`poolmgr.v1alpha1`, see `reference/battery-api.md`) against either a real poolmgrd
+//! (`BATTERY_CONFORMANCE_ADDRESS` set) or the embedded battery started in-process through
+//! [`battery_embedded::local::LocalBattery`]. Everything a test needs lives here so the
+//! tests themselves read as the behaviour they check:
+//!
+//! - [`Suite`]: one battery (embedded or external), its clients, the test's private
+//!   namespace and the timing to expect; [`Options`] chooses what a test needs.
+//! - [`PoolBuilder`]: pool specs with sensible defaults.
+//! - [`EventLog`]: an `Events.Subscribe` stream that remembers what it saw and checks the
+//!   stream's invariants on every event.
+//! - [`eventually`] / [`consistently`]: waits with deadlines instead of sleeps.
+//! - [`flintlock`]: looks at the Hosts directly through flintlock's API (MicroVM, exec).
+//! - [`Gate`]: a hook command that blocks until the test opens it (embedded only).
+
+mod assert;
+mod env;
+mod events;
+pub mod flintlock;
+mod gate;
+mod ops;
+mod spec;
+mod suite;
+mod wait;
+
+pub use assert::{expect_code, expect_ok, nanos, ts_nanos};
+pub use env::{
+    ADDRESS_VAR, HOSTS_VAR, KERNEL_IMAGE_VAR, ROOT_IMAGE_VAR, SWEEP_VAR, TIMEOUT_VAR,
+    WARNING_WINDOW_VAR, parse_duration,
+};
+pub use events::{EventLog, event_type};
+pub use gate::Gate;
+pub use ops::insecure_host;
+pub use spec::{PoolBuilder, TEMPLATE_INTERFACE, default_template, proto_duration};
+pub use suite::{HostRef, Options, Suite, Timing, skip};
+pub use wait::{consistently, eventually};
+
+/// The generated battery API, re-exported for the tests.
+pub use battery_proto::poolmgr::v1alpha1 as api;
+/// flintlock's types (the MicroVM template).
+pub use battery_proto::flintlock::types as fl;

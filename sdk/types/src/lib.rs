@@ -1,0 +1,77 @@
+//! The `battery.liquidmetal-x.dev/v1alpha1` kinds (Pool, MicroVMClaim, Host) and their
+//! `ResourceInfo`, with no I/O.
+//!
+//! - **Kinds**: [`Pool`], [`MicroVMClaim`] (both namespaced) and [`Host`] (cluster-scoped),
+//!   derived with `kube::CustomResource`, so they work with `kube::Api` and their schema
+//!   (`Pool::crd()`) carries a description for every field (`kubectl explain`).
+//! - **Defaults** are applied while decoding, as Kubernetes applies them in its decoder:
+//!   a missing `replenishment.type` decodes as `ImmediateOnLease`, a missing
+//!   `lease.expiryThreshold` as `30s`, and so on; the `Default` impls hold the same values.
+//!   Required fields whose zero value is invalid also decode when absent, so that
+//!   validation, not the decoder, reports them (`422`, naming the field, as Kubernetes does).
+//! - **Validation**: [`PoolSpec::validate`], [`MicroVMClaimSpec::validate`] and
+//!   [`MicroVMClaimSpec::validate_update`] (immutable fields), [`HostSpec::validate`] and
+//!   [`HostStatus::validate`] return [`validation::FieldError`]s worded as apimachinery's
+//!   `field.Error`.
+//! - **Resource table**: [`ResourceInfo`] for each kind ([`HasResourceInfo`]) and
+//!   [`RESOURCES`], from which the apiserver derives routes, discovery, OpenAPI and authz.
+//! - [`Duration`] is `metav1.Duration` (Go's `"1m30s"` format); [`conditions`] holds
+//!   condition types, reasons and apimachinery's condition helpers.
+//!
+//! battery's lease id is a bearer secret for battery and appears in no type here.
+//!
+//! ```
+//! use battery_types::{PoolSpec, ReplenishmentType};
+//!
+//! let spec: PoolSpec = serde_json::from_str(r#"{"size": -1}"#).unwrap();
+//! assert_eq!(spec.replenishment.type_, ReplenishmentType::ImmediateOnLease);
+//! let errors: Vec<String> = spec.validate().iter().map(ToString::to_string).collect();
+//! assert_eq!(
+//!     errors,
+//!     [
+//!         "spec.template: Required value",
+//!         "spec.size: Invalid value: -1: must be greater than or equal to 0",
+//!     ]
+//! );
+//! ```
+
+#![deny(missing_docs)]
+
+pub mod conditions;
+mod duration;
+mod hosts;
+mod microvmclaims;
+mod pools;
+mod resource_info;
+mod string_enum;
+mod template;
+pub mod validation;
+mod wire;
+
+pub use duration::{Duration, DurationOutOfRange, ParseDurationError};
+pub use hosts::{Host, HostSpec, HostStatus, HostTls};
+pub use microvmclaims::{
+    ClaimHost, ClaimPhase, ClaimedMicroVM, MicroVMClaim, MicroVMClaimSpec, MicroVMClaimStatus,
+    NetworkInterfaceStatus, PoolRef, service_account_username,
+};
+pub use pools::{
+    HookFailurePolicy, Hooks, LeaseSettings, Placement, Pool, PoolSpec, PoolStatus, Replenishment,
+    ReplenishmentType,
+};
+pub use resource_info::{
+    HasResourceInfo, RESOURCES, ResourceInfo, Scope, SubresourceInfo, Verb, resource_for_plural,
+};
+pub use template::{
+    Initrd, InterfaceType, Kernel, MicroVMTemplate, NetworkInterface, NetworkOverrides,
+    StaticAddress, Volume,
+};
+
+/// The API group of every kind here.
+pub const GROUP: &str = "battery.liquidmetal-x.dev";
+/// The API version of every kind here.
+pub const VERSION: &str = "v1alpha1";
+/// `<GROUP>/<VERSION>`, the kinds' `apiVersion`.
+pub const API_VERSION: &str = "battery.liquidmetal-x.dev/v1alpha1";
+
+#[cfg(test)]
+mod tests;

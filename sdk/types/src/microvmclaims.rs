@@ -1,0 +1,194 @@
+//! `MicroVMClaim`: one MicroVM of a Pool, bound to its Holder for as long as the lease is
+//! renewed.
+//!
+//! battery's lease id is deliberately absent: it is a bearer secret for battery (whoever
+//! holds it can renew or release the MicroVM), so it never leaves the apiserver.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::string_enum::string_enum;
+use crate::validation::{FieldError, FieldPath, messages, validate_dns_subdomain_name};
+use crate::wire::{drop_null_from_enum, required_fields};
+
+/// The desired state of a MicroVMClaim: which Pool to take a MicroVM from, and who may use
+/// it. Both are fixed once the claim exists.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "battery.liquidmetal-x.dev",
+    version = "v1alpha1",
+    kind = "MicroVMClaim",
+    namespaced,
+    status = "MicroVMClaimStatus",
+    shortname = "mvc",
+    category = "battery",
+    derive = "PartialEq",
+    doc = "A MicroVMClaim binds one MicroVM of a Pool to a Holder (a ServiceAccount) for as long as its lease is renewed. Creating it binds at once: the created object is already Bound. Deleting it releases the MicroVM."
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = required_fields(&["poolRef", "serviceAccountName"]))]
+pub struct MicroVMClaimSpec {
+    /// The Pool, in the claim's namespace, to take a MicroVM from. Immutable.
+    #[serde(default)]
+    pub pool_ref: PoolRef,
+    /// The Holder: the ServiceAccount, in the claim's namespace, that alone may use the
+    /// MicroVM (exec into it, renew its lease). Immutable.
+    #[serde(default)]
+    pub service_account_name: String,
+}
+
+/// A reference to a Pool in the referring object's namespace.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = required_fields(&["name"]))]
+pub struct PoolRef {
+    /// The Pool's name.
+    #[serde(default)]
+    pub name: String,
+}
+
+string_enum! {
+    /// Where a claim is in its life. A claim is created Bound; released claims are deleted,
+    /// not kept.
+    pub enum ClaimPhase {
+        /// The claim holds a MicroVM and its lease is live.
+        Bound = "Bound",
+        /// The lease ran out unrenewed and battery took the MicroVM back. The claim is kept,
+        /// so its Holder can see what happened, until it is deleted.
+        Expired = "Expired",
+    }
+}
+
+/// The observed state of a MicroVMClaim.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, rename_all = "camelCase")]
+pub struct MicroVMClaimStatus {
+    /// `Bound` while the claim holds its MicroVM, `Expired` once the lease ran out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = drop_null_from_enum)]
+    pub phase: Option<ClaimPhase>,
+    /// The MicroVM the claim holds.
+    #[serde(rename = "microVM", skip_serializing_if = "Option::is_none")]
+    pub micro_vm: Option<ClaimedMicroVM>,
+    /// The Host the MicroVM runs on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<ClaimHost>,
+    /// When the claim was bound.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bound_time: Option<Time>,
+    /// When the lease runs out unless renewed, as battery reports it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_expires_at: Option<MicroTime>,
+    /// When the lease was last renewed through the claim's `lease` subresource.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub renew_time: Option<MicroTime>,
+    /// The host side of each of the MicroVM's network interfaces, by `deviceId`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["deviceId"]))]
+    pub network_interfaces: Vec<NetworkInterfaceStatus>,
+    /// The claim's conditions: `Bound` (the claim holds its MicroVM; false with reason
+    /// `LeaseExpired` once it does not) and `HostReady` (the MicroVM's Host reports itself
+    /// ready, with the Host's reason and message).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// The MicroVM a claim holds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimedMicroVM {
+    /// The MicroVM's uid in battery and flintlock.
+    pub uid: String,
+}
+
+/// The Host a claimed MicroVM runs on.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimHost {
+    /// The name of the Host (the `hosts` object, and its Node).
+    pub node_name: String,
+    /// The `host:port` of the Host's exec agent, when it has registered one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_address: Option<String>,
+}
+
+/// The host side of a claimed MicroVM's network interface, as flintlock reports it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkInterfaceStatus {
+    /// The interface's `deviceId` in the Pool's template.
+    pub device_id: String,
+    /// The name of the device on the Host (the tap or macvtap device).
+    #[serde(default)]
+    pub host_device_name: String,
+    /// The interface's index in the MicroVM.
+    #[serde(default)]
+    pub index: i32,
+    /// The interface's MAC address.
+    #[serde(default)]
+    pub mac_address: String,
+}
+
+impl MicroVMClaimSpec {
+    /// Checks the spec as a create must find it, with paths from `spec`: a Pool name and a
+    /// ServiceAccount name, each a DNS subdomain as object names are.
+    pub fn validate(&self) -> Vec<FieldError> {
+        let path = FieldPath::new("spec");
+        let mut errors =
+            validate_dns_subdomain_name(&self.pool_ref.name, &path.child("poolRef").child("name"));
+        errors.extend(validate_dns_subdomain_name(
+            &self.service_account_name,
+            &path.child("serviceAccountName"),
+        ));
+        errors
+    }
+
+    /// Checks an update from `old` to `new`: `new` as `validate` does, and that neither the
+    /// Pool nor the Holder changed. Changing the Holder would hand a live MicroVM to
+    /// someone else; changing the Pool would not move the MicroVM.
+    pub fn validate_update(old: &Self, new: &Self) -> Vec<FieldError> {
+        let path = FieldPath::new("spec");
+        let mut errors = new.validate();
+        if new.pool_ref != old.pool_ref {
+            errors.push(FieldError::invalid(
+                path.child("poolRef"),
+                json!({ "name": new.pool_ref.name }),
+                messages::IMMUTABLE,
+            ));
+        }
+        if new.service_account_name != old.service_account_name {
+            errors.push(FieldError::invalid(
+                path.child("serviceAccountName"),
+                new.service_account_name.as_str(),
+                messages::IMMUTABLE,
+            ));
+        }
+        errors
+    }
+}
+
+impl MicroVMClaim {
+    /// The username the Holder authenticates as,
+    /// `system:serviceaccount:<namespace>:<serviceAccountName>`: the only user the exec and
+    /// lease subresources serve. `None` while the claim has no namespace.
+    pub fn holder_username(&self) -> Option<String> {
+        let namespace = self.metadata.namespace.as_deref()?;
+        Some(service_account_username(
+            namespace,
+            &self.spec.service_account_name,
+        ))
+    }
+}
+
+/// The username a ServiceAccount's tokens authenticate as, as Kubernetes' `MakeUsername`
+/// forms it: `system:serviceaccount:<namespace>:<name>`.
+pub fn service_account_username(namespace: &str, name: &str) -> String {
+    format!("system:serviceaccount:{namespace}:{name}")
+}
+
+#[cfg(test)]
+mod tests;
