@@ -24,8 +24,8 @@ use crate::http::metrics::{self, Metrics};
 use crate::http::{NonResource, authn, nonresource_router};
 use crate::meta_store::MetaStore;
 use crate::resources::follow::Follower;
-use crate::resources::hosts::{HostDirectory, HostStorage};
-use crate::resources::microvmclaims::ClaimStorage;
+use crate::resources::hosts::{HostDirectory, HostStatusWriter, HostStorage};
+use crate::resources::microvmclaims::{ClaimLeases, ClaimStorage};
 use crate::resources::pools::PoolStorage;
 
 /// Events kept for binds waiting on `VM_AVAILABLE`.
@@ -110,8 +110,14 @@ pub fn build(battery: BatteryClient, store: Arc<MetaStore>, settings: &Settings)
 
     let endpoints: Vec<Arc<dyn Endpoint>> = vec![
         Arc::new(ResourceEndpoint::new(pools.clone(), store.clone())),
-        Arc::new(ResourceEndpoint::new(claims.clone(), store.clone())),
-        Arc::new(ResourceEndpoint::new(hosts, store.clone())),
+        Arc::new(
+            ResourceEndpoint::new(claims.clone(), store.clone())
+                .with_subresource("lease", Arc::new(Arc::new(ClaimLeases(claims.clone())))),
+        ),
+        Arc::new(
+            ResourceEndpoint::new(hosts.clone(), store.clone())
+                .with_subresource("status", Arc::new(Arc::new(HostStatusWriter(hosts)))),
+        ),
     ];
     let metrics = Arc::new(Metrics::default());
     let kinds = [

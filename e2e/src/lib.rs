@@ -15,6 +15,7 @@
 //! - [`flintlock`]: looks at the Hosts directly through flintlock's API (MicroVM, exec).
 //! - [`Gate`]: a hook command that blocks until the test opens it (embedded only).
 
+pub mod apiserver;
 mod assert;
 mod env;
 mod events;

@@ -24,6 +24,7 @@ use http::request::Parts;
 
 use super::handlers::{self, Write};
 use super::storage::Storage;
+use super::subresource::SubresourceEndpoint;
 use super::watch_stream;
 use super::{RequestContext, UserInfo};
 use crate::meta_store::MetaStore;
@@ -49,11 +50,22 @@ pub struct Call {
 pub struct ResourceEndpoint<S: Storage> {
     storage: Arc<S>,
     store: Arc<MetaStore>,
+    subresources: HashMap<&'static str, Arc<dyn SubresourceEndpoint>>,
 }
 
 impl<S: Storage> ResourceEndpoint<S> {
     pub fn new(storage: Arc<S>, store: Arc<MetaStore>) -> Self {
-        Self { storage, store }
+        Self {
+            storage,
+            store,
+            subresources: HashMap::new(),
+        }
+    }
+
+    /// Serves the subresource `name` with `endpoint`.
+    pub fn with_subresource(mut self, name: &'static str, endpoint: Arc<dyn SubresourceEndpoint>) -> Self {
+        self.subresources.insert(name, endpoint);
+        self
     }
 }
 
@@ -67,6 +79,9 @@ impl<S: Storage> Endpoint for ResourceEndpoint<S> {
     }
 
     fn handle(&self, call: Call) -> BoxFuture<'static, Result<Response, ApiError>> {
+        if let Some(subresource) = self.subresources.get(call.info.subresource.as_str()) {
+            return subresource.handle(call);
+        }
         let shared = self.storage.clone();
         let store = self.store.clone();
         Box::pin(async move {

@@ -540,7 +540,7 @@ pub async fn patch<S: Storage>(
     Err(ApiError::optimistic_lock(info::<S>(), name))
 }
 
-fn apply_patch(kind: PatchType, document: &mut Value, patch: &Value) -> Result<(), ApiError> {
+pub(super) fn apply_patch(kind: PatchType, document: &mut Value, patch: &Value) -> Result<(), ApiError> {
     match kind {
         PatchType::MergePatch => {
             if !patch.is_object() {

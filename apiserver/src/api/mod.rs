@@ -10,12 +10,14 @@ mod dispatch;
 mod handlers;
 mod respond;
 mod storage;
+mod subresource;
 mod watch_stream;
 
 use std::collections::BTreeMap;
 
 pub use dispatch::{Endpoint, ResourceEndpoint, resource_router};
 pub use storage::{ApiObject, Deleted, Storage, server_now};
+pub use subresource::{Subresource, SubresourceEndpoint};
 
 /// Who is asking, as authentication established it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

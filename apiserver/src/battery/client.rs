@@ -13,7 +13,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::convert;
 use battery_types::{HostSpec, HostStatus, NetworkInterfaceStatus, PoolSpec, PoolStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 
 /// Every unary call gets this long; ClaimVM, which runs the pool's pre-lease hooks, gets
 /// [`CLAIM_TIMEOUT`]. Both stay well inside kube-apiserver's 60 s proxy limit.
@@ -59,6 +59,7 @@ pub struct Lease {
     /// battery's name of the Host the MicroVM runs on.
     pub host_name: String,
     pub network_interfaces: Vec<NetworkInterfaceStatus>,
+    pub claimed_at: Option<Time>,
     pub expires_at: Option<MicroTime>,
 }
 
@@ -68,6 +69,7 @@ pub struct LeaseInfo {
     /// The request id it was claimed with: how a claim finds its lease.
     pub request_id: String,
     pub vm_uid: String,
+    pub claimed_at: Option<Time>,
     pub expires_at: Option<MicroTime>,
 }
 
@@ -236,19 +238,19 @@ impl BatteryClient {
         });
         request.set_timeout(CLAIM_TIMEOUT);
         let claimed = self.leases.clone().claim_vm(request).await?.into_inner();
-        let expires_at = self
+        let listed = self
             .leases_of(Some((namespace, pool)))
             .await?
             .into_iter()
-            .find(|l| l.request_id == request_id)
-            .and_then(|l| l.expires_at);
+            .find(|l| l.request_id == request_id);
         let host = claimed.host.unwrap_or_default();
         Ok(Lease {
             id: LeaseId::new(claimed.lease_id),
             vm_uid: claimed.vm_uid,
             host_name: host.name,
             network_interfaces: convert::network_interfaces(&claimed.network_interfaces),
-            expires_at,
+            claimed_at: listed.as_ref().and_then(|l| l.claimed_at.clone()),
+            expires_at: listed.and_then(|l| l.expires_at),
         })
     }
 
@@ -288,6 +290,7 @@ impl BatteryClient {
             .map(|l| LeaseInfo {
                 request_id: l.request_id,
                 vm_uid: l.vm_uid,
+                claimed_at: l.claimed_at.as_ref().and_then(convert::time),
                 expires_at: l.expires_at.as_ref().and_then(convert::micro_time),
             })
             .collect())

