@@ -71,7 +71,11 @@ pub struct DevArgs {
     pub listen: SocketAddr,
 
     /// Where the certificates and the kubeconfig are written.
-    #[arg(long, env = "BATTERY_APISERVER_DEV_DIR", default_value = ".battery-dev")]
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_DEV_DIR",
+        default_value = ".battery-dev"
+    )]
     pub dir: PathBuf,
 
     /// Keep battery's state, the simulated MicroVMs and the metadata here, so they
@@ -103,7 +107,9 @@ fn loopback(value: &str) -> Result<SocketAddr, String> {
     if addr.ip().is_loopback() {
         Ok(addr)
     } else {
-        Err(format!("{addr} is not a loopback address; dev serves on loopback only (try 127.0.0.1:8443)"))
+        Err(format!(
+            "{addr} is not a loopback address; dev serves on loopback only (try 127.0.0.1:8443)"
+        ))
     }
 }
 
@@ -111,7 +117,11 @@ fn loopback(value: &str) -> Result<SocketAddr, String> {
 #[derive(Debug, Args)]
 pub struct EmbeddedBatteryArgs {
     /// gRPC address to serve battery's API on.
-    #[arg(long, env = "BATTERY_APISERVER_LISTEN", default_value = "127.0.0.1:9090")]
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_LISTEN",
+        default_value = "127.0.0.1:9090"
+    )]
     pub listen: SocketAddr,
 
     /// Keep battery's state and the simulated Hosts' MicroVMs here, so they survive a
@@ -163,9 +173,12 @@ mod tests {
 
     #[test]
     fn dev_refuses_a_non_loopback_address() {
-        let err = Cli::try_parse_from(["battery-apiserver", "dev", "--listen", "0.0.0.0:8443"]).unwrap_err();
+        let err = Cli::try_parse_from(["battery-apiserver", "dev", "--listen", "0.0.0.0:8443"])
+            .unwrap_err();
         assert!(err.to_string().contains("loopback only"), "{err}");
-        assert!(Cli::try_parse_from(["battery-apiserver", "dev", "--listen", "127.0.0.1:0"]).is_ok());
+        assert!(
+            Cli::try_parse_from(["battery-apiserver", "dev", "--listen", "127.0.0.1:0"]).is_ok()
+        );
     }
 
     #[test]

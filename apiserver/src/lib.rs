@@ -11,8 +11,8 @@ pub mod logging;
 pub mod meta_store;
 pub mod resources;
 pub mod serve;
-pub mod server;
 mod serve_command;
+pub mod server;
 pub mod watch;
 
 /// Runs the command the user chose.

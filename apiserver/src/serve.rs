@@ -197,14 +197,13 @@ pub fn acceptor(files: &TlsFiles) -> Result<(TlsAcceptor, tokio::task::JoinHandl
             for ca in certificates(path)? {
                 roots.add(ca).map_err(TlsError::Config)?;
             }
-            let verifier =
-                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
-                    .allow_unauthenticated()
-                    .build()
-                    .map_err(|source| TlsError::ClientCa {
-                        path: path.clone(),
-                        source,
-                    })?;
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+                .allow_unauthenticated()
+                .build()
+                .map_err(|source| TlsError::ClientCa {
+                    path: path.clone(),
+                    source,
+                })?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),

@@ -33,7 +33,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let battery = BatteryClient::connect_lazy(&args.battery_address)
         .with_context(|| format!("--battery-address {}", args.battery_address))?;
     let store = open_store(args.data_dir.as_deref())?;
-    let app = server::build(battery, store, &Settings { bind_wait: args.bind_wait })?;
+    let app = server::build(
+        battery,
+        store,
+        &Settings {
+            bind_wait: args.bind_wait,
+        },
+    )?;
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

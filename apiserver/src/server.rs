@@ -70,7 +70,13 @@ fn unwrap_descriptions(mut value: serde_json::Value) -> serde_json::Value {
                 {
                     *text = text
                         .split("\n\n")
-                        .map(|paragraph| paragraph.split('\n').map(str::trim).collect::<Vec<_>>().join(" "))
+                        .map(|paragraph| {
+                            paragraph
+                                .split('\n')
+                                .map(str::trim)
+                                .collect::<Vec<_>>()
+                                .join(" ")
+                        })
                         .collect::<Vec<_>>()
                         .join("\n\n");
                 } else {
@@ -95,10 +101,18 @@ pub struct App {
 }
 
 /// Builds the server over `battery` and `store`, and starts its background work.
-pub fn build(battery: BatteryClient, store: Arc<MetaStore>, settings: &Settings) -> anyhow::Result<App> {
+pub fn build(
+    battery: BatteryClient,
+    store: Arc<MetaStore>,
+    settings: &Settings,
+) -> anyhow::Result<App> {
     let (events, _) = broadcast::channel(EVENT_FANOUT);
     let directory = Arc::new(HostDirectory::new(battery.clone(), store.clone()));
-    let pools = Arc::new(PoolStorage::new(battery.clone(), store.clone(), directory.clone()));
+    let pools = Arc::new(PoolStorage::new(
+        battery.clone(),
+        store.clone(),
+        directory.clone(),
+    ));
     let hosts = Arc::new(HostStorage::new(directory.clone()));
     let claims = Arc::new(ClaimStorage::new(
         battery.clone(),
@@ -115,8 +129,10 @@ pub fn build(battery: BatteryClient, store: Arc<MetaStore>, settings: &Settings)
                 .with_subresource("lease", Arc::new(Arc::new(ClaimLeases(claims.clone())))),
         ),
         Arc::new(
-            ResourceEndpoint::new(hosts.clone(), store.clone())
-                .with_subresource("status", Arc::new(Arc::new(HostStatusWriter(hosts)))),
+            ResourceEndpoint::new(hosts.clone(), store.clone()).with_subresource(
+                "status",
+                Arc::new(Arc::new(HostStatusWriter(hosts.clone()))),
+            ),
         ),
     ];
     let metrics = Arc::new(Metrics::default());
@@ -134,7 +150,10 @@ pub fn build(battery: BatteryClient, store: Arc<MetaStore>, settings: &Settings)
     let router = resource_router(endpoints)
         .merge(nonresource_router(nonresource, GROUP, VERSION))
         .layer(axum::middleware::from_fn(authn::authenticate))
-        .layer(axum::middleware::from_fn_with_state(metrics, metrics::observe));
+        .layer(axum::middleware::from_fn_with_state(
+            metrics,
+            metrics::observe,
+        ));
 
     let mut tasks = JoinSet::new();
     tasks.spawn(
@@ -147,6 +166,7 @@ pub fn build(battery: BatteryClient, store: Arc<MetaStore>, settings: &Settings)
         }
         .run(),
     );
+    let adopt_pools = pools.clone();
     tasks.spawn(async move {
         loop {
             directory.changed().await;
@@ -156,7 +176,17 @@ pub fn build(battery: BatteryClient, store: Arc<MetaStore>, settings: &Settings)
         }
     });
     tasks.spawn(async move {
-        // battery may still be starting: retry until every interrupted bind is settled.
+        // battery may still be starting: retry until its objects are adopted and every
+        // interrupted bind is settled.
+        loop {
+            match (hosts.adopt_all().await, adopt_pools.adopt_all().await) {
+                (Ok(()), Ok(())) => break,
+                (Err(err), _) | (_, Err(err)) => {
+                    tracing::warn!(error = %err, "adopting battery's hosts and pools; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
         loop {
             match claims.recover().await {
                 Ok(0) => return,

@@ -90,7 +90,11 @@ fn grpcurl_lists_services_and_round_trips_a_claim() {
     let addr = server.addr.clone();
 
     let list = grpcurl(&["-plaintext", &addr, "list"]);
-    assert!(list.status.success(), "{}", String::from_utf8_lossy(&list.stderr));
+    assert!(
+        list.status.success(),
+        "{}",
+        String::from_utf8_lossy(&list.stderr)
+    );
     let services = String::from_utf8(list.stdout).unwrap();
     for service in [
         "poolmgr.v1alpha1.PoolAdmin",
@@ -153,7 +157,10 @@ fn grpcurl_lists_services_and_round_trips_a_claim() {
         "poolmgr.v1alpha1.Lease/ClaimVM",
         json!({"pool": pool_ref, "requestId": "grpcurl-1"}),
     );
-    assert_eq!(replay["leaseId"], claim["leaseId"], "same request_id, same lease");
+    assert_eq!(
+        replay["leaseId"], claim["leaseId"],
+        "same request_id, same lease"
+    );
 
     let beat = call(
         &addr,

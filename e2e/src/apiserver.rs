@@ -54,7 +54,10 @@ impl ApiServer {
     /// Starts a server and waits until it serves. Panics with the server's log if it
     /// exits or does not announce itself within [`START_TIMEOUT`].
     pub async fn start() -> Self {
-        let slot = SERVERS.acquire().await.expect("the server semaphore is never closed");
+        let slot = SERVERS
+            .acquire()
+            .await
+            .expect("the server semaphore is never closed");
         let dir = tempfile::Builder::new()
             .prefix("battery-apiserver-e2e-")
             .tempdir()
@@ -112,15 +115,19 @@ impl ApiServer {
     }
 
     /// One [`Kubectl`] per kubectl release the suite covers, oldest first, each with its
-    /// own discovery cache so that one release never reads what the other wrote.
-    pub fn kubectls(&self) -> Vec<Kubectl> {
-        kubectl::releases()
-            .iter()
-            .map(|release| {
-                let home = self.dir.path().join(format!("kubectl-{}", release.tag()));
-                Kubectl::new(release, self.kubeconfig(), home)
-            })
-            .collect()
+    /// own discovery cache so that one release never reads what the other wrote. Each
+    /// says which release it is on the test's output when it is taken, so that a
+    /// failure's output names the release it happened with.
+    pub fn kubectls(&self) -> impl Iterator<Item = Kubectl> + '_ {
+        kubectl::releases().iter().map(|release| {
+            let kubectl = Kubectl::new(
+                release,
+                self.kubeconfig(),
+                self.dir.path().join(format!("kubectl-{}", release.tag())),
+            );
+            eprintln!("--- with {kubectl}");
+            kubectl
+        })
     }
 
     /// A scratch directory for files a test hands to kubectl (manifests, editor scripts).
@@ -167,7 +174,11 @@ fn binary() -> &'static Path {
         if !path.is_file() {
             build(profile_dir);
         }
-        assert!(path.is_file(), "cargo built {BINARY} but {} is missing", path.display());
+        assert!(
+            path.is_file(),
+            "cargo built {BINARY} but {} is missing",
+            path.display()
+        );
         path
     })
 }

@@ -14,6 +14,9 @@ pub const SWEEP_VAR: &str = "BATTERY_CONFORMANCE_SWEEP_INTERVAL";
 pub const WARNING_WINDOW_VAR: &str = "BATTERY_CONFORMANCE_WARNING_WINDOW";
 /// How long any single wait may take (default 20 s embedded, 120 s external).
 pub const TIMEOUT_VAR: &str = "BATTERY_CONFORMANCE_TIMEOUT";
+/// An env-filter (e.g. `debug`) for the embedded battery's logs, printed with the test's
+/// output.
+pub const LOG_VAR: &str = "BATTERY_CONFORMANCE_LOG";
 /// Kernel image put in the pool template (a simulated Host ignores it).
 pub const KERNEL_IMAGE_VAR: &str = "BATTERY_CONFORMANCE_KERNEL_IMAGE";
 /// Root volume image put in the pool template (a simulated Host ignores it).

@@ -28,7 +28,7 @@ mod wait;
 
 pub use assert::{expect_code, expect_ok, nanos, ts_nanos};
 pub use env::{
-    ADDRESS_VAR, HOSTS_VAR, KERNEL_IMAGE_VAR, ROOT_IMAGE_VAR, SWEEP_VAR, TIMEOUT_VAR,
+    ADDRESS_VAR, HOSTS_VAR, KERNEL_IMAGE_VAR, LOG_VAR, ROOT_IMAGE_VAR, SWEEP_VAR, TIMEOUT_VAR,
     WARNING_WINDOW_VAR, parse_duration,
 };
 pub use events::{EventLog, event_type};

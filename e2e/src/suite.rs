@@ -18,8 +18,8 @@ use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::health_client::HealthClient;
 
 use crate::env::{
-    ADDRESS_VAR, HOSTS_VAR, SWEEP_VAR, TIMEOUT_VAR, WARNING_WINDOW_VAR, duration_var, parse_hosts,
-    var,
+    ADDRESS_VAR, HOSTS_VAR, LOG_VAR, SWEEP_VAR, TIMEOUT_VAR, WARNING_WINDOW_VAR, duration_var,
+    parse_hosts, var,
 };
 
 /// The embedded battery's timing: fast, so the whole suite runs in well under a minute.
@@ -156,6 +156,17 @@ pub fn skip(why: &str) {
     let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
+/// With `BATTERY_CONFORMANCE_LOG` set (an env-filter such as `debug` or
+/// `battery_embedded=debug`), the embedded battery's logs go to the test's output.
+fn init_logging() {
+    if let Some(filter) = var(LOG_VAR) {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_test_writer()
+            .try_init();
+    }
+}
+
 fn lazy_channel(endpoint: &str) -> Channel {
     Endpoint::from_shared(endpoint.to_owned())
         .unwrap_or_else(|e| panic!("bad battery address {endpoint:?}: {e}"))
@@ -177,6 +188,7 @@ impl Suite {
     /// A battery meeting `options`, or `None` (after printing why) when the external
     /// battery cannot meet them.
     pub async fn start_with(options: Options) -> Option<Suite> {
+        init_logging();
         match var(ADDRESS_VAR) {
             Some(address) => Self::external(address, &options),
             None => Some(Self::embedded(&options).await),
@@ -370,7 +382,9 @@ impl Suite {
         match &mut self.target {
             Target::Embedded { local, .. } => {
                 if let Some(local) = local.take() {
-                    local.shutdown().await;
+                    tokio::time::timeout(self.timing.timeout, local.shutdown())
+                        .await
+                        .expect("LocalBattery::shutdown finished in time");
                 }
             }
             Target::External => self.clean_up_external().await,

@@ -19,7 +19,7 @@ pub async fn eventually<T>(
         let why = match timeout_at(deadline, check()).await {
             Ok(Ok(value)) => return value,
             Ok(Err(why)) => why,
-            Err(_) => "the last check did not finish".to_owned(),
+            Err(_) => "the last check (an RPC) got no answer before the deadline".to_owned(),
         };
         if Instant::now() >= deadline {
             panic!("timed out after {timeout:?} waiting for {what}; last: {why}");

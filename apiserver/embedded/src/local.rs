@@ -175,12 +175,13 @@ impl LocalBattery {
 
     async fn register_hosts(&self) -> Result<(), LocalError> {
         let endpoint = format!("http://{}", self.address);
-        let mut client = HostAdminClient::connect(endpoint)
-            .await
-            .map_err(|source| LocalError::Connect {
-                addr: self.address,
-                source,
-            })?;
+        let mut client =
+            HostAdminClient::connect(endpoint)
+                .await
+                .map_err(|source| LocalError::Connect {
+                    addr: self.address,
+                    source,
+                })?;
         for host in &self.hosts {
             let spec = Host {
                 name: host.name().to_owned(),

@@ -493,7 +493,12 @@ impl ApiError {
             details: self.0.details.clone(),
             message: Some(self.0.message.clone()),
             metadata: Default::default(),
-            reason: Some(self.0.specific_reason.unwrap_or(self.0.reason.as_str()).to_owned()),
+            reason: Some(
+                self.0
+                    .specific_reason
+                    .unwrap_or(self.0.reason.as_str())
+                    .to_owned(),
+            ),
             status: Some("Failure".to_owned()),
         }
     }

@@ -76,7 +76,10 @@ fn set(value: &mut Value, path: &[String], leaf: Value) {
         }
         node = node
             .as_object_mut()
-            .map(|m| m.entry(key.clone()).or_insert_with(|| Value::Object(Map::new())))
+            .map(|m| {
+                m.entry(key.clone())
+                    .or_insert_with(|| Value::Object(Map::new()))
+            })
             .expect("made an object above");
     }
     if !node.is_object() {
@@ -247,7 +250,7 @@ pub async fn apply<S: Storage>(
         Err(e) if e.code() == StatusCode::NOT_FOUND => {
             let (mut object, _) = decode_object::<S>(applied, options.field_validation)?;
             let meta = object.meta_mut();
-            check_namespace::<S>(ctx, meta)?;
+            check_namespace(ctx, meta)?;
             if let Err(error) = handlers::prepare_create_metadata(meta) {
                 return Err(ApiError::invalid(info::<S>(), name, &[error]));
             }
@@ -348,7 +351,11 @@ fn conflict_error(conflicts: &[(String, Path)]) -> ApiError {
         .iter()
         .map(|(manager, path)| format!("conflict with \"{manager}\": {}", display(path)))
         .collect();
-    let noun = if conflicts.len() == 1 { "conflict" } else { "conflicts" };
+    let noun = if conflicts.len() == 1 {
+        "conflict"
+    } else {
+        "conflicts"
+    };
     let message = format!(
         "Apply failed with {} {noun}: {}",
         conflicts.len(),
@@ -357,11 +364,13 @@ fn conflict_error(conflicts: &[(String, Path)]) -> ApiError {
     let causes = conflicts
         .iter()
         .zip(&lines)
-        .map(|((_, path), line)| k8s_openapi::apimachinery::pkg::apis::meta::v1::StatusCause {
-            field: Some(display(path)),
-            message: Some(line.clone()),
-            reason: Some("FieldManagerConflict".to_owned()),
-        })
+        .map(
+            |((_, path), line)| k8s_openapi::apimachinery::pkg::apis::meta::v1::StatusCause {
+                field: Some(display(path)),
+                message: Some(line.clone()),
+                reason: Some("FieldManagerConflict".to_owned()),
+            },
+        )
         .collect();
     ApiError::apply_conflict(causes, message)
 }

@@ -63,7 +63,11 @@ impl<S: Storage> ResourceEndpoint<S> {
     }
 
     /// Serves the subresource `name` with `endpoint`.
-    pub fn with_subresource(mut self, name: &'static str, endpoint: Arc<dyn SubresourceEndpoint>) -> Self {
+    pub fn with_subresource(
+        mut self,
+        name: &'static str,
+        endpoint: Arc<dyn SubresourceEndpoint>,
+    ) -> Self {
         self.subresources.insert(name, endpoint);
         self
     }
@@ -100,7 +104,14 @@ impl<S: Storage> Endpoint for ResourceEndpoint<S> {
                 // The status subresource reads the whole object, as Go's status storage.
                 "status" if info.verb == "get" => {
                     let negotiated = Negotiated::for_resource(headers, Some(q))?;
-                    return handlers::get(storage, &ctx, &info.name, &negotiated, TableOptions::default()).await;
+                    return handlers::get(
+                        storage,
+                        &ctx,
+                        &info.name,
+                        &negotiated,
+                        TableOptions::default(),
+                    )
+                    .await;
                 }
                 other => {
                     return Err(ApiError::method_not_allowed(
@@ -128,9 +139,11 @@ impl<S: Storage> Endpoint for ResourceEndpoint<S> {
                     let mut options = ListOptions::from_request(q, headers)?;
                     if !info.name.is_empty() {
                         // `/watch/namespaces/ns/pools/x` watches one object.
-                        options.field_selector = battery_api_machinery::selectors::FieldSelector::parse(
-                            &format!("metadata.name={}", info.name),
-                        )?;
+                        options.field_selector =
+                            battery_api_machinery::selectors::FieldSelector::parse(&format!(
+                                "metadata.name={}",
+                                info.name
+                            ))?;
                     }
                     watch_stream::watch(
                         shared.clone(),
@@ -184,11 +197,15 @@ impl<S: Storage> Endpoint for ResourceEndpoint<S> {
 
 /// The request's user, as the authentication layer left it; anonymous otherwise.
 fn user(parts: &Parts) -> UserInfo {
-    parts.extensions.get::<UserInfo>().cloned().unwrap_or_else(|| UserInfo {
-        name: "system:anonymous".to_owned(),
-        groups: vec!["system:unauthenticated".to_owned()],
-        ..UserInfo::default()
-    })
+    parts
+        .extensions
+        .get::<UserInfo>()
+        .cloned()
+        .unwrap_or_else(|| UserInfo {
+            name: "system:anonymous".to_owned(),
+            groups: vec!["system:unauthenticated".to_owned()],
+            ..UserInfo::default()
+        })
 }
 
 struct Resources {
@@ -259,7 +276,10 @@ async fn route(resources: &Resources, request: Request) -> Result<Response, ApiE
 fn not_found(info: &RequestInfo) -> ApiError {
     ApiError::new(
         battery_api_machinery::status::Reason::NotFound,
-        format!("the server could not find the requested resource ({})", info.path),
+        format!(
+            "the server could not find the requested resource ({})",
+            info.path
+        ),
     )
 }
 

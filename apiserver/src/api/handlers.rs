@@ -17,10 +17,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, ObjectMeta};
 use kube::Resource;
 use serde_json::Value;
 
+use super::RequestContext;
 use super::apply;
 use super::respond::{self, Warnings};
 use super::storage::{Deleted, Storage, server_now};
-use super::RequestContext;
 
 /// Go caps JSON patches at this many operations (`patch.go` `maxJSONPatchOperations`).
 const MAX_JSON_PATCH_OPERATIONS: usize = 10_000;
@@ -98,23 +98,27 @@ pub async fn list<S: Storage>(
     table: TableOptions,
 ) -> Result<Response, ApiError> {
     let (items, rv) = select(storage, ctx, options).await?;
-    let (page, continue_token, remaining) = paginate(items, options)?;
+    let page = paginate(items, options)?;
     let metadata = ListMeta {
         resource_version: Some(rv.to_string()),
-        continue_: continue_token,
-        remaining_item_count: remaining,
+        continue_: page.continue_token,
+        remaining_item_count: page.remaining,
         ..ListMeta::default()
     };
-    respond::list(storage, negotiated, table, &page, metadata)
+    respond::list(storage, negotiated, table, &page.items, metadata)
 }
 
 /// `limit`/`continue`: the continue token is the key of the last item served, so a page
 /// resumes after it whatever changed meanwhile (our lists are always current, so the
 /// token never expires).
-fn paginate<T: Resource>(
+/// One page of a list.
+struct Page<T> {
     items: Vec<T>,
-    options: &ListOptions,
-) -> Result<(Vec<T>, Option<String>, Option<i64>), ApiError> {
+    continue_token: Option<String>,
+    remaining: Option<i64>,
+}
+
+fn paginate<T: Resource>(items: Vec<T>, options: &ListOptions) -> Result<Page<T>, ApiError> {
     let start = match &options.continue_token {
         None => 0,
         Some(token) => {
@@ -123,17 +127,26 @@ fn paginate<T: Resource>(
         }
     };
     let mut rest: Vec<T> = items.into_iter().skip(start).collect();
+    let whole = |items| Page {
+        items,
+        continue_token: None,
+        remaining: None,
+    };
     let Some(limit) = options.limit else {
-        return Ok((rest, None, None));
+        return Ok(whole(rest));
     };
     let limit = usize::try_from(limit.get()).unwrap_or(usize::MAX);
     if rest.len() <= limit {
-        return Ok((rest, None, None));
+        return Ok(whole(rest));
     }
     let remaining = i64::try_from(rest.len() - limit).ok();
     rest.truncate(limit);
-    let token = rest.last().map(|o| encode_continue(&item_key(o)));
-    Ok((rest, token, remaining))
+    let continue_token = rest.last().map(|o| encode_continue(&item_key(o)));
+    Ok(Page {
+        items: rest,
+        continue_token,
+        remaining,
+    })
 }
 
 fn item_key<T: Resource>(object: &T) -> (String, String) {
@@ -157,7 +170,11 @@ fn decode_continue(token: &str) -> Result<(String, String), ApiError> {
         .decode(token)
         .map_err(|_| invalid())?;
     let value: Value = serde_json::from_slice(&bytes).map_err(|_| invalid())?;
-    match value.get("after").and_then(Value::as_array).map(Vec::as_slice) {
+    match value
+        .get("after")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+    {
         Some([Value::String(ns), Value::String(name)]) => Ok((ns.clone(), name.clone())),
         _ => Err(invalid()),
     }
@@ -249,7 +266,7 @@ pub(super) fn invalid<S: Storage>(name: &str, errors: Vec<FieldError>) -> Result
 
 /// The namespace in the body must be the URL's (Go: 400 "the namespace of the provided
 /// object does not match the namespace sent on the request").
-pub(super) fn check_namespace<S: Storage>(ctx: &RequestContext, meta: &mut ObjectMeta) -> Result<(), ApiError> {
+pub(super) fn check_namespace(ctx: &RequestContext, meta: &mut ObjectMeta) -> Result<(), ApiError> {
     match (&ctx.namespace, &meta.namespace) {
         (Some(url), Some(body)) if !body.is_empty() && url != body => Err(ApiError::bad_request(
             "the namespace of the provided object does not match the namespace sent on the request",
@@ -325,12 +342,15 @@ pub async fn create<S: Storage>(
     let value = decode_body(write.format, write.body)?;
     let (mut object, warnings) = decode_object::<S>(value, options.field_validation)?;
     let meta = object.meta_mut();
-    check_namespace::<S>(ctx, meta)?;
+    check_namespace(ctx, meta)?;
     if let Err(error) = prepare_create_metadata(meta) {
         return Err(ApiError::invalid(info::<S>(), "", &[error]));
     }
     let name = meta.name.clone().unwrap_or_default();
-    let manager = options.field_manager.clone().unwrap_or_else(|| "unknown".into());
+    let manager = options
+        .field_manager
+        .clone()
+        .unwrap_or_else(|| "unknown".into());
     apply::record_update(&mut object, None, &manager)?;
     invalid::<S>(&name, storage.validate(&object))?;
     let created = if options.dry_run {
@@ -358,14 +378,20 @@ pub async fn update<S: Storage>(
 ) -> Result<Response, ApiError> {
     let value = decode_body(write.format, write.body)?;
     let (mut object, warnings) = decode_object::<S>(value, options.field_validation)?;
-    check_namespace::<S>(ctx, object.meta_mut())?;
+    check_namespace(ctx, object.meta_mut())?;
     let body_name = object.meta().name.clone().unwrap_or_default();
     if body_name != name {
         return Err(ApiError::bad_request(format!(
             "the name of the object ({body_name}) does not match the name on the URL ({name})"
         )));
     }
-    if object.meta().resource_version.as_deref().unwrap_or_default().is_empty() {
+    if object
+        .meta()
+        .resource_version
+        .as_deref()
+        .unwrap_or_default()
+        .is_empty()
+    {
         // Custom resources refuse unconditional updates (`AllowUnconditionalUpdate`).
         return Err(ApiError::invalid(
             info::<S>(),
@@ -378,7 +404,10 @@ pub async fn update<S: Storage>(
         ));
     }
     let current = storage.get(ctx, name).await?;
-    let manager = options.field_manager.clone().unwrap_or_else(|| "unknown".into());
+    let manager = options
+        .field_manager
+        .clone()
+        .unwrap_or_else(|| "unknown".into());
     let updated = replace(
         storage,
         ctx,
@@ -438,7 +467,9 @@ pub(super) async fn replace<S: Storage>(
             &name,
             &[FieldError::forbidden(
                 "metadata.finalizers",
-                format!("no new finalizers can be added if the object is being deleted, found new finalizers [\"{added}\"]"),
+                format!(
+                    "no new finalizers can be added if the object is being deleted, found new finalizers [\"{added}\"]"
+                ),
             )],
         ));
     }
@@ -486,13 +517,15 @@ pub async fn patch<S: Storage>(
     options: &PatchOptions,
     negotiated: &Negotiated,
 ) -> Result<Response, ApiError> {
-    let manager = options.field_manager.clone().unwrap_or_else(|| "unknown".into());
+    let manager = options
+        .field_manager
+        .clone()
+        .unwrap_or_else(|| "unknown".into());
     if options.patch_type == PatchType::Apply {
         return apply::apply(storage, ctx, name, body, options, negotiated, &manager).await;
     }
-    let patch: Value = serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(format!("error decoding patch: {e}"))
-    })?;
+    let patch: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
     for attempt in 1..=PATCH_ATTEMPTS {
         let current = storage.get(ctx, name).await?;
         let mut document = serde_json::to_value(&current).map_err(ApiError::internal)?;
@@ -531,7 +564,11 @@ pub async fn patch<S: Storage>(
                     &warnings,
                 );
             }
-            Err(e) if e.code() == StatusCode::CONFLICT && pinned.is_none() && attempt < PATCH_ATTEMPTS => {
+            Err(e)
+                if e.code() == StatusCode::CONFLICT
+                    && pinned.is_none()
+                    && attempt < PATCH_ATTEMPTS =>
+            {
                 continue;
             }
             Err(e) => return Err(e),
@@ -540,7 +577,11 @@ pub async fn patch<S: Storage>(
     Err(ApiError::optimistic_lock(info::<S>(), name))
 }
 
-pub(super) fn apply_patch(kind: PatchType, document: &mut Value, patch: &Value) -> Result<(), ApiError> {
+pub(super) fn apply_patch(
+    kind: PatchType,
+    document: &mut Value,
+    patch: &Value,
+) -> Result<(), ApiError> {
     match kind {
         PatchType::MergePatch => {
             if !patch.is_object() {
@@ -581,7 +622,14 @@ pub async fn delete<S: Storage>(
 ) -> Result<Response, ApiError> {
     let current = storage.get(ctx, name).await?;
     let (status, object) = delete_object(storage, ctx, current, options).await?;
-    respond::object(storage, status, negotiated, TableOptions::default(), &object, &[])
+    respond::object(
+        storage,
+        status,
+        negotiated,
+        TableOptions::default(),
+        &object,
+        &[],
+    )
 }
 
 /// Deletes one object, honouring preconditions, finalizers and propagation
@@ -683,5 +731,11 @@ pub async fn delete_collection<S: Storage>(
         resource_version: Some(rv.to_string()),
         ..ListMeta::default()
     };
-    respond::list(storage, negotiated, TableOptions::default(), &deleted, metadata)
+    respond::list(
+        storage,
+        negotiated,
+        TableOptions::default(),
+        &deleted,
+        metadata,
+    )
 }

@@ -76,13 +76,12 @@ pub fn table<S: Storage>(
         let object = match include {
             IncludeObject::None => None,
             IncludeObject::Metadata => Some(
-                serde_json::to_value(PartialObjectMetadata::new(
-                    negotiated_version,
-                    meta.clone(),
-                ))
-                .map_err(ApiError::internal)?,
+                serde_json::to_value(PartialObjectMetadata::new(negotiated_version, meta.clone()))
+                    .map_err(ApiError::internal)?,
             ),
-            IncludeObject::Object => Some(serde_json::to_value(object).map_err(ApiError::internal)?),
+            IncludeObject::Object => {
+                Some(serde_json::to_value(object).map_err(ApiError::internal)?)
+            }
         };
         table.rows.push(TableRow { cells, object });
     }
@@ -172,4 +171,3 @@ struct ObjectList<'a, T> {
     metadata: ListMeta,
     items: &'a [T],
 }
-

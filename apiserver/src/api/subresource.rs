@@ -54,13 +54,19 @@ impl<T: Subresource> SubresourceEndpoint for Arc<T> {
     }
 }
 
-fn decode<T: DeserializeOwned>(value: Value, validation: FieldValidation) -> Result<(T, Vec<String>), ApiError> {
+fn decode<T: DeserializeOwned>(
+    value: Value,
+    validation: FieldValidation,
+) -> Result<(T, Vec<String>), ApiError> {
     let mut unknown = Vec::new();
     let object: T = serde_ignored::deserialize(&value, |path| unknown.push(path.to_string()))
         .map_err(|e| ApiError::bad_request(format!("error decoding the request body: {e}")))?;
     // apiVersion and kind are part of every Kubernetes object, named or not by its type.
     unknown.retain(|f| f != "apiVersion" && f != "kind");
-    let messages: Vec<String> = unknown.iter().map(|f| format!("unknown field \"{f}\"")).collect();
+    let messages: Vec<String> = unknown
+        .iter()
+        .map(|f| format!("unknown field \"{f}\""))
+        .collect();
     match validation {
         FieldValidation::Strict if !messages.is_empty() => Err(ApiError::bad_request(format!(
             "strict decoding error: {}",
@@ -73,7 +79,10 @@ fn decode<T: DeserializeOwned>(value: Value, validation: FieldValidation) -> Res
 
 async fn serve<T: Subresource>(storage: &T, call: Call) -> Result<Response, ApiError> {
     let Call {
-        ctx, info, parts, body,
+        ctx,
+        info,
+        parts,
+        body,
     } = call;
     let query = parts.uri.query().unwrap_or_default();
     let headers = &parts.headers;
@@ -85,7 +94,10 @@ async fn serve<T: Subresource>(storage: &T, call: Call) -> Result<Response, ApiE
             let options = UpdateOptions::from_request(query, headers)?;
             let value: Value = body_format(headers)?.decode(&body)?;
             let (new, warnings) = decode(value, options.field_validation)?;
-            (storage.update(&ctx, name, new, options.dry_run).await?, warnings)
+            (
+                storage.update(&ctx, name, new, options.dry_run).await?,
+                warnings,
+            )
         }
         "patch" => {
             let options = PatchOptions::from_request(query, headers)?;
@@ -101,12 +113,18 @@ async fn serve<T: Subresource>(storage: &T, call: Call) -> Result<Response, ApiE
             let mut document = serde_json::to_value(&current).map_err(ApiError::internal)?;
             apply_patch(options.patch_type, &mut document, &patch)?;
             let (new, warnings) = decode(document, options.field_validation)?;
-            (storage.update(&ctx, name, new, options.dry_run).await?, warnings)
+            (
+                storage.update(&ctx, name, new, options.dry_run).await?,
+                warnings,
+            )
         }
         other => {
             return Err(ApiError::new(
                 battery_api_machinery::status::Reason::MethodNotAllowed,
-                format!("{other} is not supported on {}/{}", info.resource, info.subresource),
+                format!(
+                    "{other} is not supported on {}/{}",
+                    info.resource, info.subresource
+                ),
             ));
         }
     };

@@ -23,14 +23,14 @@ use battery_types::validation::FieldError;
 use http::{HeaderValue, StatusCode, header};
 use kube::Resource;
 use serde_json::Value;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
 
+use super::RequestContext;
 use super::handlers::{matches, select};
 use super::respond;
 use super::storage::Storage;
-use super::RequestContext;
 use crate::meta_store::MetaStore;
-use crate::watch::{Change, ChangeType};
+use crate::watch::{Change, ChangeType, Subscription};
 
 /// How often a watch that allows bookmarks gets one, so a client can resume close to
 /// where it was even when nothing it watches changes.
@@ -63,7 +63,12 @@ fn validate(options: &ListOptions) -> Result<(), ApiError> {
     if errors.is_empty() {
         Ok(())
     } else {
-        Err(ApiError::invalid_kind("meta.k8s.io", "ListOptions", "", &errors))
+        Err(ApiError::invalid_kind(
+            "meta.k8s.io",
+            "ListOptions",
+            "",
+            &errors,
+        ))
     }
 }
 
@@ -105,8 +110,12 @@ pub async fn watch<S: Storage>(
     };
     // Subscribe before listing, so nothing committed in between is lost; what the list
     // already shows is skipped by resourceVersion below.
-    let (backlog, receiver) = hub
-        .subscribe(if wants_initial { now } else { requested.unwrap_or(now) })
+    let subscription = hub
+        .subscribe(if wants_initial {
+            now
+        } else {
+            requested.unwrap_or(now)
+        })
         .map_err(|too_old| ApiError::expired(too_old.to_string()))?;
     let start = if wants_initial {
         let (initial, list_rv) = select(storage.as_ref(), &ctx, &options).await?;
@@ -133,7 +142,7 @@ pub async fn watch<S: Storage>(
         tx,
         sent_headers: false,
     };
-    tokio::spawn(stream.run(start, backlog, receiver, timeout));
+    tokio::spawn(stream.run(start, subscription, timeout));
     let mut response = Response::new(Body::from_stream(
         tokio_stream::wrappers::ReceiverStream::new(rx),
     ));
@@ -156,13 +165,11 @@ struct Stream<S: Storage> {
 }
 
 impl<S: Storage> Stream<S> {
-    async fn run(
-        mut self,
-        start: Start<S::Object>,
-        backlog: Vec<Arc<Change>>,
-        mut receiver: broadcast::Receiver<Arc<Change>>,
-        timeout: Duration,
-    ) {
+    async fn run(mut self, start: Start<S::Object>, subscription: Subscription, timeout: Duration) {
+        let Subscription {
+            backlog,
+            mut receiver,
+        } = subscription;
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
         let mut last_rv = start.after;
@@ -240,7 +247,11 @@ impl<S: Storage> Stream<S> {
     async fn send_object(&mut self, event_type: EventType, object: &S::Object) -> bool {
         let rendered = match self.render(object) {
             Ok(value) => value,
-            Err(error) => return self.send_line(WatchEvent::error(&error).to_json_line()).await,
+            Err(error) => {
+                return self
+                    .send_line(WatchEvent::error(&error).to_json_line())
+                    .await;
+            }
         };
         self.send_line(WatchEvent::new(event_type, rendered).to_json_line())
             .await
@@ -271,9 +282,10 @@ impl<S: Storage> Stream<S> {
 
     async fn send_bookmark(&mut self, rv: u64, initial_events_end: bool) -> bool {
         let (api_version, kind) = match self.negotiated.target {
-            Target::PartialObjectMetadata(v) | Target::PartialObjectMetadataList(v) => {
-                (v.api_version().to_owned(), "PartialObjectMetadata".to_owned())
-            }
+            Target::PartialObjectMetadata(v) | Target::PartialObjectMetadataList(v) => (
+                v.api_version().to_owned(),
+                "PartialObjectMetadata".to_owned(),
+            ),
             Target::Object | Target::Table(_) => (
                 S::Object::api_version(&()).into_owned(),
                 <S::Object as HasResourceInfo>::INFO.kind.to_owned(),
@@ -299,4 +311,3 @@ impl<S: Storage> Stream<S> {
         }
     }
 }
-

@@ -169,7 +169,12 @@ impl BatteryClient {
         let request = pb::GetPoolRequest {
             r#ref: Some(pool_ref(namespace, name)),
         };
-        let pool = self.pools.clone().get_pool(call(request)).await?.into_inner();
+        let pool = self
+            .pools
+            .clone()
+            .get_pool(call(request))
+            .await?
+            .into_inner();
         Ok(BatteryPool::from_pb(pool))
     }
 
@@ -178,7 +183,13 @@ impl BatteryClient {
         let request = pb::ListPoolsRequest {
             namespace: namespace.map(str::to_owned),
         };
-        let pools = self.pools.clone().list_pools(call(request)).await?.into_inner().pools;
+        let pools = self
+            .pools
+            .clone()
+            .list_pools(call(request))
+            .await?
+            .into_inner()
+            .pools;
         Ok(pools.into_iter().map(BatteryPool::from_pb).collect())
     }
 
@@ -193,7 +204,12 @@ impl BatteryClient {
         let request = pb::CreatePoolRequest {
             spec: Some(convert::pool_spec_to_battery(namespace, name, spec, hosts)),
         };
-        let pool = self.pools.clone().create_pool(call(request)).await?.into_inner();
+        let pool = self
+            .pools
+            .clone()
+            .create_pool(call(request))
+            .await?
+            .into_inner();
         Ok(BatteryPool::from_pb(pool))
     }
 
@@ -208,7 +224,12 @@ impl BatteryClient {
         let request = pb::UpdatePoolRequest {
             spec: Some(convert::pool_spec_to_battery(namespace, name, spec, hosts)),
         };
-        let pool = self.pools.clone().update_pool(call(request)).await?.into_inner();
+        let pool = self
+            .pools
+            .clone()
+            .update_pool(call(request))
+            .await?
+            .into_inner();
         Ok(BatteryPool::from_pb(pool))
     }
 
@@ -259,12 +280,19 @@ impl BatteryClient {
         let request = pb::HeartbeatRequest {
             lease_id: lease.expose().to_owned(),
         };
-        let response = self.leases.clone().heartbeat(call(request)).await?.into_inner();
+        let response = self
+            .leases
+            .clone()
+            .heartbeat(call(request))
+            .await?
+            .into_inner();
         response
             .expires_at
             .as_ref()
             .and_then(convert::micro_time)
-            .ok_or_else(|| tonic::Status::internal("battery answered a heartbeat without a valid expires_at"))
+            .ok_or_else(|| {
+                tonic::Status::internal("battery answered a heartbeat without a valid expires_at")
+            })
     }
 
     pub async fn release_vm(&self, lease: &LeaseId) -> Result<(), tonic::Status> {
@@ -284,7 +312,13 @@ impl BatteryClient {
         let request = pb::ListLeasesRequest {
             pool_ref: pool.map(|(ns, name)| pool_ref(ns, name)),
         };
-        let leases = self.leases.clone().list_leases(call(request)).await?.into_inner().leases;
+        let leases = self
+            .leases
+            .clone()
+            .list_leases(call(request))
+            .await?
+            .into_inner()
+            .leases;
         Ok(leases
             .into_iter()
             .map(|l| LeaseInfo {
@@ -319,13 +353,22 @@ impl BatteryClient {
         let request = pb::GetHostRequest {
             name: name.to_owned(),
         };
-        let status = self.hosts.clone().get_host(call(request)).await?.into_inner();
+        let status = self
+            .hosts
+            .clone()
+            .get_host(call(request))
+            .await?
+            .into_inner();
         BatteryHost::from_pb(status)
             .ok_or_else(|| tonic::Status::internal("battery answered GetHost without a host"))
     }
 
     /// Registers a host; battery dials it and checks its flintlockd version first.
-    pub async fn add_host(&self, name: &str, spec: &HostSpec) -> Result<BatteryHost, tonic::Status> {
+    pub async fn add_host(
+        &self,
+        name: &str,
+        spec: &HostSpec,
+    ) -> Result<BatteryHost, tonic::Status> {
         let request = pb::AddHostRequest {
             host: Some(convert::host_to_battery(name, spec)),
             skip_validation: false,

@@ -22,14 +22,18 @@ pub fn to_api_error(status: tonic::Status, info: &ResourceInfo, name: &str) -> A
         Code::InvalidArgument => ApiError::invalid(
             info,
             name,
-            &[FieldError::invalid("spec", serde_json::Value::Null, message)],
+            &[FieldError::invalid(
+                "spec",
+                serde_json::Value::Null,
+                message,
+            )],
         ),
         Code::FailedPrecondition | Code::Aborted => ApiError::conflict(info, name, message),
-        Code::ResourceExhausted => {
-            ApiError::too_many_requests(message, RETRY_AFTER_SECONDS)
+        Code::ResourceExhausted => ApiError::too_many_requests(message, RETRY_AFTER_SECONDS),
+        Code::Unavailable => {
+            ApiError::service_unavailable(format!("battery is unavailable: {message}"))
+                .with_retry_after(RETRY_AFTER_SECONDS)
         }
-        Code::Unavailable => ApiError::service_unavailable(format!("battery is unavailable: {message}"))
-            .with_retry_after(RETRY_AFTER_SECONDS),
         Code::DeadlineExceeded => {
             ApiError::timeout(format!("battery did not answer in time: {message}"))
         }
@@ -73,15 +77,18 @@ mod tests {
     #[test]
     fn not_found_names_our_object_and_retryable_codes_say_when() {
         let info = &Pool::INFO;
-        let error = to_api_error(tonic::Status::not_found("pool default/p not found"), info, "p");
+        let error = to_api_error(
+            tonic::Status::not_found("pool default/p not found"),
+            info,
+            "p",
+        );
         assert_eq!(
             error.message(),
             "pools.battery.liquidmetal-x.dev \"p\" not found"
         );
         let busy = to_api_error(tonic::Status::unavailable("connect refused"), info, "p");
         assert_eq!(busy.retry_after_seconds(), Some(RETRY_AFTER_SECONDS));
-        let exhausted =
-            to_api_error(tonic::Status::resource_exhausted("no vm"), info, "p");
+        let exhausted = to_api_error(tonic::Status::resource_exhausted("no vm"), info, "p");
         assert_eq!(exhausted.retry_after_seconds(), Some(RETRY_AFTER_SECONDS));
     }
 }

@@ -7,6 +7,8 @@ mod convert;
 mod errors;
 mod events;
 
-pub use client::{BatteryClient, BatteryHost, BatteryPool, CLAIM_TIMEOUT, Lease, LeaseId, LeaseInfo};
-pub use events::{BatteryEvent, EventKind};
+pub use client::{
+    BatteryClient, BatteryHost, BatteryPool, CLAIM_TIMEOUT, Lease, LeaseId, LeaseInfo,
+};
 pub use errors::{RETRY_AFTER_SECONDS, to_api_error};
+pub use events::{BatteryEvent, EventKind};

@@ -25,8 +25,12 @@ use crate::server::{self, Settings};
 pub const DEV_POOL: &str = "dev";
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
-    let dir = args.dir.canonicalize().with_context(|| format!("resolving {}", args.dir.display()))?;
+    std::fs::create_dir_all(&args.dir)
+        .with_context(|| format!("creating {}", args.dir.display()))?;
+    let dir = args
+        .dir
+        .canonicalize()
+        .with_context(|| format!("resolving {}", args.dir.display()))?;
     let pki = pki::write_dev_pki(&dir)?;
     let local = LocalBattery::start(LocalBatteryConfig {
         data_dir: args.data_dir.as_ref().map(|d| d.join("battery")),
@@ -43,8 +47,19 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     .await
     .context("starting the embedded battery")?;
     let battery = BatteryClient::connect_lazy(&format!("http://{}", local.address()))?;
-    let store = open_store(args.data_dir.as_ref().map(|d| d.join("apiserver")).as_deref())?;
-    let app = server::build(battery, store, &Settings { bind_wait: args.bind_wait })?;
+    let store = open_store(
+        args.data_dir
+            .as_ref()
+            .map(|d| d.join("apiserver"))
+            .as_deref(),
+    )?;
+    let app = server::build(
+        battery,
+        store,
+        &Settings {
+            bind_wait: args.bind_wait,
+        },
+    )?;
     if args.pool_size > 0 {
         create_dev_pool(&app.router, args.pool_size).await?;
     }
@@ -53,9 +68,12 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         key: pki.serving_key.clone(),
         client_ca: Some(pki.ca_cert.clone()),
     })?;
-    let listener = TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("binding {} (is another dev server running? try --listen 127.0.0.1:0)", args.listen))?;
+    let listener = TcpListener::bind(args.listen).await.with_context(|| {
+        format!(
+            "binding {} (is another dev server running? try --listen 127.0.0.1:0)",
+            args.listen
+        )
+    })?;
     let addr = listener.local_addr()?;
     let kubeconfig = dir.join("kubeconfig");
     write_kubeconfig(&kubeconfig, &format!("https://{addr}"), &pki)?;
@@ -64,8 +82,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         "  on the embedded battery (a simulation of poolmgrd; MicroVM commands run as local processes, no isolation) with {} simulated Hosts",
         local.hosts().len()
     );
-    println!("  you are {} (every request is allowed in dev)", pki::DEV_USER);
-    println!("next: kubectl --kubeconfig {} get pools,microvmclaims", kubeconfig.display());
+    println!(
+        "  you are {} (every request is allowed in dev)",
+        pki::DEV_USER
+    );
+    println!(
+        "next: kubectl --kubeconfig {} get pools,microvmclaims",
+        kubeconfig.display()
+    );
     serve::serve(listener, acceptor, app.router, shutdown_signal()).await;
     local.shutdown().await;
     Ok(())
@@ -106,12 +130,17 @@ async fn create_dev_pool(router: &axum::Router, size: i32) -> anyhow::Result<()>
         return Ok(());
     }
     let body = axum::body::to_bytes(response.into_body(), 64 * 1024).await?;
-    anyhow::bail!("creating the dev Pool: {status}: {}", String::from_utf8_lossy(&body))
+    anyhow::bail!(
+        "creating the dev Pool: {status}: {}",
+        String::from_utf8_lossy(&body)
+    )
 }
 
 /// A kubeconfig for the dev user, pointing at the certificate files.
 fn write_kubeconfig(path: &Path, server: &str, pki: &pki::DevPki) -> anyhow::Result<()> {
-    use kube::config::{AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext};
+    use kube::config::{
+        AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
+    };
     const NAME: &str = "battery-dev";
     let config = Kubeconfig {
         api_version: Some("v1".to_owned()),

@@ -14,7 +14,9 @@ use battery_api_machinery::request_info::RequestInfo;
 use battery_api_machinery::status::ErrorSource;
 
 /// Latency bucket bounds in seconds, as apiserver_request_duration_seconds'.
-const BUCKETS: &[f64] = &[0.005, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+const BUCKETS: &[f64] = &[
+    0.005, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
 
 #[derive(Default)]
 struct Series {
@@ -52,7 +54,9 @@ impl Metrics {
     pub fn render(&self) -> String {
         let requests = self.requests.lock().unwrap_or_else(PoisonError::into_inner);
         let mut out = String::new();
-        out.push_str("# HELP battery_apiserver_requests_total Requests by verb, resource and HTTP code.\n");
+        out.push_str(
+            "# HELP battery_apiserver_requests_total Requests by verb, resource and HTTP code.\n",
+        );
         out.push_str("# TYPE battery_apiserver_requests_total counter\n");
         for ((verb, resource, code), series) in requests.iter() {
             let _ = writeln!(
@@ -104,7 +108,11 @@ impl Metrics {
 
 /// The layer that logs each request once and counts it. An error's internal cause,
 /// which the response body never carries, is logged here.
-pub async fn observe(State(metrics): State<std::sync::Arc<Metrics>>, request: Request, next: Next) -> Response {
+pub async fn observe(
+    State(metrics): State<std::sync::Arc<Metrics>>,
+    request: Request,
+    next: Next,
+) -> Response {
     let started = Instant::now();
     let method = request.method().clone();
     let path = request.uri().path().to_owned();

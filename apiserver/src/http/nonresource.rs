@@ -39,7 +39,10 @@ pub fn router(state: Arc<NonResource>, group: &str, version: &str) -> Router {
         .route(&format!("/apis/{group}/{version}"), get(resource_list))
         .route("/openapi/v2", get(openapi_v2))
         .route("/openapi/v3", get(openapi_v3_root))
-        .route(&format!("/openapi/v3/apis/{group}/{version}"), get(openapi_v3))
+        .route(
+            &format!("/openapi/v3/apis/{group}/{version}"),
+            get(openapi_v3),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -69,7 +72,9 @@ async fn version_info() -> Response {
         major: parts.next().unwrap_or_default().to_owned(),
         minor: parts.next().unwrap_or_default().to_owned(),
         git_version: format!("v{version}"),
-        git_commit: option_env!("BATTERY_APISERVER_GIT_COMMIT").unwrap_or("unknown").to_owned(),
+        git_commit: option_env!("BATTERY_APISERVER_GIT_COMMIT")
+            .unwrap_or("unknown")
+            .to_owned(),
         git_tree_state: "unknown".to_owned(),
         build_date: "unknown".to_owned(),
         go_version: String::new(),
@@ -139,9 +144,15 @@ async fn openapi_v3(
 }
 
 async fn not_found() -> ApiError {
-    ApiError::new(Reason::NotFound, "the server could not find the requested resource")
+    ApiError::new(
+        Reason::NotFound,
+        "the server could not find the requested resource",
+    )
 }
 
 async fn method_not_allowed() -> ApiError {
-    ApiError::new(Reason::MethodNotAllowed, "the server does not allow this method on the requested resource")
+    ApiError::new(
+        Reason::MethodNotAllowed,
+        "the server does not allow this method on the requested resource",
+    )
 }

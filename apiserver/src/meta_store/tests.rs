@@ -20,7 +20,7 @@ fn key(ns: &str, name: &str) -> Key {
 #[test]
 fn a_failed_transaction_changes_nothing_and_publishes_nothing() {
     let store = MetaStore::in_memory().unwrap();
-    let (_, mut rx) = store.hub().subscribe(0).unwrap();
+    let mut rx = store.hub().subscribe(0).unwrap().receiver;
     let res: Result<(), TestError> = store.transact(|tx| {
         let rv = tx.next_resource_version();
         tx.put(&key("a", "x"), &Rec { n: 1 })?;
@@ -84,7 +84,10 @@ fn state_survives_reopening_the_file() {
             .unwrap();
     }
     let store = MetaStore::open(&path).unwrap();
-    assert_eq!(store.get::<Rec>(&key("a", "x")).unwrap(), Some(Rec { n: 7 }));
+    assert_eq!(
+        store.get::<Rec>(&key("a", "x")).unwrap(),
+        Some(Rec { n: 7 })
+    );
     assert_eq!(store.resource_version().unwrap(), 1);
     assert_eq!(store.last_battery_event_id().unwrap(), 42);
     assert_eq!(
@@ -98,13 +101,18 @@ fn state_survives_reopening_the_file() {
 #[test]
 fn watchers_see_committed_changes_in_order() {
     let store = MetaStore::in_memory().unwrap();
-    let (_, mut rx) = store.hub().subscribe(0).unwrap();
+    let mut rx = store.hub().subscribe(0).unwrap().receiver;
     store
         .transact(|tx| -> Result<(), StoreError> {
             for name in ["x", "y"] {
                 let rv = tx.next_resource_version();
                 tx.put(&key("a", name), &Rec { n: 0 })?;
-                tx.record_change(&key("a", name), ChangeType::Added, rv, serde_json::json!({}));
+                tx.record_change(
+                    &key("a", name),
+                    ChangeType::Added,
+                    rv,
+                    serde_json::json!({}),
+                );
             }
             Ok(())
         })

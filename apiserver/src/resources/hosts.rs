@@ -74,7 +74,10 @@ impl HostDirectory {
     }
 
     /// Names of the Hosts whose labels include all of `selector`, in battery's order.
-    pub async fn matching(&self, selector: &BTreeMap<String, String>) -> Result<Vec<String>, ApiError> {
+    pub async fn matching(
+        &self,
+        selector: &BTreeMap<String, String>,
+    ) -> Result<Vec<String>, ApiError> {
         let hosts = self
             .battery
             .hosts()
@@ -175,6 +178,26 @@ impl HostStorage {
         Ok(())
     }
 
+    /// Records every Host battery has that we have no record of (registered with
+    /// `poolmgrctl`, or by the embedded battery of `dev`), so each gets its metadata once.
+    pub async fn adopt_all(&self) -> Result<(), ApiError> {
+        let hosts = self
+            .battery()
+            .hosts()
+            .await
+            .map_err(|s| to_api_error(s, info(), ""))?;
+        for host in hosts {
+            let key = key(&host.name);
+            let _guard = self.locks.lock(&key).await;
+            if self.store().get::<HostRecord>(&key)?.is_none() {
+                let mut object = self.assemble(None, host);
+                object.metadata.creation_timestamp = Some(crate::api::server_now());
+                self.commit(&mut object, ChangeType::Added)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Cordons or uncordons the Host in battery to match `unschedulable`.
     async fn set_cordon(&self, name: &str, unschedulable: bool) -> Result<(), ApiError> {
         let result = if unschedulable {
@@ -201,9 +224,24 @@ impl Storage for HostStorage {
     fn table_columns(&self) -> Vec<TableColumnDefinition> {
         vec![
             TableColumnDefinition::new("Address", "string", "The Host's flintlockd address.", 0),
-            TableColumnDefinition::new("Ready", "string", "The status of the Ready condition the Host's agent reports.", 0),
-            TableColumnDefinition::new("Cordoned", "boolean", "Whether battery places new MicroVMs on the Host.", 0),
-            TableColumnDefinition::new("Version", "string", "The flintlockd version battery last saw.", 0),
+            TableColumnDefinition::new(
+                "Ready",
+                "string",
+                "The status of the Ready condition the Host's agent reports.",
+                0,
+            ),
+            TableColumnDefinition::new(
+                "Cordoned",
+                "boolean",
+                "Whether battery places new MicroVMs on the Host.",
+                0,
+            ),
+            TableColumnDefinition::new(
+                "Version",
+                "string",
+                "The flintlockd version battery last saw.",
+                0,
+            ),
         ]
     }
 
@@ -267,7 +305,12 @@ impl Storage for HostStorage {
         Ok(host)
     }
 
-    async fn update(&self, _ctx: &RequestContext, _old: Host, mut new: Host) -> Result<Host, ApiError> {
+    async fn update(
+        &self,
+        _ctx: &RequestContext,
+        _old: Host,
+        mut new: Host,
+    ) -> Result<Host, ApiError> {
         let name = new.metadata.name.clone().unwrap_or_default();
         let _guard = self.locks.lock(&key(&name)).await;
         let current = self.read(&name).await?;
@@ -293,7 +336,11 @@ impl Storage for HostStorage {
         Ok(new)
     }
 
-    async fn delete(&self, _ctx: &RequestContext, mut host: Host) -> Result<Deleted<Host>, ApiError> {
+    async fn delete(
+        &self,
+        _ctx: &RequestContext,
+        mut host: Host,
+    ) -> Result<Deleted<Host>, ApiError> {
         let name = host.metadata.name.clone().unwrap_or_default();
         let _guard = self.locks.lock(&key(&name)).await;
         match self.battery().remove_host(&name).await {
@@ -327,11 +374,22 @@ impl crate::api::Subresource for HostStatusWriter {
         self.0.read(name).await
     }
 
-    async fn update(&self, _ctx: &RequestContext, name: &str, new: Host, dry_run: bool) -> Result<Host, ApiError> {
+    async fn update(
+        &self,
+        _ctx: &RequestContext,
+        name: &str,
+        new: Host,
+        dry_run: bool,
+    ) -> Result<Host, ApiError> {
         let storage = &self.0;
         let _guard = storage.locks.lock(&key(name)).await;
         let mut current = storage.read(name).await?;
-        if new.metadata.resource_version.as_deref().is_some_and(|rv| !rv.is_empty()) {
+        if new
+            .metadata
+            .resource_version
+            .as_deref()
+            .is_some_and(|rv| !rv.is_empty())
+        {
             check_resource_version(info(), &current.metadata, &new.metadata)?;
         }
         let report = new.status.unwrap_or_default();

@@ -1,9 +1,9 @@
 //! One module per resource, each a [`crate::api::Storage`] over battery and the metadata
 //! store, plus what they share: a per-object write lock and the record bookkeeping.
 
+pub mod follow;
 pub mod hosts;
 pub mod microvmclaims;
-pub mod follow;
 pub mod pools;
 
 use std::collections::HashMap;

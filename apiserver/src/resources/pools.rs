@@ -260,14 +260,41 @@ impl PoolStorage {
             }
             Err(status) => return Err(to_api_error(status, info(), name)),
         };
-        let blocked = record
-            .as_ref()
-            .is_some_and(|r| r.metadata.deletion_timestamp.is_some() && r.metadata.finalizers.as_ref().is_none_or(Vec::is_empty));
+        let blocked = record.as_ref().is_some_and(|r| {
+            r.metadata.deletion_timestamp.is_some()
+                && r.metadata.finalizers.as_ref().is_none_or(Vec::is_empty)
+        });
+        let adopted = record.is_none();
         let mut object = self.assemble(record, pool);
         if blocked && self.battery.delete_pool(namespace, name).await.is_ok() {
             return self.commit(&mut object, ChangeType::Deleted);
         }
+        if adopted {
+            // First sight of a Pool made outside the API: it exists from now on.
+            object.metadata.creation_timestamp = Some(server_now());
+            return self.commit(&mut object, ChangeType::Added);
+        }
         self.commit(&mut object, ChangeType::Modified)
+    }
+
+    /// Records every Pool battery has that we have no record of, so each gets its
+    /// metadata (uid, creationTimestamp, resourceVersion) once.
+    pub async fn adopt_all(&self) -> Result<(), ApiError> {
+        let pools = self
+            .battery
+            .pools(None)
+            .await
+            .map_err(|s| to_api_error(s, info(), ""))?;
+        for pool in pools {
+            if self
+                .store
+                .get::<PoolRecord>(&key(&pool.namespace, &pool.name))?
+                .is_none()
+            {
+                self.observe(&pool.namespace, &pool.name).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Whether the Pool is being deleted, so new claims on it are refused.
@@ -284,7 +311,12 @@ impl Storage for PoolStorage {
 
     fn table_columns(&self) -> Vec<TableColumnDefinition> {
         vec![
-            TableColumnDefinition::new("Size", "integer", "How many MicroVMs battery keeps in the Pool.", 0),
+            TableColumnDefinition::new(
+                "Size",
+                "integer",
+                "How many MicroVMs battery keeps in the Pool.",
+                0,
+            ),
             TableColumnDefinition::new("Available", "integer", "MicroVMs ready to be claimed.", 0),
             TableColumnDefinition::new("Leased", "integer", "MicroVMs bound to a claim.", 0),
             TableColumnDefinition::new("Ready", "string", "The status of the Ready condition.", 0),
@@ -340,7 +372,8 @@ impl Storage for PoolStorage {
             })
             .collect();
         items.sort_by(|a, b| {
-            (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
+            (&a.metadata.namespace, &a.metadata.name)
+                .cmp(&(&b.metadata.namespace, &b.metadata.name))
         });
         Ok((items, rv))
     }
@@ -362,7 +395,12 @@ impl Storage for PoolStorage {
         Ok(pool)
     }
 
-    async fn update(&self, _ctx: &RequestContext, _old: Pool, mut new: Pool) -> Result<Pool, ApiError> {
+    async fn update(
+        &self,
+        _ctx: &RequestContext,
+        _old: Pool,
+        mut new: Pool,
+    ) -> Result<Pool, ApiError> {
         let namespace = new.metadata.namespace.clone().unwrap_or_default();
         let name = new.metadata.name.clone().unwrap_or_default();
         let key = key(&namespace, &name);
@@ -394,7 +432,11 @@ impl Storage for PoolStorage {
         Ok(new)
     }
 
-    async fn delete(&self, _ctx: &RequestContext, mut pool: Pool) -> Result<Deleted<Pool>, ApiError> {
+    async fn delete(
+        &self,
+        _ctx: &RequestContext,
+        mut pool: Pool,
+    ) -> Result<Deleted<Pool>, ApiError> {
         let namespace = pool.metadata.namespace.clone().unwrap_or_default();
         let name = pool.metadata.name.clone().unwrap_or_default();
         let _guard = self.locks.lock(&key(&namespace, &name)).await;
@@ -421,7 +463,8 @@ impl Storage for PoolStorage {
                 }
                 let previous = pool.status.take().map(|s| s.conditions).unwrap_or_default();
                 let mut status = counts;
-                status.conditions = conditions_for(&previous, &pool.metadata, &pool.spec, &hosts, &status);
+                status.conditions =
+                    conditions_for(&previous, &pool.metadata, &pool.spec, &hosts, &status);
                 pool.status = Some(status);
                 self.commit(&mut pool, ChangeType::Modified)?;
                 return Ok(Deleted::Pending(pool));

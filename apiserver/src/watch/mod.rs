@@ -55,6 +55,13 @@ struct Window {
     oldest: u64,
 }
 
+/// A watcher's start: the window's changes it has not seen, then everything later.
+#[derive(Debug)]
+pub struct Subscription {
+    pub backlog: Vec<Arc<Change>>,
+    pub receiver: broadcast::Receiver<Arc<Change>>,
+}
+
 /// The fan-out of committed changes to watchers.
 pub struct WatchHub {
     window: Mutex<Window>,
@@ -97,10 +104,7 @@ impl WatchHub {
 
     /// The changes after `since` still in the window, and a receiver for every change
     /// published after them, taken atomically so none is lost or seen twice.
-    pub fn subscribe(
-        &self,
-        since: u64,
-    ) -> Result<(Vec<Arc<Change>>, broadcast::Receiver<Arc<Change>>), TooOld> {
+    pub fn subscribe(&self, since: u64) -> Result<Subscription, TooOld> {
         let window = self.window.lock().unwrap_or_else(PoisonError::into_inner);
         if since < window.oldest {
             return Err(TooOld {
@@ -114,7 +118,10 @@ impl WatchHub {
             .filter(|c| c.resource_version > since)
             .cloned()
             .collect();
-        Ok((backlog, self.sender.subscribe()))
+        Ok(Subscription {
+            backlog,
+            receiver: self.sender.subscribe(),
+        })
     }
 }
 
@@ -137,7 +144,10 @@ mod tests {
     fn replays_after_the_requested_version_then_follows_live() {
         let hub = WatchHub::new(10, 0);
         hub.publish([change(1), change(2), change(3)]);
-        let (backlog, mut rx) = hub.subscribe(1).unwrap();
+        let Subscription {
+            backlog,
+            receiver: mut rx,
+        } = hub.subscribe(1).unwrap();
         let rvs: Vec<u64> = backlog.iter().map(|c| c.resource_version).collect();
         assert_eq!(rvs, [2, 3]);
         hub.publish([change(4)]);
@@ -157,14 +167,13 @@ mod tests {
                 oldest: 2
             }
         );
-        let (backlog, _) = hub.subscribe(2).unwrap();
-        assert_eq!(backlog.len(), 2);
+        assert_eq!(hub.subscribe(2).unwrap().backlog.len(), 2);
     }
 
     #[test]
     fn history_before_start_is_unknown() {
         let hub = WatchHub::new(10, 7);
         assert!(hub.subscribe(6).is_err());
-        assert!(hub.subscribe(7).unwrap().0.is_empty());
+        assert!(hub.subscribe(7).unwrap().backlog.is_empty());
     }
 }

