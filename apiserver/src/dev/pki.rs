@@ -80,10 +80,16 @@ pub fn write_dev_pki(dir: &Path) -> Result<DevPki, PkiError> {
     let client_key = KeyPair::generate().map_err(generate("client key"))?;
     let mut client = CertificateParams::default();
     client.distinguished_name.push(DnType::CommonName, DEV_USER);
-    for group in DEV_GROUPS {
-        client
-            .distinguished_name
-            .push(DnType::OrganizationName, *group);
+    // rcgen keeps one value per attribute type, so each group after the first goes in as
+    // the same organizationName OID under another key: the certificate carries one O per
+    // group, as Kubernetes reads groups.
+    for (i, group) in DEV_GROUPS.iter().enumerate() {
+        let attribute = if i == 0 {
+            DnType::OrganizationName
+        } else {
+            DnType::CustomDnType(vec![2, 5, 4, 10])
+        };
+        client.distinguished_name.push(attribute, *group);
     }
     client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
     let client_cert = client
