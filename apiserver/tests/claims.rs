@@ -1,0 +1,243 @@
+//! Claims through battery, in-process on the embedded battery: binding under contention,
+//! expiry, release, renewal through the `lease` subresource, and pool deletion while a
+//! claim is bound.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use battery_apiserver::api::UserInfo;
+use battery_apiserver::battery::BatteryClient;
+use battery_apiserver::meta_store::MetaStore;
+use battery_apiserver::server::{self, Settings};
+use battery_embedded::BatteryConfig;
+use battery_embedded::local::{LocalBattery, LocalBatteryConfig};
+use http::{Request, StatusCode, header};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+const POOLS: &str = "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/default/pools";
+const CLAIMS: &str = "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/default/microvmclaims";
+const DEADLINE: Duration = Duration::from_secs(30);
+
+struct Harness {
+    router: Router,
+    local: LocalBattery,
+    _tasks: tokio::task::JoinSet<()>,
+}
+
+impl Harness {
+    async fn start(bind_wait: Duration) -> Self {
+        let local = LocalBattery::start(LocalBatteryConfig {
+            hosts: 2,
+            provisioning_delay: Duration::from_millis(10),
+            battery: BatteryConfig {
+                sweep_interval: Duration::from_millis(100),
+                create_poll_interval: Duration::from_millis(20),
+                guest_agent_interval: Duration::from_millis(200),
+                ..BatteryConfig::default()
+            },
+            ..LocalBatteryConfig::default()
+        })
+        .await
+        .expect("embedded battery");
+        let client = BatteryClient::connect_lazy(&format!("http://{}", local.address())).unwrap();
+        let store = Arc::new(MetaStore::in_memory().unwrap());
+        let app = server::build(client, store, &Settings { bind_wait }).unwrap();
+        Self {
+            router: app.router,
+            local,
+            _tasks: app.tasks,
+        }
+    }
+
+    async fn call(&self, method: &str, uri: &str, content_type: &str, body: Option<Value>) -> (StatusCode, http::HeaderMap, Value) {
+        let mut request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(header::CONTENT_TYPE, content_type)
+            .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+            .unwrap();
+        request.extensions_mut().insert(UserInfo {
+            name: "system:serviceaccount:default:dev".into(),
+            groups: vec!["system:authenticated".into()],
+            ..UserInfo::default()
+        });
+        let response = self.router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+        (status, headers, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    async fn get(&self, uri: &str) -> (StatusCode, Value) {
+        let (status, _, body) = self.call("GET", uri, "application/json", None).await;
+        (status, body)
+    }
+
+    async fn create_pool(&self, name: &str, size: i32, replenishment: &str, expiry: &str) {
+        let pool = json!({
+            "apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "Pool",
+            "metadata": {"name": name},
+            "spec": {"size": size, "replenishment": {"type": replenishment},
+                "lease": {"heartbeatInterval": "100ms", "expiryThreshold": expiry},
+                "template": {"vcpu": 1, "memoryInMb": 1024, "kernel": {"image": "k"},
+                    "rootVolume": {"id": "root", "containerSource": "r"}, "interfaces": [{"deviceId": "eth1"}]}}
+        });
+        let (status, _, body) = self.call("POST", POOLS, "application/json", Some(pool)).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+
+    async fn wait_available(&self, pool: &str, want: i64) {
+        self.eventually(&format!("{POOLS}/{pool}"), |p| p["status"]["available"].as_i64() == Some(want)).await;
+    }
+
+    /// Polls `uri` until `check` holds, failing after the deadline.
+    async fn eventually(&self, uri: &str, check: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let (_, body) = self.get(uri).await;
+            if check(&body) {
+                return body;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{uri} never got there: {body}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn claim(&self, name: &str, pool: &str) -> (StatusCode, http::HeaderMap, Value) {
+        let claim = json!({"apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "MicroVMClaim",
+            "metadata": {"name": name}, "spec": {"poolRef": {"name": pool}, "serviceAccountName": "dev"}});
+        self.call("POST", CLAIMS, "application/json", Some(claim)).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_hundred_concurrent_claims_on_a_pool_of_one_hundred() {
+    let h = Arc::new(Harness::start(Duration::from_millis(300)).await);
+    // ReplaceOnDelete keeps 100 MicroVMs in all: none is added while they are leased.
+    h.create_pool("hundred", 100, "ReplaceOnDelete", "60s").await;
+    h.wait_available("hundred", 100).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..200 {
+        let h = h.clone();
+        tasks.spawn(async move { h.claim(&format!("c{i}"), "hundred").await });
+    }
+    let mut bound = Vec::new();
+    let mut refused = 0;
+    while let Some(result) = tasks.join_next().await {
+        let (status, headers, body) = result.unwrap();
+        match status {
+            StatusCode::CREATED => {
+                assert_eq!(body["status"]["phase"], "Bound", "{body}");
+                bound.push(body["status"]["microVM"]["uid"].as_str().unwrap().to_owned());
+            }
+            StatusCode::TOO_MANY_REQUESTS => {
+                assert_eq!(body["kind"], "Status");
+                assert!(body["message"].as_str().unwrap().contains("default/hundred"), "{body}");
+                assert!(headers.contains_key(header::RETRY_AFTER));
+                refused += 1;
+            }
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    assert_eq!((bound.len(), refused), (100, 100));
+    let distinct: HashSet<&String> = bound.iter().collect();
+    assert_eq!(distinct.len(), 100, "no MicroVM leased twice");
+    let (_, list) = h.get(CLAIMS).await;
+    assert_eq!(list["items"].as_array().unwrap().len(), 100, "refused creates left nothing behind");
+}
+
+#[tokio::test]
+async fn an_unrenewed_claim_expires_and_a_renewed_one_does_not() {
+    let h = Harness::start(Duration::from_millis(500)).await;
+    h.create_pool("short", 2, "ImmediateOnLease", "1s").await;
+    h.wait_available("short", 2).await;
+    let (status, _, renewed) = h.claim("renewed", "short").await;
+    assert_eq!(status, StatusCode::CREATED, "{renewed}");
+    let (status, _, expiring) = h.claim("expiring", "short").await;
+    assert_eq!(status, StatusCode::CREATED, "{expiring}");
+    let vm = expiring["status"]["microVM"]["uid"].as_str().unwrap().to_owned();
+
+    // Renew one through the lease subresource while the other runs out.
+    let lease_uri = format!("{CLAIMS}/renewed/lease");
+    let first_expiry = renewed["status"]["leaseExpiresAt"].as_str().unwrap().to_owned();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    let mut last = Value::Null;
+    while tokio::time::Instant::now() < deadline {
+        let (status, _, lease) = h.call("PATCH", &lease_uri, "application/merge-patch+json", Some(json!({}))).await;
+        assert_eq!(status, StatusCode::OK, "{lease}");
+        assert_eq!(lease["kind"], "Lease");
+        assert_eq!(lease["spec"]["holderIdentity"], "system:serviceaccount:default:dev");
+        last = lease;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let expired = h
+        .eventually(&format!("{CLAIMS}/expiring"), |c| c["status"]["phase"] == "Expired")
+        .await;
+    let bound = expired["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Bound").unwrap().clone();
+    assert_eq!((bound["status"].as_str(), bound["reason"].as_str()), (Some("False"), Some("LeaseExpired")));
+    assert!(
+        h.local.hosts().iter().all(|host| !host.microvm_uids().contains(&vm)),
+        "battery destroyed the expired claim's MicroVM"
+    );
+    let (_, still) = h.get(&format!("{CLAIMS}/renewed")).await;
+    assert_eq!(still["status"]["phase"], "Bound");
+    assert_ne!(still["status"]["leaseExpiresAt"].as_str().unwrap(), first_expiry, "renewal moved the expiry");
+    assert_eq!(still["status"]["renewTime"], last["spec"]["renewTime"]);
+
+    // Renewing an expired lease is a clear 410; the expired claim stays until deleted.
+    let (status, _, gone) = h.call("PATCH", &format!("{CLAIMS}/expiring/lease"), "application/merge-patch+json", Some(json!({}))).await;
+    assert_eq!(status, StatusCode::GONE, "{gone}");
+    let (status, _, _) = h.call("DELETE", &format!("{CLAIMS}/expiring"), "application/json", None).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn deleting_a_claim_releases_its_microvm() {
+    let h = Harness::start(Duration::from_millis(500)).await;
+    h.create_pool("rel", 1, "ReplaceOnDelete", "60s").await;
+    h.wait_available("rel", 1).await;
+    let (_, _, claim) = h.claim("c", "rel").await;
+    let vm = claim["status"]["microVM"]["uid"].as_str().unwrap().to_owned();
+    let (status, _, _) = h.call("DELETE", &format!("{CLAIMS}/c"), "application/json", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(h.local.hosts().iter().all(|host| !host.microvm_uids().contains(&vm)), "the MicroVM was destroyed");
+    let (status, _) = h.get(&format!("{CLAIMS}/c")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // ReplaceOnDelete provisions a replacement.
+    h.wait_available("rel", 1).await;
+}
+
+#[tokio::test]
+async fn a_pool_with_a_bound_claim_waits_for_it_before_going() {
+    let h = Harness::start(Duration::from_millis(500)).await;
+    h.create_pool("doomed", 2, "ReplaceOnDelete", "60s").await;
+    h.wait_available("doomed", 2).await;
+    let (status, _, _) = h.claim("holder", "doomed").await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, _, pool) = h.call("DELETE", &format!("{POOLS}/doomed"), "application/json", None).await;
+    assert_eq!(status, StatusCode::OK, "{pool}");
+    assert!(pool["metadata"]["deletionTimestamp"].is_string(), "{pool}");
+    let ready = pool["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap().clone();
+    assert_eq!(ready["reason"], "DeletionBlocked");
+    assert!(ready["message"].as_str().unwrap().contains('1'), "names the leased count: {ready}");
+
+    let (status, _, refused) = h.claim("late", "doomed").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    assert_eq!(refused["reason"], "PoolDeleting");
+
+    let (status, _, _) = h.call("DELETE", &format!("{CLAIMS}/holder"), "application/json", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let (status, _) = h.get(&format!("{POOLS}/doomed")).await;
+        if status == StatusCode::NOT_FOUND {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the pool stayed after its last claim went");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
