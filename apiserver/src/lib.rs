@@ -6,6 +6,7 @@ pub mod battery;
 pub mod config;
 pub mod dev;
 pub mod embedded_battery;
+pub mod failpoint;
 pub mod http;
 pub mod logging;
 pub mod meta_store;

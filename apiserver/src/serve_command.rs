@@ -43,7 +43,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
-    tracing::info!(address = %args.listen, "serving");
+    // Scripts and tests read this line to learn the port when --listen has port 0.
+    println!(
+        "battery-apiserver serve: serving https://{}",
+        listener.local_addr()?
+    );
     serve::serve(listener, acceptor, app.router, shutdown_signal()).await;
     Ok(())
 }

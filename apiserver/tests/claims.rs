@@ -53,7 +53,13 @@ impl Harness {
         }
     }
 
-    async fn call(&self, method: &str, uri: &str, content_type: &str, body: Option<Value>) -> (StatusCode, http::HeaderMap, Value) {
+    async fn call(
+        &self,
+        method: &str,
+        uri: &str,
+        content_type: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, http::HeaderMap, Value) {
         let mut request = Request::builder()
             .method(method)
             .uri(uri)
@@ -68,8 +74,14 @@ impl Harness {
         let response = self.router.clone().oneshot(request).await.unwrap();
         let status = response.status();
         let headers = response.headers().clone();
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
-        (status, headers, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (
+            status,
+            headers,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
     }
 
     async fn get(&self, uri: &str) -> (StatusCode, Value) {
@@ -86,12 +98,17 @@ impl Harness {
                 "template": {"vcpu": 1, "memoryInMb": 1024, "kernel": {"image": "k"},
                     "rootVolume": {"id": "root", "containerSource": "r"}, "interfaces": [{"deviceId": "eth1"}]}}
         });
-        let (status, _, body) = self.call("POST", POOLS, "application/json", Some(pool)).await;
+        let (status, _, body) = self
+            .call("POST", POOLS, "application/json", Some(pool))
+            .await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
     }
 
     async fn wait_available(&self, pool: &str, want: i64) {
-        self.eventually(&format!("{POOLS}/{pool}"), |p| p["status"]["available"].as_i64() == Some(want)).await;
+        self.eventually(&format!("{POOLS}/{pool}"), |p| {
+            p["status"]["available"].as_i64() == Some(want)
+        })
+        .await;
     }
 
     /// Polls `uri` until `check` holds, failing after the deadline.
@@ -102,7 +119,10 @@ impl Harness {
             if check(&body) {
                 return body;
             }
-            assert!(tokio::time::Instant::now() < deadline, "{uri} never got there: {body}");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{uri} never got there: {body}"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -110,7 +130,8 @@ impl Harness {
     async fn claim(&self, name: &str, pool: &str) -> (StatusCode, http::HeaderMap, Value) {
         let claim = json!({"apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "MicroVMClaim",
             "metadata": {"name": name}, "spec": {"poolRef": {"name": pool}, "serviceAccountName": "dev"}});
-        self.call("POST", CLAIMS, "application/json", Some(claim)).await
+        self.call("POST", CLAIMS, "application/json", Some(claim))
+            .await
     }
 }
 
@@ -118,7 +139,8 @@ impl Harness {
 async fn two_hundred_concurrent_claims_on_a_pool_of_one_hundred() {
     let h = Arc::new(Harness::start(Duration::from_millis(300)).await);
     // ReplaceOnDelete keeps 100 MicroVMs in all: none is added while they are leased.
-    h.create_pool("hundred", 100, "ReplaceOnDelete", "60s").await;
+    h.create_pool("hundred", 100, "ReplaceOnDelete", "60s")
+        .await;
     h.wait_available("hundred", 100).await;
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..200 {
@@ -132,11 +154,22 @@ async fn two_hundred_concurrent_claims_on_a_pool_of_one_hundred() {
         match status {
             StatusCode::CREATED => {
                 assert_eq!(body["status"]["phase"], "Bound", "{body}");
-                bound.push(body["status"]["microVM"]["uid"].as_str().unwrap().to_owned());
+                bound.push(
+                    body["status"]["microVM"]["uid"]
+                        .as_str()
+                        .unwrap()
+                        .to_owned(),
+                );
             }
             StatusCode::TOO_MANY_REQUESTS => {
                 assert_eq!(body["kind"], "Status");
-                assert!(body["message"].as_str().unwrap().contains("default/hundred"), "{body}");
+                assert!(
+                    body["message"]
+                        .as_str()
+                        .unwrap()
+                        .contains("default/hundred"),
+                    "{body}"
+                );
                 assert!(headers.contains_key(header::RETRY_AFTER));
                 refused += 1;
             }
@@ -147,7 +180,11 @@ async fn two_hundred_concurrent_claims_on_a_pool_of_one_hundred() {
     let distinct: HashSet<&String> = bound.iter().collect();
     assert_eq!(distinct.len(), 100, "no MicroVM leased twice");
     let (_, list) = h.get(CLAIMS).await;
-    assert_eq!(list["items"].as_array().unwrap().len(), 100, "refused creates left nothing behind");
+    assert_eq!(
+        list["items"].as_array().unwrap().len(),
+        100,
+        "refused creates left nothing behind"
+    );
 }
 
 #[tokio::test]
@@ -159,39 +196,87 @@ async fn an_unrenewed_claim_expires_and_a_renewed_one_does_not() {
     assert_eq!(status, StatusCode::CREATED, "{renewed}");
     let (status, _, expiring) = h.claim("expiring", "short").await;
     assert_eq!(status, StatusCode::CREATED, "{expiring}");
-    let vm = expiring["status"]["microVM"]["uid"].as_str().unwrap().to_owned();
+    let vm = expiring["status"]["microVM"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_owned();
 
     // Renew one through the lease subresource while the other runs out.
     let lease_uri = format!("{CLAIMS}/renewed/lease");
-    let first_expiry = renewed["status"]["leaseExpiresAt"].as_str().unwrap().to_owned();
+    let first_expiry = renewed["status"]["leaseExpiresAt"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
     let mut last = Value::Null;
     while tokio::time::Instant::now() < deadline {
-        let (status, _, lease) = h.call("PATCH", &lease_uri, "application/merge-patch+json", Some(json!({}))).await;
+        let (status, _, lease) = h
+            .call(
+                "PATCH",
+                &lease_uri,
+                "application/merge-patch+json",
+                Some(json!({})),
+            )
+            .await;
         assert_eq!(status, StatusCode::OK, "{lease}");
         assert_eq!(lease["kind"], "Lease");
-        assert_eq!(lease["spec"]["holderIdentity"], "system:serviceaccount:default:dev");
+        assert_eq!(
+            lease["spec"]["holderIdentity"],
+            "system:serviceaccount:default:dev"
+        );
         last = lease;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let expired = h
-        .eventually(&format!("{CLAIMS}/expiring"), |c| c["status"]["phase"] == "Expired")
+        .eventually(&format!("{CLAIMS}/expiring"), |c| {
+            c["status"]["phase"] == "Expired"
+        })
         .await;
-    let bound = expired["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Bound").unwrap().clone();
-    assert_eq!((bound["status"].as_str(), bound["reason"].as_str()), (Some("False"), Some("LeaseExpired")));
+    let bound = expired["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Bound")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (bound["status"].as_str(), bound["reason"].as_str()),
+        (Some("False"), Some("LeaseExpired"))
+    );
     assert!(
-        h.local.hosts().iter().all(|host| !host.microvm_uids().contains(&vm)),
+        h.local
+            .hosts()
+            .iter()
+            .all(|host| !host.microvm_uids().contains(&vm)),
         "battery destroyed the expired claim's MicroVM"
     );
     let (_, still) = h.get(&format!("{CLAIMS}/renewed")).await;
     assert_eq!(still["status"]["phase"], "Bound");
-    assert_ne!(still["status"]["leaseExpiresAt"].as_str().unwrap(), first_expiry, "renewal moved the expiry");
+    assert_ne!(
+        still["status"]["leaseExpiresAt"].as_str().unwrap(),
+        first_expiry,
+        "renewal moved the expiry"
+    );
     assert_eq!(still["status"]["renewTime"], last["spec"]["renewTime"]);
 
     // Renewing an expired lease is a clear 410; the expired claim stays until deleted.
-    let (status, _, gone) = h.call("PATCH", &format!("{CLAIMS}/expiring/lease"), "application/merge-patch+json", Some(json!({}))).await;
+    let (status, _, gone) = h
+        .call(
+            "PATCH",
+            &format!("{CLAIMS}/expiring/lease"),
+            "application/merge-patch+json",
+            Some(json!({})),
+        )
+        .await;
     assert_eq!(status, StatusCode::GONE, "{gone}");
-    let (status, _, _) = h.call("DELETE", &format!("{CLAIMS}/expiring"), "application/json", None).await;
+    let (status, _, _) = h
+        .call(
+            "DELETE",
+            &format!("{CLAIMS}/expiring"),
+            "application/json",
+            None,
+        )
+        .await;
     assert_eq!(status, StatusCode::OK);
 }
 
@@ -201,10 +286,21 @@ async fn deleting_a_claim_releases_its_microvm() {
     h.create_pool("rel", 1, "ReplaceOnDelete", "60s").await;
     h.wait_available("rel", 1).await;
     let (_, _, claim) = h.claim("c", "rel").await;
-    let vm = claim["status"]["microVM"]["uid"].as_str().unwrap().to_owned();
-    let (status, _, _) = h.call("DELETE", &format!("{CLAIMS}/c"), "application/json", None).await;
+    let vm = claim["status"]["microVM"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, _, _) = h
+        .call("DELETE", &format!("{CLAIMS}/c"), "application/json", None)
+        .await;
     assert_eq!(status, StatusCode::OK);
-    assert!(h.local.hosts().iter().all(|host| !host.microvm_uids().contains(&vm)), "the MicroVM was destroyed");
+    assert!(
+        h.local
+            .hosts()
+            .iter()
+            .all(|host| !host.microvm_uids().contains(&vm)),
+        "the MicroVM was destroyed"
+    );
     let (status, _) = h.get(&format!("{CLAIMS}/c")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     // ReplaceOnDelete provisions a replacement.
@@ -218,18 +314,41 @@ async fn a_pool_with_a_bound_claim_waits_for_it_before_going() {
     h.wait_available("doomed", 2).await;
     let (status, _, _) = h.claim("holder", "doomed").await;
     assert_eq!(status, StatusCode::CREATED);
-    let (status, _, pool) = h.call("DELETE", &format!("{POOLS}/doomed"), "application/json", None).await;
+    let (status, _, pool) = h
+        .call(
+            "DELETE",
+            &format!("{POOLS}/doomed"),
+            "application/json",
+            None,
+        )
+        .await;
     assert_eq!(status, StatusCode::OK, "{pool}");
     assert!(pool["metadata"]["deletionTimestamp"].is_string(), "{pool}");
-    let ready = pool["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap().clone();
+    let ready = pool["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .unwrap()
+        .clone();
     assert_eq!(ready["reason"], "DeletionBlocked");
-    assert!(ready["message"].as_str().unwrap().contains('1'), "names the leased count: {ready}");
+    assert!(
+        ready["message"].as_str().unwrap().contains('1'),
+        "names the leased count: {ready}"
+    );
 
     let (status, _, refused) = h.claim("late", "doomed").await;
     assert_eq!(status, StatusCode::CONFLICT, "{refused}");
     assert_eq!(refused["reason"], "PoolDeleting");
 
-    let (status, _, _) = h.call("DELETE", &format!("{CLAIMS}/holder"), "application/json", None).await;
+    let (status, _, _) = h
+        .call(
+            "DELETE",
+            &format!("{CLAIMS}/holder"),
+            "application/json",
+            None,
+        )
+        .await;
     assert_eq!(status, StatusCode::OK);
     let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {
@@ -237,7 +356,10 @@ async fn a_pool_with_a_bound_claim_waits_for_it_before_going() {
         if status == StatusCode::NOT_FOUND {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "the pool stayed after its last claim went");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the pool stayed after its last claim went"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -83,7 +83,10 @@ impl EventLog {
             return;
         }
         assert!(!event.vm_uid.is_empty(), "vm_uid is always set: {event:?}");
-        assert!(event.payload_json.is_empty(), "payload_json is always empty: {event:?}");
+        assert!(
+            event.payload_json.is_empty(),
+            "payload_json is always empty: {event:?}"
+        );
         assert!(event.created_at.is_some(), "created_at is set: {event:?}");
         self.history.push(event);
     }

@@ -38,7 +38,7 @@ pub use spec::{PoolBuilder, TEMPLATE_INTERFACE, default_template, proto_duration
 pub use suite::{HostRef, Options, Suite, Timing, skip};
 pub use wait::{consistently, eventually};
 
-/// The generated battery API, re-exported for the tests.
-pub use battery_proto::poolmgr::v1alpha1 as api;
 /// flintlock's types (the MicroVM template).
 pub use battery_proto::flintlock::types as fl;
+/// The generated battery API, re-exported for the tests.
+pub use battery_proto::poolmgr::v1alpha1 as api;

@@ -6,10 +6,10 @@ use std::collections::BTreeSet;
 use battery_proto::flintlock::types::MicroVm;
 use battery_proto::poolmgr::v1alpha1::{
     AddHostRequest, ClaimVmRequest, ClaimVmResponse, CordonHostRequest, CreatePoolRequest,
-    DeletePoolRequest, GetHostRequest, GetPoolRequest, HeartbeatRequest, Host, HostStatus,
-    HostTls, LeaseRecord, ListHostsRequest, ListLeasesRequest, ListPoolsRequest, Pool, PoolRef,
-    PoolSpec, PoolStatus, ReleaseVmRequest, RemoveHostRequest, SubscribeRequest,
-    UncordonHostRequest, UpdatePoolRequest,
+    DeletePoolRequest, GetHostRequest, GetPoolRequest, HeartbeatRequest, Host, HostStatus, HostTls,
+    LeaseRecord, ListHostsRequest, ListLeasesRequest, ListPoolsRequest, Pool, PoolRef, PoolSpec,
+    PoolStatus, ReleaseVmRequest, RemoveHostRequest, SubscribeRequest, UncordonHostRequest,
+    UpdatePoolRequest,
 };
 use tonic::Status;
 
@@ -50,19 +50,28 @@ impl Suite {
 
     pub async fn try_create_pool(&self, spec: PoolSpec) -> Result<Pool, Status> {
         let req = CreatePoolRequest { spec: Some(spec) };
-        self.pool_admin().create_pool(req).await.map(|r| r.into_inner())
+        self.pool_admin()
+            .create_pool(req)
+            .await
+            .map(|r| r.into_inner())
     }
 
     pub async fn try_update_pool(&self, spec: PoolSpec) -> Result<Pool, Status> {
         let req = UpdatePoolRequest { spec: Some(spec) };
-        self.pool_admin().update_pool(req).await.map(|r| r.into_inner())
+        self.pool_admin()
+            .update_pool(req)
+            .await
+            .map(|r| r.into_inner())
     }
 
     pub async fn get_pool(&self, pool: &PoolRef) -> Result<Pool, Status> {
         let req = GetPoolRequest {
             r#ref: Some(pool.clone()),
         };
-        self.pool_admin().get_pool(req).await.map(|r| r.into_inner())
+        self.pool_admin()
+            .get_pool(req)
+            .await
+            .map(|r| r.into_inner())
     }
 
     pub async fn list_pools(&self, namespace: Option<&str>) -> Vec<Pool> {
@@ -90,7 +99,10 @@ impl Suite {
         };
         let created = expect_ok(self.try_create_pool(spec).await, "CreatePool");
         let got = created.spec.expect("CreatePool returns the spec");
-        assert_eq!((got.name, got.namespace), (pool.name.clone(), pool.namespace.clone()));
+        assert_eq!(
+            (got.name, got.namespace),
+            (pool.name.clone(), pool.namespace.clone())
+        );
         pool
     }
 
@@ -149,7 +161,9 @@ impl Suite {
         );
         consistently(self.timing().settle(), &what, async || {
             let s = self.status(pool).await;
-            if s.available_count == available && s.leased_count == leased && s.provisioning_count == 0
+            if s.available_count == available
+                && s.leased_count == leased
+                && s.provisioning_count == 0
             {
                 Ok(())
             } else {
@@ -166,7 +180,10 @@ impl Suite {
             pool: Some(pool.clone()),
             request_id: request_id.to_owned(),
         };
-        self.lease_client().claim_vm(req).await.map(|r| r.into_inner())
+        self.lease_client()
+            .claim_vm(req)
+            .await
+            .map(|r| r.into_inner())
     }
 
     /// ClaimVM without a request_id, asserting success.
@@ -212,9 +229,16 @@ impl Suite {
     /// Subscribes: to one pool (events checked to be that pool's), or to all pools
     /// (keeping only this test's namespaces).
     pub async fn subscribe(&self, pool: Option<&PoolRef>) -> EventLog {
-        let req = SubscribeRequest { pool: pool.cloned() };
+        let req = SubscribeRequest {
+            pool: pool.cloned(),
+        };
         let stream = expect_ok(self.events_client().subscribe(req).await, "Subscribe").into_inner();
-        EventLog::new(stream, pool.cloned(), self.namespace(), self.timing().timeout)
+        EventLog::new(
+            stream,
+            pool.cloned(),
+            self.namespace(),
+            self.timing().timeout,
+        )
     }
 
     // ----- hosts -----
@@ -223,13 +247,19 @@ impl Suite {
         let req = GetHostRequest {
             name: name.to_owned(),
         };
-        self.host_admin().get_host(req).await.map(|r| r.into_inner())
+        self.host_admin()
+            .get_host(req)
+            .await
+            .map(|r| r.into_inner())
     }
 
     pub async fn list_hosts(&self) -> Vec<HostStatus> {
-        expect_ok(self.host_admin().list_hosts(ListHostsRequest {}).await, "ListHosts")
-            .into_inner()
-            .hosts
+        expect_ok(
+            self.host_admin().list_hosts(ListHostsRequest {}).await,
+            "ListHosts",
+        )
+        .into_inner()
+        .hosts
     }
 
     pub async fn vm_count(&self, host: &str) -> i32 {
@@ -242,7 +272,11 @@ impl Suite {
             host: Some(host),
             skip_validation,
         };
-        let added = self.host_admin().add_host(req).await.map(|r| r.into_inner());
+        let added = self
+            .host_admin()
+            .add_host(req)
+            .await
+            .map(|r| r.into_inner());
         if added.is_ok() {
             self.added_hosts.lock().expect("lock").push(name);
         }
@@ -254,7 +288,10 @@ impl Suite {
             host: Some(host),
             skip_validation,
         };
-        self.host_admin().update_host(req).await.map(|r| r.into_inner())
+        self.host_admin()
+            .update_host(req)
+            .await
+            .map(|r| r.into_inner())
     }
 
     pub async fn remove_host(&self, name: &str) -> Result<(), Status> {
@@ -269,14 +306,20 @@ impl Suite {
             name: name.to_owned(),
             reason: reason.to_owned(),
         };
-        self.host_admin().cordon_host(req).await.map(|r| r.into_inner())
+        self.host_admin()
+            .cordon_host(req)
+            .await
+            .map(|r| r.into_inner())
     }
 
     pub async fn uncordon(&self, name: &str) -> Result<Host, Status> {
         let req = UncordonHostRequest {
             name: name.to_owned(),
         };
-        self.host_admin().uncordon_host(req).await.map(|r| r.into_inner())
+        self.host_admin()
+            .uncordon_host(req)
+            .await
+            .map(|r| r.into_inner())
     }
 
     /// Registers (with the version check) another name for the suite's Host `of`, so a
@@ -328,12 +371,14 @@ impl Suite {
 
     /// Waits until the MicroVM `uid` exists on no Host.
     pub async fn wait_vm_gone(&self, uid: &str) {
-        eventually(self.timing().timeout, &format!("MicroVM {uid} to be deleted"), async || {
-            match self.locate_vm(uid).await {
+        eventually(
+            self.timing().timeout,
+            &format!("MicroVM {uid} to be deleted"),
+            async || match self.locate_vm(uid).await {
                 Some((address, _)) => Err(format!("still on {address}")),
                 None => Ok(()),
-            }
-        })
+            },
+        )
         .await;
     }
 
@@ -348,7 +393,9 @@ impl Suite {
             vms.extend(listed.into_iter().filter(|vm| {
                 vm.spec.as_ref().is_some_and(|s| {
                     s.namespace == pool.namespace
-                        && s.id.strip_prefix(&prefix).is_some_and(|rest| rest.len() == 8)
+                        && s.id
+                            .strip_prefix(&prefix)
+                            .is_some_and(|rest| rest.len() == 8)
                 })
             }));
         }
@@ -360,7 +407,11 @@ impl Suite {
         let what = format!("pool {}'s MicroVMs to be deleted from the Hosts", pool.name);
         eventually(self.timing().timeout, &what, async || {
             let left = self.pool_vms_on_hosts(pool).await.len();
-            if left == 0 { Ok(()) } else { Err(format!("{left} left")) }
+            if left == 0 {
+                Ok(())
+            } else {
+                Err(format!("{left} left"))
+            }
         })
         .await;
     }

@@ -171,8 +171,16 @@ impl PoolBuilder {
     }
 
     fn edit_interface(mut self, edit: impl FnOnce(&mut NetworkInterface)) -> Self {
-        let template = self.spec.microvm_template.get_or_insert_with(default_template);
-        edit(template.interfaces.first_mut().expect("template has an interface"));
+        let template = self
+            .spec
+            .microvm_template
+            .get_or_insert_with(default_template);
+        edit(
+            template
+                .interfaces
+                .first_mut()
+                .expect("template has an interface"),
+        );
         self
     }
 

@@ -137,7 +137,7 @@ async fn create_dev_pool(router: &axum::Router, size: i32) -> anyhow::Result<()>
 }
 
 /// A kubeconfig for the dev user, pointing at the certificate files.
-fn write_kubeconfig(path: &Path, server: &str, pki: &pki::DevPki) -> anyhow::Result<()> {
+pub fn write_kubeconfig(path: &Path, server: &str, pki: &pki::DevPki) -> anyhow::Result<()> {
     use kube::config::{
         AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
     };

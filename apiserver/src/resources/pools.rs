@@ -471,6 +471,7 @@ impl Storage for PoolStorage {
             }
             Err(status) => return Err(to_api_error(status, info(), &name)),
         }
+        crate::failpoint::crash_point("pool-delete:deleted");
         self.commit(&mut pool, ChangeType::Deleted)?;
         Ok(Deleted::Gone(pool))
     }

@@ -33,7 +33,12 @@ async fn wait_pool_deleted(log: &mut EventLog, pool: &PoolRef, n: usize) -> Vec<
         .collect();
     for uid in log.vms_with(pool, EventType::VmProvisioned) {
         let ends = endings(log, &uid);
-        assert_eq!(ends.len(), 1, "VM {uid} ends exactly once:\n{}", log.describe());
+        assert_eq!(
+            ends.len(),
+            1,
+            "VM {uid} ends exactly once:\n{}",
+            log.describe()
+        );
     }
     deleted
 }
@@ -41,7 +46,9 @@ async fn wait_pool_deleted(log: &mut EventLog, pool: &PoolRef, n: usize) -> Vec<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_pool_refused_while_leased_then_drains() {
     let suite = Suite::start().await;
-    let pool = suite.create_ready_pool(suite.pool("busy").size(2).build()).await;
+    let pool = suite
+        .create_ready_pool(suite.pool("busy").size(2).build())
+        .await;
     let mut log = suite.subscribe(Some(&pool)).await;
     let lease = suite.claim_ok(&pool).await;
     for _ in 0..2 {
@@ -51,8 +58,14 @@ async fn delete_pool_refused_while_leased_then_drains() {
             "DeletePool while a VM is leased",
         );
     }
-    expect_ok(suite.get_pool(&pool).await, "the pool survives a refused delete");
-    expect_ok(suite.heartbeat(&lease.lease_id).await, "the lease survives a refused delete");
+    expect_ok(
+        suite.get_pool(&pool).await,
+        "the pool survives a refused delete",
+    );
+    expect_ok(
+        suite.heartbeat(&lease.lease_id).await,
+        "the lease survives a refused delete",
+    );
     suite.claim_ok(&pool).await;
     let second = suite.leases(Some(&pool)).await;
     assert_eq!(second.len(), 2);
@@ -68,17 +81,33 @@ async fn delete_pool_refused_while_leased_then_drains() {
         .map(|e| e.vm_uid)
         .collect();
 
-    expect_ok(suite.delete_pool(&pool, false).await, "DeletePool without leases");
-    expect_code(suite.get_pool(&pool).await, Code::NotFound, "GetPool after delete");
-    expect_code(suite.delete_pool(&pool, false).await, Code::NotFound, "DeletePool twice");
+    expect_ok(
+        suite.delete_pool(&pool, false).await,
+        "DeletePool without leases",
+    );
+    expect_code(
+        suite.get_pool(&pool).await,
+        Code::NotFound,
+        "GetPool after delete",
+    );
+    expect_code(
+        suite.delete_pool(&pool, false).await,
+        Code::NotFound,
+        "DeletePool twice",
+    );
     let on_delete = wait_pool_deleted(&mut log, &pool, 2).await;
     let released: Vec<String> = second.iter().map(|l| l.vm_uid.clone()).collect();
-    let mut expected: Vec<String> =
-        available.into_iter().filter(|u| !released.contains(u)).collect();
+    let mut expected: Vec<String> = available
+        .into_iter()
+        .filter(|u| !released.contains(u))
+        .collect();
     let mut got = on_delete.clone();
     expected.sort();
     got.sort();
-    assert_eq!(got, expected, "VM_DELETED_ON_POOL_DELETE for exactly the remaining VMs");
+    assert_eq!(
+        got, expected,
+        "VM_DELETED_ON_POOL_DELETE for exactly the remaining VMs"
+    );
     for uid in &released {
         assert_eq!(endings(&log, uid), vec![EventType::VmDeletedOnRelease]);
     }
@@ -92,7 +121,9 @@ async fn delete_pool_refused_while_leased_then_drains() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forced_delete_pool_ends_leases() {
     let suite = Suite::start().await;
-    let pool = suite.create_ready_pool(suite.pool("forced").size(3).build()).await;
+    let pool = suite
+        .create_ready_pool(suite.pool("forced").size(3).build())
+        .await;
     let mut log = suite.subscribe(Some(&pool)).await;
     let a = expect_ok(suite.claim(&pool, "forced-a").await, "ClaimVM a");
     let b = expect_ok(suite.claim(&pool, "forced-b").await, "ClaimVM b");
@@ -105,28 +136,56 @@ async fn forced_delete_pool_ends_leases() {
         .collect();
 
     expect_ok(suite.delete_pool(&pool, true).await, "forced DeletePool");
-    expect_code(suite.get_pool(&pool).await, Code::NotFound, "GetPool after forced delete");
+    expect_code(
+        suite.get_pool(&pool).await,
+        Code::NotFound,
+        "GetPool after forced delete",
+    );
     for lease in [&a, &b] {
         let id = &lease.lease_id;
-        expect_code(suite.heartbeat(id).await, Code::NotFound, "Heartbeat of a forced-deleted lease");
-        expect_code(suite.release(id).await, Code::NotFound, "ReleaseVM of a forced-deleted lease");
-        assert!(suite.lease(id).await.is_none(), "lease {id} is gone from ListLeases");
+        expect_code(
+            suite.heartbeat(id).await,
+            Code::NotFound,
+            "Heartbeat of a forced-deleted lease",
+        );
+        expect_code(
+            suite.release(id).await,
+            Code::NotFound,
+            "ReleaseVM of a forced-deleted lease",
+        );
+        assert!(
+            suite.lease(id).await.is_none(),
+            "lease {id} is gone from ListLeases"
+        );
     }
     assert!(suite.leases(Some(&pool)).await.is_empty());
-    expect_code(suite.claim(&pool, "forced-a").await, Code::NotFound, "replay after the pool is gone");
+    expect_code(
+        suite.claim(&pool, "forced-a").await,
+        Code::NotFound,
+        "replay after the pool is gone",
+    );
 
     let mut on_delete = wait_pool_deleted(&mut log, &pool, 3).await;
     let mut expected = all_vms.clone();
     on_delete.sort();
     expected.sort();
-    assert_eq!(on_delete, expected, "every VM, leased or not, gets VM_DELETED_ON_POOL_DELETE");
+    assert_eq!(
+        on_delete, expected,
+        "every VM, leased or not, gets VM_DELETED_ON_POOL_DELETE"
+    );
     for uid in &all_vms {
         assert_eq!(endings(&log, uid), vec![EventType::VmDeletedOnPoolDelete]);
     }
     suite.wait_pool_vms_gone(&pool).await;
     let later = log.observe(suite.timing().settle()).await;
-    assert!(later.is_empty(), "nothing happens in a deleted pool: {later:?}");
-    assert!(suite.pool_vms_on_hosts(&pool).await.is_empty(), "no VM provisioned after the delete");
+    assert!(
+        later.is_empty(),
+        "nothing happens in a deleted pool: {later:?}"
+    );
+    assert!(
+        suite.pool_vms_on_hosts(&pool).await.is_empty(),
+        "no VM provisioned after the delete"
+    );
     suite.finish().await;
 }
 
@@ -138,12 +197,20 @@ async fn delete_pool_drains_vms_still_being_created() {
         return;
     };
     let gate = Gate::new();
-    let spec = suite.pool("drain").size(2).create_commands(&[gate.wait_command()]);
+    let spec = suite
+        .pool("drain")
+        .size(2)
+        .create_commands(&[gate.wait_command()]);
     let pool = suite.create_pool(spec.build()).await;
     suite
-        .wait_status(&pool, "two VMs in their create hooks", |s| s.provisioning_count == 2)
+        .wait_status(&pool, "two VMs in their create hooks", |s| {
+            s.provisioning_count == 2
+        })
         .await;
-    expect_ok(suite.delete_pool(&pool, false).await, "DeletePool while VMs are provisioning");
+    expect_ok(
+        suite.delete_pool(&pool, false).await,
+        "DeletePool while VMs are provisioning",
+    );
     let mut log = suite.subscribe(Some(&pool)).await;
     let on_delete = wait_pool_deleted(&mut log, &pool, 2).await;
     gate.open();
@@ -168,25 +235,48 @@ async fn forced_delete_aborts_a_claim_in_its_pre_lease_hook() {
         return;
     };
     let gate = Gate::new();
-    let spec = suite.pool("abort").pre_lease_commands(&[gate.wait_command()]);
+    let spec = suite
+        .pool("abort")
+        .pre_lease_commands(&[gate.wait_command()]);
     let pool = suite.create_ready_pool(spec.build()).await;
     let claiming = {
-        let req = ClaimVmRequest { pool: Some(pool.clone()), request_id: "abort-1".into() };
+        let req = ClaimVmRequest {
+            pool: Some(pool.clone()),
+            request_id: "abort-1".into(),
+        };
         let mut client = suite.lease_client();
         tokio::spawn(async move { client.claim_vm(req).await.map(|r| r.into_inner()) })
     };
-    suite.wait_status(&pool, "the claim is in its pre-lease hook", |s| s.leased_count == 1).await;
+    suite
+        .wait_status(&pool, "the claim is in its pre-lease hook", |s| {
+            s.leased_count == 1
+        })
+        .await;
     expect_code(
         suite.delete_pool(&pool, false).await,
         Code::FailedPrecondition,
         "DeletePool while a claim runs its pre-lease hook",
     );
-    expect_ok(suite.delete_pool(&pool, true).await, "forced DeletePool during the claim");
+    expect_ok(
+        suite.delete_pool(&pool, true).await,
+        "forced DeletePool during the claim",
+    );
     gate.open();
     let claimed = claiming.await.expect("claim task");
-    expect_code(claimed, Code::Aborted, "ClaimVM whose VM was deleted during the claim");
-    assert!(suite.leases(Some(&pool)).await.is_empty(), "no lease left on the deleted pool");
-    expect_code(suite.claim(&pool, "abort-1").await, Code::NotFound, "retry after the pool is gone");
+    expect_code(
+        claimed,
+        Code::Aborted,
+        "ClaimVM whose VM was deleted during the claim",
+    );
+    assert!(
+        suite.leases(Some(&pool)).await.is_empty(),
+        "no lease left on the deleted pool"
+    );
+    expect_code(
+        suite.claim(&pool, "abort-1").await,
+        Code::NotFound,
+        "retry after the pool is gone",
+    );
     suite.wait_pool_vms_gone(&pool).await;
     suite.finish().await;
 }

@@ -19,7 +19,11 @@ fn of(events: &[Event], pool: &PoolRef) -> Vec<Event> {
 async fn expect_replay(log: &mut EventLog, expected: &[Event], what: &str) {
     let n = expected.len();
     log.wait_until(what, |h| (h.len() >= n).then_some(())).await;
-    assert_eq!(&log.history()[..n], expected, "{what}: same events, same ids, same order");
+    assert_eq!(
+        &log.history()[..n],
+        expected,
+        "{what}: same events, same ids, same order"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -27,12 +31,17 @@ async fn vm_lifecycle_events_in_order() {
     let suite = Suite::start().await;
     let pool = suite.create_ready_pool(suite.pool("life").build()).await;
     let mut log = suite.subscribe(Some(&pool)).await;
-    let uid = log.wait_pool_n(&pool, VmAvailable, 1).await[0].vm_uid.clone();
+    let uid = log.wait_pool_n(&pool, VmAvailable, 1).await[0]
+        .vm_uid
+        .clone();
     let claimed = suite.claim_ok(&pool).await;
     assert_eq!(claimed.vm_uid, uid);
     expect_ok(suite.release(&claimed.lease_id).await, "ReleaseVM");
     log.wait_vm(&uid, VmDeletedOnRelease).await;
-    assert_eq!(log.types_of(&uid), vec![VmProvisioned, VmAvailable, VmClaimed, VmDeletedOnRelease]);
+    assert_eq!(
+        log.types_of(&uid),
+        vec![VmProvisioned, VmAvailable, VmClaimed, VmDeletedOnRelease]
+    );
     let mine: Vec<&Event> = log.history().iter().filter(|e| e.vm_uid == uid).collect();
     for pair in mine.windows(2) {
         assert!(
@@ -67,7 +76,10 @@ async fn event_ids_are_global_and_every_subscription_replays_all() {
     let mut merged: Vec<i64> = a_events.iter().chain(&b_events).map(|e| e.id).collect();
     merged.sort_unstable();
     let ids: Vec<i64> = history.iter().map(|e| e.id).collect();
-    assert_eq!(merged, ids, "pools share one id sequence: no id is used twice");
+    assert_eq!(
+        merged, ids,
+        "pools share one id sequence: no id is used twice"
+    );
 
     // A new subscription replays everything from the start, then goes live.
     let mut again = suite.subscribe(None).await;
@@ -86,7 +98,9 @@ async fn subscribe_filters_by_pool_name_and_namespace() {
     let suite = Suite::start().await;
     let other_ns = format!("{}-other", suite.namespace());
     let p = suite.create_pool(suite.pool("p").build()).await;
-    let p_elsewhere = suite.create_pool(suite.pool("p").namespace(&other_ns).build()).await;
+    let p_elsewhere = suite
+        .create_pool(suite.pool("p").namespace(&other_ns).build())
+        .await;
     let q = suite.create_pool(suite.pool("q").build()).await;
     for pool in [&p, &p_elsewhere, &q] {
         suite.wait_counts(pool, 1, 0).await;

@@ -26,7 +26,10 @@ async fn create_and_pre_lease_commands_run_in_the_vm() {
         .collect();
     for uid in &uids {
         let out = suite.exec_in_vm(uid, "cat marks").await;
-        assert_eq!(out.stdout, "created\nagain\n", "create commands ran in order in {uid}");
+        assert_eq!(
+            out.stdout, "created\nagain\n",
+            "create commands ran in order in {uid}"
+        );
     }
     let lease = suite.claim_ok(&pool).await;
     let claimed = suite.exec_in_vm(&lease.vm_uid, "cat marks").await;
@@ -34,9 +37,15 @@ async fn create_and_pre_lease_commands_run_in_the_vm() {
         claimed.stdout, "created\nagain\nclaimed\n",
         "the pre-lease command ran before ClaimVM returned"
     );
-    let other = uids.iter().find(|u| **u != lease.vm_uid).expect("the other VM");
+    let other = uids
+        .iter()
+        .find(|u| **u != lease.vm_uid)
+        .expect("the other VM");
     let unclaimed = suite.exec_in_vm(other, "cat marks").await;
-    assert_eq!(unclaimed.stdout, "created\nagain\n", "pre-lease commands run only on claim");
+    assert_eq!(
+        unclaimed.stdout, "created\nagain\n",
+        "pre-lease commands run only on claim"
+    );
     assert!(log.vms_with(&pool, VmHookFailed).is_empty());
     suite.finish().await;
 }
@@ -44,13 +53,22 @@ async fn create_and_pre_lease_commands_run_in_the_vm() {
 /// A failing create command: each VM fails its hook and is replaced.
 async fn failing_create_command(policy: HookFailurePolicy) {
     let suite = Suite::start().await;
-    let name = format!("bad-create-{}", policy.as_str_name().to_lowercase().replace('_', "-"));
-    let spec = suite.pool(&name).create_commands(&["exit 3"]).policy(policy);
+    let name = format!(
+        "bad-create-{}",
+        policy.as_str_name().to_lowercase().replace('_', "-")
+    );
+    let spec = suite
+        .pool(&name)
+        .create_commands(&["exit 3"])
+        .policy(policy);
     let pool = suite.create_pool(spec.build()).await;
     let mut log = suite.subscribe(Some(&pool)).await;
     let failed = log.wait_pool_n(&pool, VmHookFailed, 2).await;
     let first = &failed[0].vm_uid;
-    assert_ne!(first, &failed[1].vm_uid, "a failed VM is replaced by a new one");
+    assert_ne!(
+        first, &failed[1].vm_uid,
+        "a failed VM is replaced by a new one"
+    );
     assert_eq!(
         log.types_of(first),
         vec![VmProvisioned, VmHookFailed],
@@ -73,7 +91,11 @@ async fn failing_create_command(policy: HookFailurePolicy) {
         }
     }
     let claim = suite.claim(&pool, "").await;
-    expect_code(claim, Code::ResourceExhausted, "ClaimVM with no VM past its create hook");
+    expect_code(
+        claim,
+        Code::ResourceExhausted,
+        "ClaimVM with no VM past its create hook",
+    );
     if policy == HookFailurePolicy::Quarantine {
         // Quarantined VMs stay until their pool is deleted.
         suite.delete_pool(&pool, false).await.expect("DeletePool");
@@ -96,10 +118,15 @@ async fn failing_create_command_quarantines() {
 /// A failing pre-lease command: ClaimVM answers INTERNAL and the policy is applied.
 async fn failing_pre_lease_command(policy: HookFailurePolicy) {
     let suite = Suite::start().await;
-    let spec = suite.pool("bad-claim").pre_lease_commands(&["exit 7"]).policy(policy);
+    let spec = suite
+        .pool("bad-claim")
+        .pre_lease_commands(&["exit 7"])
+        .policy(policy);
     let pool = suite.create_ready_pool(spec.build()).await;
     let mut log = suite.subscribe(Some(&pool)).await;
-    let uid = log.wait_pool_n(&pool, VmAvailable, 1).await[0].vm_uid.clone();
+    let uid = log.wait_pool_n(&pool, VmAvailable, 1).await[0]
+        .vm_uid
+        .clone();
 
     let status = expect_code(suite.claim(&pool, "bad-1").await, Code::Internal, "ClaimVM");
     assert!(
@@ -108,9 +135,14 @@ async fn failing_pre_lease_command(policy: HookFailurePolicy) {
         status.message()
     );
     log.wait_vm(&uid, VmHookFailed).await;
-    assert!(suite.leases(Some(&pool)).await.is_empty(), "a failed claim leaves no lease");
+    assert!(
+        suite.leases(Some(&pool)).await.is_empty(),
+        "a failed claim leaves no lease"
+    );
     // The failed VM is replaced either way.
-    let replacement = log.wait_pool_n(&pool, VmAvailable, 2).await[1].vm_uid.clone();
+    let replacement = log.wait_pool_n(&pool, VmAvailable, 2).await[1]
+        .vm_uid
+        .clone();
     assert_ne!(replacement, uid);
     match policy {
         HookFailurePolicy::Quarantine => {
@@ -133,7 +165,11 @@ async fn failing_pre_lease_command(policy: HookFailurePolicy) {
         "no VM_CLAIMED and no VM_DELETED_* for a VM that failed its pre-lease hook"
     );
     // The request_id is not taken by the failed claim.
-    let retried = expect_code(suite.claim(&pool, "bad-1").await, Code::Internal, "ClaimVM again");
+    let retried = expect_code(
+        suite.claim(&pool, "bad-1").await,
+        Code::Internal,
+        "ClaimVM again",
+    );
     assert!(retried.message().contains("pre-lease"));
     suite.finish().await;
 }
@@ -154,19 +190,29 @@ async fn boot_failure_is_a_hook_failure() {
     let Some(suite) = Suite::start_with(options).await else {
         return;
     };
-    suite.sim_host(&suite.hosts()[0].name).faults().fail_boot(true);
+    suite
+        .sim_host(&suite.hosts()[0].name)
+        .faults()
+        .fail_boot(true);
     let spec = suite.pool("no-boot").quarantine();
     let pool = suite.create_pool(spec.build()).await;
     let mut log = suite.subscribe(Some(&pool)).await;
-    let failed = log.wait_pool_n(&pool, VmHookFailed, 1).await[0].vm_uid.clone();
+    let failed = log.wait_pool_n(&pool, VmHookFailed, 1).await[0]
+        .vm_uid
+        .clone();
     assert_eq!(log.types_of(&failed), vec![VmProvisioned, VmHookFailed]);
     suite
         .wait_status(&pool, "the VM that never booted is quarantined", |s| {
             s.quarantined_count >= 1 && s.available_count == 0
         })
         .await;
-    suite.sim_host(&suite.hosts()[0].name).faults().fail_boot(false);
-    suite.wait_status(&pool, "a replacement boots", |s| s.available_count == 1).await;
+    suite
+        .sim_host(&suite.hosts()[0].name)
+        .faults()
+        .fail_boot(false);
+    suite
+        .wait_status(&pool, "a replacement boots", |s| s.available_count == 1)
+        .await;
     suite.finish().await;
 }
 
@@ -176,13 +222,22 @@ async fn failed_creates_are_retried() {
     let Some(suite) = Suite::start_with(options).await else {
         return;
     };
-    suite.sim_host(&suite.hosts()[0].name).faults().fail_creates(true);
+    suite
+        .sim_host(&suite.hosts()[0].name)
+        .faults()
+        .fail_creates(true);
     let pool = suite.create_pool(suite.pool("retry").build()).await;
     let mut log = suite.subscribe(Some(&pool)).await;
     suite.hold_counts(&pool, 0, 0).await;
     let seen = log.observe(std::time::Duration::from_millis(100)).await;
-    assert!(seen.is_empty(), "a refused CreateMicroVM writes no VM and no event: {seen:?}");
-    suite.sim_host(&suite.hosts()[0].name).faults().fail_creates(false);
+    assert!(
+        seen.is_empty(),
+        "a refused CreateMicroVM writes no VM and no event: {seen:?}"
+    );
+    suite
+        .sim_host(&suite.hosts()[0].name)
+        .faults()
+        .fail_creates(false);
     suite.wait_counts(&pool, 1, 0).await;
     suite.finish().await;
 }

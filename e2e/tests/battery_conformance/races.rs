@@ -34,25 +34,49 @@ async fn concurrent_claims_never_share_a_vm() {
     for round in 0..8 {
         let results = claims(&suite, &pool, 2, "").await;
         let won = winners(&results);
-        assert_eq!(won.len(), 1, "round {round}: exactly one claim wins: {:?}", codes(&results));
+        assert_eq!(
+            won.len(),
+            1,
+            "round {round}: exactly one claim wins: {:?}",
+            codes(&results)
+        );
         assert!(
             codes(&results).contains(&Code::ResourceExhausted),
             "round {round}: the loser gets RESOURCE_EXHAUSTED: {:?}",
             codes(&results)
         );
-        assert!(handed_out.insert(won[0].vm_uid.clone()), "VM {} leased twice", won[0].vm_uid);
+        assert!(
+            handed_out.insert(won[0].vm_uid.clone()),
+            "VM {} leased twice",
+            won[0].vm_uid
+        );
         expect_ok(suite.release(&won[0].lease_id).await, "ReleaseVM");
         suite.wait_counts(&pool, 1, 0).await;
     }
 
-    let many = suite.create_ready_pool(suite.pool("many").size(3).build()).await;
+    let many = suite
+        .create_ready_pool(suite.pool("many").size(3).build())
+        .await;
     let results = claims(&suite, &many, 8, "").await;
     let won = winners(&results);
     let vms: BTreeSet<&str> = won.iter().map(|c| c.vm_uid.as_str()).collect();
-    assert_eq!((won.len(), vms.len()), (3, 3), "3 VMs, 3 distinct winners: {:?}", codes(&results));
-    let lost = codes(&results).into_iter().filter(|c| *c == Code::ResourceExhausted).count();
+    assert_eq!(
+        (won.len(), vms.len()),
+        (3, 3),
+        "3 VMs, 3 distinct winners: {:?}",
+        codes(&results)
+    );
+    let lost = codes(&results)
+        .into_iter()
+        .filter(|c| *c == Code::ResourceExhausted)
+        .count();
     assert_eq!(lost, 5, "the other 5 get RESOURCE_EXHAUSTED");
-    let leased: BTreeSet<String> = suite.leases(Some(&many)).await.into_iter().map(|l| l.vm_uid).collect();
+    let leased: BTreeSet<String> = suite
+        .leases(Some(&many))
+        .await
+        .into_iter()
+        .map(|l| l.vm_uid)
+        .collect();
     assert_eq!(leased, vms.iter().map(|s| s.to_string()).collect());
     suite.finish().await;
 }
@@ -62,10 +86,17 @@ async fn concurrent_claims_with_one_request_id_share_one_lease() {
     let suite = Suite::start().await;
     // As many VMs as claims, so every racer finds either the lease or a VM to try.
     let n = 6;
-    let pool = suite.create_ready_pool(suite.pool("same").size(n).build()).await;
+    let pool = suite
+        .create_ready_pool(suite.pool("same").size(n).build())
+        .await;
     let results = claims(&suite, &pool, n as usize, "same-request").await;
     let won = winners(&results);
-    assert_eq!(won.len(), n as usize, "every racer succeeds: {:?}", codes(&results));
+    assert_eq!(
+        won.len(),
+        n as usize,
+        "every racer succeeds: {:?}",
+        codes(&results)
+    );
     for claim in &won {
         assert_eq!(*claim, won[0], "all racers get the same lease");
     }
@@ -89,17 +120,31 @@ async fn claims_race_delete(force: bool) {
         let racing = join_all((0..4).map(|i| staggered(i, suite.claim(&pool, ""))));
         let (results, deleted) = tokio::join!(racing, suite.delete_pool(&pool, force));
         for code in codes(&results) {
-            let allowed = [Code::Ok, Code::NotFound, Code::ResourceExhausted, Code::Aborted];
-            assert!(allowed.contains(&code), "round {round}: ClaimVM answered {code:?}");
+            let allowed = [
+                Code::Ok,
+                Code::NotFound,
+                Code::ResourceExhausted,
+                Code::Aborted,
+            ];
+            assert!(
+                allowed.contains(&code),
+                "round {round}: ClaimVM answered {code:?}"
+            );
         }
         let won = winners(&results);
         match deleted {
             Ok(()) => {
                 if !force {
-                    assert!(won.is_empty(), "round {round}: an unforced delete succeeded past a lease");
+                    assert!(
+                        won.is_empty(),
+                        "round {round}: an unforced delete succeeded past a lease"
+                    );
                 }
                 expect_code(suite.get_pool(&pool).await, Code::NotFound, "GetPool");
-                assert!(suite.leases(Some(&pool)).await.is_empty(), "round {round}: leases left");
+                assert!(
+                    suite.leases(Some(&pool)).await.is_empty(),
+                    "round {round}: leases left"
+                );
                 for claim in &won {
                     let hb = suite.heartbeat(&claim.lease_id).await;
                     expect_code(hb, Code::NotFound, "Heartbeat of a lease on a deleted pool");
@@ -109,8 +154,15 @@ async fn claims_race_delete(force: bool) {
             }
             Err(status) => {
                 assert!(!force, "round {round}: forced DeletePool failed: {status}");
-                assert_eq!(status.code(), Code::FailedPrecondition, "round {round}: {status}");
-                assert!(!won.is_empty(), "round {round}: refused although nothing was leased");
+                assert_eq!(
+                    status.code(),
+                    Code::FailedPrecondition,
+                    "round {round}: {status}"
+                );
+                assert!(
+                    !won.is_empty(),
+                    "round {round}: refused although nothing was leased"
+                );
                 expect_ok(suite.get_pool(&pool).await, "the pool survives");
                 for claim in &won {
                     expect_ok(suite.heartbeat(&claim.lease_id).await, "its leases survive");

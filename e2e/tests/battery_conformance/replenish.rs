@@ -18,7 +18,11 @@ async fn immediate_on_lease_grows_the_total_with_leases() {
     suite.wait_counts(&pool, 2, 2).await;
     expect_ok(suite.release(&a.lease_id).await, "ReleaseVM");
     suite.hold_counts(&pool, 2, 1).await;
-    assert_eq!(suite.pool_vms_on_hosts(&pool).await.len(), 3, "2 warm + 1 leased");
+    assert_eq!(
+        suite.pool_vms_on_hosts(&pool).await.len(),
+        3,
+        "2 warm + 1 leased"
+    );
     suite.finish().await;
 }
 
@@ -78,7 +82,12 @@ async fn host_choice_prefers_fewest_of_the_pools_vms_and_skips_cordoned() {
     let h1 = suite.add_alias_host("h1", 1).await;
     let p = suite.pool("p").size(1).hosts(&[&h0.name, &h1.name]);
     suite.create_ready_pool(p.clone().build()).await;
-    check_counts(&suite, "p at size 1 (tie: first listed)", &[(&h0, 1), (&h1, 0)]).await;
+    check_counts(
+        &suite,
+        "p at size 1 (tie: first listed)",
+        &[(&h0, 1), (&h1, 0)],
+    )
+    .await;
     grow_to(&suite, &p, 2, &[(&h0, 1), (&h1, 1)]).await;
     grow_to(&suite, &p, 3, &[(&h0, 2), (&h1, 1)]).await;
 

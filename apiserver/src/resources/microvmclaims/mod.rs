@@ -77,6 +77,26 @@ impl ClaimRecord {
 pub struct BindIntent {
     claim: MicroVMClaim,
     request_id: String,
+    /// The create answered an error after battery may have leased (a timeout, battery
+    /// unreachable): any lease made for it must be released, not bound.
+    #[serde(default)]
+    abandoned: bool,
+}
+
+/// Why `ClaimVM` did not bind.
+struct BindFailure {
+    error: ApiError,
+    /// battery may have leased anyway (the answer was lost).
+    ambiguous: bool,
+}
+
+impl From<ApiError> for BindFailure {
+    fn from(error: ApiError) -> Self {
+        Self {
+            error,
+            ambiguous: false,
+        }
+    }
 }
 
 fn key(namespace: &str, name: &str) -> Key {
@@ -109,11 +129,13 @@ fn bound_condition(
     }
 }
 
+/// Cheap to clone: a bind runs detached from its request (see `create`).
+#[derive(Clone)]
 pub struct ClaimStorage {
     battery: BatteryClient,
     store: Arc<MetaStore>,
     pools: Arc<PoolStorage>,
-    locks: KeyLocks,
+    locks: Arc<KeyLocks>,
     /// battery's events, so a bind waiting for a MicroVM wakes on `VM_AVAILABLE`.
     events: broadcast::Sender<BatteryEvent>,
     /// How long a create waits for a MicroVM when the pool has none available.
@@ -132,7 +154,7 @@ impl ClaimStorage {
             battery,
             store,
             pools,
-            locks: KeyLocks::default(),
+            locks: Arc::default(),
             events,
             bind_wait,
         }
@@ -213,7 +235,7 @@ impl ClaimStorage {
         pool: &str,
         request_id: &str,
         name: &str,
-    ) -> Result<crate::battery::Lease, ApiError> {
+    ) -> Result<crate::battery::Lease, BindFailure> {
         let deadline = tokio::time::Instant::now() + self.bind_wait;
         let mut aborted = 0;
         loop {
@@ -231,56 +253,146 @@ impl ClaimStorage {
                         let available =
                             wait_for_available(&mut events, namespace, pool, deadline).await;
                         if !available {
-                            return Err(ApiError::too_many_requests(
+                            return Err(BindFailure::from(ApiError::too_many_requests(
                                 format!(
                                     "pool {namespace}/{pool} has no MicroVM available; retry later"
                                 ),
                                 crate::battery::RETRY_AFTER_SECONDS,
-                            ));
+                            )));
                         }
                     }
                     tonic::Code::NotFound => {
-                        return Err(ApiError::not_found(&battery_types::Pool::INFO, pool));
+                        return Err(ApiError::not_found(&battery_types::Pool::INFO, pool).into());
                     }
-                    _ => return Err(to_api_error(status, info(), name)),
+                    code => {
+                        return Err(BindFailure {
+                            ambiguous: matches!(
+                                code,
+                                tonic::Code::Unavailable
+                                    | tonic::Code::DeadlineExceeded
+                                    | tonic::Code::Cancelled
+                                    | tonic::Code::Unknown
+                            ),
+                            error: to_api_error(status, info(), name),
+                        });
+                    }
                 },
             }
         }
     }
 
-    /// Finishes every bind a crash interrupted: replays `ClaimVM` with the recorded request
-    /// id (battery answers a live lease with the same lease) and records the claim, or
-    /// forgets the intent when battery made no lease.
+    /// Settles every bind a crash or a lost answer interrupted, by replaying `ClaimVM`
+    /// with the recorded request id (battery answers a live lease with that same lease):
+    /// a bind whose create never answered is finished and its claim recorded; one whose
+    /// create answered an error has its lease released. Where battery made no lease, the
+    /// intent is simply forgotten.
     pub async fn recover(&self) -> Result<usize, ApiError> {
         let intents = self.store.intents::<BindIntent>()?;
         let count = intents.len();
         for (uid, intent) in intents {
-            let mut claim = intent.claim;
-            let namespace = claim.metadata.namespace.clone().unwrap_or_default();
-            let pool = claim.spec.pool_ref.name.clone();
-            match self
-                .battery
-                .claim_vm(&namespace, &pool, &intent.request_id)
-                .await
-            {
-                Ok(lease) => {
-                    let secrets = LeaseRecord {
-                        lease: Some(bind_status(&mut claim, lease)),
-                        duration_seconds: self.lease_duration(&namespace, &pool).await,
-                    };
-                    self.commit(&mut claim, secrets, ChangeType::Added, Some(&uid))?;
-                    tracing::info!(claim = %claim.metadata.name.as_deref().unwrap_or_default(), %namespace, "finished a bind interrupted by a restart");
-                }
-                Err(status) if status.code() == tonic::Code::Unavailable => {
-                    // battery is not up yet: keep the intent for the next start.
-                    return Err(to_api_error(status, info(), ""));
-                }
-                Err(_) => {
-                    self.store.transact(|tx| tx.delete_intent(&uid))?;
-                }
-            }
+            self.settle(&uid, intent).await?;
         }
         Ok(count)
+    }
+
+    async fn settle(&self, uid: &str, intent: BindIntent) -> Result<(), ApiError> {
+        let mut claim = intent.claim;
+        let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let pool = claim.spec.pool_ref.name.clone();
+        let lease = match self
+            .battery
+            .claim_vm(&namespace, &pool, &intent.request_id)
+            .await
+        {
+            Ok(lease) => lease,
+            Err(status)
+                if matches!(
+                    status.code(),
+                    tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
+                ) =>
+            {
+                // battery cannot tell yet: keep the intent for the next attempt.
+                return Err(to_api_error(status, info(), &name));
+            }
+            Err(_) => {
+                // No pool or no MicroVM: nothing was leased for this intent.
+                self.store.transact(|tx| tx.delete_intent(uid))?;
+                return Ok(());
+            }
+        };
+        if intent.abandoned {
+            release(&self.battery, &lease.id, &name).await?;
+            self.store.transact(|tx| tx.delete_intent(uid))?;
+            tracing::info!(claim = %name, %namespace, "released the lease of a bind whose create failed");
+            return Ok(());
+        }
+        let secrets = LeaseRecord {
+            lease: Some(bind_status(&mut claim, lease)),
+            duration_seconds: self.lease_duration(&namespace, &pool).await,
+        };
+        self.commit(&mut claim, secrets, ChangeType::Added, Some(uid))?;
+        tracing::info!(claim = %name, %namespace, "finished a bind interrupted by a restart");
+        Ok(())
+    }
+
+    /// The bind of `create`: record the intent, `ClaimVM`, record the bound claim.
+    async fn bind(&self, mut claim: MicroVMClaim) -> Result<MicroVMClaim, ApiError> {
+        let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let uid = claim.metadata.uid.clone().unwrap_or_default();
+        let pool = claim.spec.pool_ref.name.clone();
+        let key = key(&namespace, &name);
+        let _guard = self.locks.lock(&key).await;
+        if self.store.get::<ClaimRecord>(&key)?.is_some() {
+            return Err(ApiError::already_exists(info(), &name));
+        }
+        if self.pools.is_deleting(&namespace, &pool)? {
+            return Err(ApiError::conflict(
+                info(),
+                &name,
+                format!("pool {namespace}/{pool} is being deleted"),
+            )
+            .with_specific_reason("PoolDeleting"));
+        }
+        let mut intent = BindIntent {
+            claim: claim.clone(),
+            request_id: request_id(&uid),
+            abandoned: false,
+        };
+        self.store.transact(|tx| tx.put_intent(&uid, &intent))?;
+        crate::failpoint::crash_point("bind:intent-recorded");
+        let lease = match self
+            .claim_vm(&namespace, &pool, &intent.request_id, &name)
+            .await
+        {
+            Ok(lease) => lease,
+            Err(failure) if failure.ambiguous => {
+                // battery may have leased: the create fails, so whatever it leased is
+                // released, now if battery answers, else at the next start.
+                intent.abandoned = true;
+                self.store.transact(|tx| tx.put_intent(&uid, &intent))?;
+                let this = self.clone();
+                tokio::spawn(async move {
+                    if let Err(err) = this.settle(&uid, intent).await {
+                        tracing::warn!(error = %err, "releasing an abandoned bind; the next start retries");
+                    }
+                });
+                return Err(failure.error);
+            }
+            Err(failure) => {
+                // battery said no: nothing was leased, so nothing is left behind.
+                self.store.transact(|tx| tx.delete_intent(&uid))?;
+                return Err(failure.error);
+            }
+        };
+        crate::failpoint::crash_point("bind:claimed");
+        let secrets = LeaseRecord {
+            lease: Some(bind_status(&mut claim, lease)),
+            duration_seconds: self.lease_duration(&namespace, &pool).await,
+        };
+        self.commit(&mut claim, secrets, ChangeType::Added, Some(&uid))?;
+        Ok(claim)
     }
 
     /// Marks claims whose MicroVM battery deleted (expiry, or a forced pool deletion) as
@@ -495,48 +607,13 @@ impl Storage for ClaimStorage {
         _ctx: &RequestContext,
         mut claim: MicroVMClaim,
     ) -> Result<MicroVMClaim, ApiError> {
-        let namespace = claim.metadata.namespace.clone().unwrap_or_default();
-        let name = claim.metadata.name.clone().unwrap_or_default();
-        let uid = claim.metadata.uid.clone().unwrap_or_default();
-        let pool = claim.spec.pool_ref.name.clone();
-        let key = key(&namespace, &name);
-        let _guard = self.locks.lock(&key).await;
-        if self.store.get::<ClaimRecord>(&key)?.is_some() {
-            return Err(ApiError::already_exists(info(), &name));
-        }
-        if self.pools.is_deleting(&namespace, &pool)? {
-            return Err(ApiError::conflict(
-                info(),
-                &name,
-                format!("pool {namespace}/{pool} is being deleted"),
-            )
-            .with_specific_reason("PoolDeleting"));
-        }
-        let request_id = request_id(&uid);
         claim.status = None;
-        self.store.transact(|tx| {
-            tx.put_intent(
-                &uid,
-                &BindIntent {
-                    claim: claim.clone(),
-                    request_id: request_id.clone(),
-                },
-            )
-        })?;
-        let lease = match self.claim_vm(&namespace, &pool, &request_id, &name).await {
-            Ok(lease) => lease,
-            Err(error) => {
-                // Nothing was leased (battery said so), so nothing is left behind.
-                self.store.transact(|tx| tx.delete_intent(&uid))?;
-                return Err(error);
-            }
-        };
-        let secrets = LeaseRecord {
-            lease: Some(bind_status(&mut claim, lease)),
-            duration_seconds: self.lease_duration(&namespace, &pool).await,
-        };
-        self.commit(&mut claim, secrets, ChangeType::Added, Some(&uid))?;
-        Ok(claim)
+        let this = self.clone();
+        // Detached, so a client that disconnects mid-bind (kube-apiserver gives up after
+        // 60 s) leaves no bind half done: it completes and the claim exists.
+        tokio::spawn(async move { this.bind(claim).await })
+            .await
+            .map_err(ApiError::internal)?
     }
 
     async fn update(
@@ -576,6 +653,7 @@ impl Storage for ClaimStorage {
             .ok_or_else(|| ApiError::not_found(info(), &name))?;
         if let Some(lease) = &record.lease {
             release(&self.battery, lease, &name).await?;
+            crate::failpoint::crash_point("release:released");
         }
         let mut claim = Self::object(record);
         self.commit(

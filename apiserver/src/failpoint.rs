@@ -1,0 +1,32 @@
+//! Crash points for the fault-injection tests: when `BATTERY_APISERVER_CRASH_AT` names
+//! a point, the process aborts there, exactly as a kill at that instant would stop it.
+//! Unset (always, outside those tests) it costs one comparison.
+
+use std::sync::OnceLock;
+
+/// The environment variable that names the crash point.
+pub const CRASH_AT: &str = "BATTERY_APISERVER_CRASH_AT";
+
+/// Every point, in the order a bind, release or pool deletion passes them.
+pub const POINTS: &[&str] = &[
+    "bind:intent-recorded",
+    "bind:claimed",
+    "release:released",
+    "pool-delete:deleted",
+];
+
+fn armed() -> Option<&'static str> {
+    static ARMED: OnceLock<Option<String>> = OnceLock::new();
+    ARMED
+        .get_or_init(|| std::env::var(CRASH_AT).ok())
+        .as_deref()
+}
+
+/// Aborts the process if `point` is the armed crash point.
+pub fn crash_point(point: &'static str) {
+    debug_assert!(POINTS.contains(&point), "unknown crash point {point}");
+    if armed() == Some(point) {
+        eprintln!("battery-apiserver: crashing at {point} ({CRASH_AT})");
+        std::process::abort();
+    }
+}

@@ -1,0 +1,351 @@
+//! Crash safety (DESIGN §3): the real `battery-apiserver serve` process is killed at each
+//! step of a bind, a release and a pool deletion (its crash points), and at random
+//! moments of a burst of creates and deletes; after a restart on the same data directory,
+//! battery's leases and the claims must agree — no MicroVM leased twice, no lease without
+//! a claim, no Bound claim without a lease.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use battery_apiserver::battery::BatteryClient;
+use battery_embedded::BatteryConfig;
+use battery_embedded::local::{LocalBattery, LocalBatteryConfig};
+use battery_types::{MicroVMClaim, Pool};
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use serde_json::json;
+
+const NAMESPACE: &str = "default";
+const DEADLINE: Duration = Duration::from_secs(30);
+
+struct Server {
+    child: Child,
+    client: kube::Client,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct World {
+    battery: LocalBattery,
+    dir: tempfile::TempDir,
+    pki: battery_apiserver::dev::pki::DevPki,
+}
+
+impl World {
+    async fn new() -> Self {
+        let battery = LocalBattery::start(LocalBatteryConfig {
+            hosts: 2,
+            provisioning_delay: Duration::from_millis(10),
+            battery: BatteryConfig {
+                sweep_interval: Duration::from_millis(200),
+                create_poll_interval: Duration::from_millis(20),
+                guest_agent_interval: Duration::from_millis(200),
+                ..BatteryConfig::default()
+            },
+            ..LocalBatteryConfig::default()
+        })
+        .await
+        .expect("embedded battery");
+        let dir = tempfile::tempdir().unwrap();
+        let pki = battery_apiserver::dev::pki::write_dev_pki(dir.path()).unwrap();
+        Self { battery, dir, pki }
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Starts the server, armed to crash at `crash_at` if given.
+    async fn start(&self, crash_at: Option<&str>) -> Server {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_battery-apiserver"));
+        command
+            .args(["serve", "--listen", "127.0.0.1:0", "--bind-wait", "300ms"])
+            .arg("--battery-address")
+            .arg(format!("http://{}", self.battery.address()))
+            .arg("--tls-cert-file")
+            .arg(&self.pki.serving_cert)
+            .arg("--tls-private-key-file")
+            .arg(&self.pki.serving_key)
+            .arg("--client-ca-file")
+            .arg(&self.pki.ca_cert)
+            .arg("--data-dir")
+            .arg(self.data_dir())
+            .env_remove(battery_apiserver::failpoint::CRASH_AT)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        if let Some(point) = crash_at {
+            command.env(battery_apiserver::failpoint::CRASH_AT, point);
+        }
+        let mut child = command.spawn().expect("spawn battery-apiserver serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line.trim().rsplit(' ').next().unwrap().to_owned();
+        assert!(
+            url.starts_with("https://127.0.0.1:"),
+            "first line: {line:?}"
+        );
+        let kubeconfig = self.dir.path().join("kubeconfig");
+        battery_apiserver::dev::write_kubeconfig(&kubeconfig, &url, &self.pki).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(
+            Kubeconfig::read_from(&kubeconfig).unwrap(),
+            &KubeConfigOptions::default(),
+        )
+        .await
+        .unwrap();
+        let client = kube::Client::try_from(config).unwrap();
+        Server { child, client }
+    }
+}
+
+fn pools(server: &Server) -> Api<Pool> {
+    Api::namespaced(server.client.clone(), NAMESPACE)
+}
+
+fn claims(server: &Server) -> Api<MicroVMClaim> {
+    Api::namespaced(server.client.clone(), NAMESPACE)
+}
+
+fn pool(name: &str, size: i32) -> Pool {
+    serde_json::from_value(json!({
+        "apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "Pool",
+        "metadata": {"name": name},
+        "spec": {"size": size, "replenishment": {"type": "ImmediateOnLease"},
+            "template": {"vcpu": 1, "memoryInMb": 1024, "kernel": {"image": "k"},
+                "rootVolume": {"id": "root", "containerSource": "r"}, "interfaces": [{"deviceId": "eth1"}]}}
+    }))
+    .unwrap()
+}
+
+fn claim(name: &str, pool: &str) -> MicroVMClaim {
+    serde_json::from_value(json!({
+        "apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "MicroVMClaim",
+        "metadata": {"name": name}, "spec": {"poolRef": {"name": pool}, "serviceAccountName": "dev"}
+    }))
+    .unwrap()
+}
+
+async fn wait_exit(server: &mut Server) {
+    let deadline = std::time::Instant::now() + DEADLINE;
+    while server.child.try_wait().unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server did not crash"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn wait_available(server: &Server, name: &str, want: i32) {
+    eventually(|| async {
+        pools(server)
+            .get(name)
+            .await
+            .ok()
+            .and_then(|p| p.status)
+            .is_some_and(|s| s.available >= want)
+    })
+    .await;
+}
+
+async fn eventually<F: Future<Output = bool>>(check: impl Fn() -> F) {
+    let deadline = std::time::Instant::now() + DEADLINE;
+    while !check().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "condition not met within {DEADLINE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// battery's leases and the claims agree: every lease belongs to exactly one Bound claim
+/// (by the request id derived from its uid) and every Bound claim has its lease.
+async fn consistent(world: &World, server: &Server) -> bool {
+    let battery =
+        BatteryClient::connect_lazy(&format!("http://{}", world.battery.address())).unwrap();
+    let Ok(leases) = battery.leases().await else {
+        return false;
+    };
+    let Ok(list) = claims(server).list(&Default::default()).await else {
+        return false;
+    };
+    let mut by_vm: BTreeMap<String, usize> = BTreeMap::new();
+    for lease in &leases {
+        *by_vm.entry(lease.vm_uid.clone()).or_default() += 1;
+    }
+    let leased: BTreeSet<String> = leases.iter().map(|l| l.request_id.clone()).collect();
+    let bound: BTreeSet<String> = list
+        .items
+        .iter()
+        .filter(|c| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.phase.as_ref())
+                .is_some_and(|p| p.as_str() == "Bound")
+        })
+        .map(|c| {
+            format!(
+                "microvmclaim/{}",
+                c.metadata.uid.clone().unwrap_or_default()
+            )
+        })
+        .collect();
+    by_vm.values().all(|n| *n == 1) && leased == bound
+}
+
+async fn assert_consistent(world: &World, server: &Server) {
+    eventually(|| consistent(world, server)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_at_each_bind_step_is_settled_on_restart() {
+    for point in ["bind:intent-recorded", "bind:claimed"] {
+        let world = World::new().await;
+        let server = world.start(None).await;
+        pools(&server)
+            .create(&PostParams::default(), &pool("p", 2))
+            .await
+            .unwrap();
+        wait_available(&server, "p", 2).await;
+        drop(server);
+
+        let mut crashing = world.start(Some(point)).await;
+        let result = claims(&crashing)
+            .create(&PostParams::default(), &claim("c", "p"))
+            .await;
+        assert!(result.is_err(), "{point}: the create never answered");
+        wait_exit(&mut crashing).await;
+
+        let server = world.start(None).await;
+        // The client got no answer, so either outcome is allowed; a bind that reached
+        // battery is finished, and the claim is Bound with its lease.
+        assert_consistent(&world, &server).await;
+        let got = claims(&server).get("c").await.unwrap();
+        assert_eq!(
+            got.status
+                .and_then(|s| s.phase)
+                .map(|p| p.as_str().to_owned())
+                .as_deref(),
+            Some("Bound"),
+            "{point}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_release_leaves_no_lease_and_the_retry_finishes() {
+    let world = World::new().await;
+    let server = world.start(None).await;
+    pools(&server)
+        .create(&PostParams::default(), &pool("p", 1))
+        .await
+        .unwrap();
+    wait_available(&server, "p", 1).await;
+    claims(&server)
+        .create(&PostParams::default(), &claim("c", "p"))
+        .await
+        .unwrap();
+    drop(server);
+
+    let mut crashing = world.start(Some("release:released")).await;
+    assert!(
+        claims(&crashing)
+            .delete("c", &DeleteParams::default())
+            .await
+            .is_err()
+    );
+    wait_exit(&mut crashing).await;
+
+    let server = world.start(None).await;
+    assert_consistent(&world, &server).await;
+    // The client retries its delete, which finds the lease gone and finishes.
+    claims(&server)
+        .delete("c", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(claims(&server).get_opt("c").await.unwrap().is_none());
+    assert_consistent(&world, &server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_battery_deleted_a_pool_leaves_no_pool() {
+    let world = World::new().await;
+    let server = world.start(None).await;
+    pools(&server)
+        .create(&PostParams::default(), &pool("p", 1))
+        .await
+        .unwrap();
+    drop(server);
+
+    let mut crashing = world.start(Some("pool-delete:deleted")).await;
+    assert!(
+        pools(&crashing)
+            .delete("p", &DeleteParams::default())
+            .await
+            .is_err()
+    );
+    wait_exit(&mut crashing).await;
+
+    let server = world.start(None).await;
+    assert!(
+        pools(&server).get_opt("p").await.unwrap().is_none(),
+        "battery's answer wins"
+    );
+    assert!(
+        pools(&server)
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_kills_during_a_burst_never_leak_or_double_lease() {
+    let world = World::new().await;
+    let server = world.start(None).await;
+    pools(&server)
+        .create(&PostParams::default(), &pool("p", 4))
+        .await
+        .unwrap();
+    wait_available(&server, "p", 4).await;
+    drop(server);
+    // A different kill point each round, from the clock: random across runs, and each
+    // failure prints the delay it used.
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    for round in 0..3u32 {
+        let kill_after = Duration::from_millis(u64::from((seed >> (round * 5)) % 300));
+        let mut server = world.start(None).await;
+        let api = claims(&server);
+        let burst = tokio::spawn(async move {
+            for i in 0..8 {
+                let name = format!("r{round}-{i}");
+                let _ = api.create(&PostParams::default(), &claim(&name, "p")).await;
+                if i % 2 == 0 {
+                    let _ = api.delete(&name, &DeleteParams::default()).await;
+                }
+            }
+        });
+        tokio::time::sleep(kill_after).await;
+        server.child.kill().unwrap();
+        server.child.wait().unwrap();
+        let _ = burst.await;
+        let server = world.start(None).await;
+        eventually(|| consistent(&world, &server)).await;
+        eprintln!("round {round}: killed after {kill_after:?}, consistent after restart");
+    }
+}
