@@ -363,3 +363,125 @@ async fn a_pool_with_a_bound_claim_waits_for_it_before_going() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test]
+async fn a_failing_pre_lease_hook_is_a_500_with_batterys_message() {
+    let h = Harness::start(Duration::from_millis(500)).await;
+    let pool = json!({
+        "apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "Pool",
+        "metadata": {"name": "hooked"},
+        "spec": {"size": 1, "hooks": {"preLease": ["exit 3"]},
+            "template": {"vcpu": 1, "memoryInMb": 1024, "kernel": {"image": "k"},
+                "rootVolume": {"id": "root", "containerSource": "r"}, "interfaces": [{"deviceId": "eth1"}]}}
+    });
+    let (status, _, body) = h.call("POST", POOLS, "application/json", Some(pool)).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    h.wait_available("hooked", 1).await;
+    let (status, _, body) = h.claim("c", "hooked").await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    assert_eq!(body["kind"], "Status");
+    assert!(
+        body["message"].as_str().unwrap().contains("pre-lease hook"),
+        "{body}"
+    );
+    let (status, _) = h.get(&format!("{CLAIMS}/c")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "nothing left behind");
+}
+
+#[tokio::test]
+async fn a_claim_on_a_missing_pool_is_a_404_naming_the_pool() {
+    let h = Harness::start(Duration::from_millis(200)).await;
+    let (status, _, body) = h.claim("c", "nowhere").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(
+        body["message"],
+        "pools.battery.liquidmetal-x.dev \"nowhere\" not found"
+    );
+}
+
+#[tokio::test]
+async fn battery_unreachable_is_a_503_with_retry_after_and_discovery_still_answers() {
+    let mut h = Harness::start(Duration::from_millis(200)).await;
+    h.local.stop_battery().await;
+    let (status, headers, body) = h.call("GET", POOLS, "application/json", None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["kind"], "Status");
+    assert!(headers.contains_key(header::RETRY_AFTER));
+    let (status, _) = h.get("/apis/battery.liquidmetal-x.dev/v1alpha1").await;
+    assert_eq!(status, StatusCode::OK, "discovery does not need battery");
+    let (status, _, _) = h.call("GET", "/readyz", "text/plain", None).await;
+    assert_eq!(
+        status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "not ready without battery"
+    );
+}
+
+const HOSTS: &str = "/apis/battery.liquidmetal-x.dev/v1alpha1/hosts";
+
+fn ready_reason(pool: &Value) -> Option<&str> {
+    pool["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Ready")?["reason"]
+        .as_str()
+}
+
+#[tokio::test]
+async fn a_node_selector_follows_host_labels() {
+    let h = Harness::start(Duration::from_millis(500)).await;
+    // The embedded battery's Hosts are adopted with their metadata.
+    h.eventually(HOSTS, |list| {
+        list["items"].as_array().is_some_and(|i| i.len() == 2)
+    })
+    .await;
+    let pool = json!({
+        "apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "Pool",
+        "metadata": {"name": "zoned"},
+        "spec": {"size": 1, "placement": {"nodeSelector": {"zone": "b"}},
+            "template": {"vcpu": 1, "memoryInMb": 1024, "kernel": {"image": "k"},
+                "rootVolume": {"id": "root", "containerSource": "r"}, "interfaces": [{"deviceId": "eth1"}]}}
+    });
+    let (status, _, created) = h.call("POST", POOLS, "application/json", Some(pool)).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(ready_reason(&created), Some("NoEligibleHost"));
+
+    let (status, _, host) = h
+        .call(
+            "PATCH",
+            &format!("{HOSTS}/host-1"),
+            "application/merge-patch+json",
+            Some(json!({"metadata": {"labels": {"zone": "b"}}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{host}");
+    h.wait_available("zoned", 1).await;
+    let uids = h.local.host("host-1").unwrap().microvm_uids();
+    assert_eq!(
+        uids.len(),
+        1,
+        "the MicroVM runs on the only Host labelled zone=b"
+    );
+    assert!(h.local.host("host-0").unwrap().microvm_uids().is_empty());
+    let pool = h
+        .eventually(&format!("{POOLS}/zoned"), |p| {
+            ready_reason(p) == Some("AtSize")
+        })
+        .await;
+    assert_eq!(pool["spec"]["placement"]["nodeSelector"]["zone"], "b");
+
+    // A Host is removed only once battery has no MicroVM on it.
+    let (status, _, refused) = h
+        .call(
+            "DELETE",
+            &format!("{HOSTS}/host-1"),
+            "application/json",
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    assert!(
+        refused["message"].as_str().unwrap().contains("1 MicroVM"),
+        "{refused}"
+    );
+}

@@ -155,19 +155,23 @@ impl LocalBattery {
     /// Stops only the battery and starts it again on the same data directory and
     /// address while the Hosts keep running, as when poolmgrd's pod restarts.
     pub async fn restart_battery(&mut self) -> Result<(), LocalError> {
-        if let Some(battery) = self.battery.take() {
-            battery.shutdown().await;
-        }
+        self.stop_battery().await;
         let battery = start_battery(&self.config, self.address).await?;
         self.battery = Some(battery);
         Ok(())
     }
 
-    /// Stops the battery, then the Hosts.
-    pub async fn shutdown(mut self) {
+    /// Stops only the battery, as when poolmgrd is down; [`Self::restart_battery`]
+    /// brings it back.
+    pub async fn stop_battery(&mut self) {
         if let Some(battery) = self.battery.take() {
             battery.shutdown().await;
         }
+    }
+
+    /// Stops the battery, then the Hosts.
+    pub async fn shutdown(mut self) {
+        self.stop_battery().await;
         for host in self.hosts.drain(..) {
             host.shutdown().await;
         }

@@ -85,6 +85,7 @@ async fn event_ids_are_global_and_every_subscription_replays_all() {
     let mut again = suite.subscribe(None).await;
     expect_replay(&mut again, &history, "a second subscription").await;
     let last = again.last_id();
+    suite.wait_counts(&a, 1, 0).await; // the released VM's replacement
     let claimed = suite.claim_ok(&a).await;
     for log in [&mut again, &mut all, &mut only_a] {
         let live = log.wait_vm(&claimed.vm_uid, VmClaimed).await;
