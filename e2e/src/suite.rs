@@ -173,6 +173,18 @@ fn lazy_channel(endpoint: &str) -> Channel {
         .connect_lazy()
 }
 
+/// An error and its sources, `: `-separated.
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 fn short_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
 }
@@ -277,7 +289,7 @@ impl Suite {
         };
         let local = LocalBattery::start(config)
             .await
-            .unwrap_or_else(|e| panic!("starting the embedded battery: {e}"));
+            .unwrap_or_else(|e| panic!("starting the embedded battery: {}", chain(&e)));
         let endpoint = format!("http://{}", local.address());
         let hosts = local
             .hosts()
@@ -358,7 +370,7 @@ impl Suite {
         tokio::time::timeout(self.timing.timeout, local.restart_battery())
             .await
             .expect("restart_battery finished in time (does shutdown wait on in-flight RPCs?)")
-            .unwrap_or_else(|e| panic!("restarting the embedded battery: {e}"));
+            .unwrap_or_else(|e| panic!("restarting the embedded battery: {}", chain(&e)));
         self.channel = lazy_channel(&self.endpoint);
     }
 

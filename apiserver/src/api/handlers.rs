@@ -447,13 +447,12 @@ pub(super) async fn replace<S: Storage>(
         && !uid.is_empty()
         && Some(uid) != old.uid.as_ref()
     {
-        return Err(ApiError::conflict(
+        return Err(precondition_failed(
             info,
             &name,
-            format!(
-                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                old.uid.clone().unwrap_or_default()
-            ),
+            "UID",
+            uid,
+            old.uid.as_deref(),
         ));
     }
     let being_deleted = old.deletion_timestamp.is_some();
@@ -501,6 +500,25 @@ pub(super) async fn replace<S: Storage>(
         });
     }
     Ok(updated)
+}
+
+/// A failed uid or resourceVersion precondition, in Go's words (`apiserver:pkg/
+/// storage/etcd3/store.go` `checkPreconditions`).
+fn precondition_failed(
+    info: &battery_types::ResourceInfo,
+    name: &str,
+    field: &str,
+    wanted: &str,
+    actual: Option<&str>,
+) -> ApiError {
+    ApiError::conflict(
+        info,
+        name,
+        format!(
+            "Precondition failed: {field} in precondition: {wanted}, {field} in object meta: {}",
+            actual.unwrap_or_default()
+        ),
+    )
 }
 
 /// The `spec` of an object, to tell whether `generation` moves.
@@ -647,25 +665,23 @@ async fn delete_object<S: Storage>(
         if let Some(uid) = &pre.uid
             && Some(uid) != meta.uid.as_ref()
         {
-            return Err(ApiError::conflict(
+            return Err(precondition_failed(
                 info,
                 &name,
-                format!(
-                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                    meta.uid.clone().unwrap_or_default()
-                ),
+                "UID",
+                uid,
+                meta.uid.as_deref(),
             ));
         }
         if let Some(rv) = &pre.resource_version
             && Some(rv) != meta.resource_version.as_ref()
         {
-            return Err(ApiError::conflict(
+            return Err(precondition_failed(
                 info,
                 &name,
-                format!(
-                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
-                    meta.resource_version.clone().unwrap_or_default()
-                ),
+                "ResourceVersion",
+                rv,
+                meta.resource_version.as_deref(),
             ));
         }
     }

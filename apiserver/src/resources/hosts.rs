@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::Notify;
 
-use super::{KeyLocks, check_resource_version};
+use super::{KeyLocks, check_resource_version, commit};
 use crate::api::{Deleted, RequestContext, Storage};
 use crate::battery::{BatteryClient, BatteryHost, to_api_error};
 use crate::meta_store::{Key, MetaStore};
@@ -150,30 +150,17 @@ impl HostStorage {
     }
 
     fn commit(&self, object: &mut Host, change: ChangeType) -> Result<(), ApiError> {
-        let name = object.metadata.name.clone().unwrap_or_default();
-        let key = key(&name);
-        self.store().transact(|tx| -> Result<(), ApiError> {
-            let rv = tx.next_resource_version();
-            object.metadata.resource_version = Some(rv.to_string());
-            match change {
-                ChangeType::Deleted => tx.delete(&key)?,
-                ChangeType::Added | ChangeType::Modified => tx.put(
-                    &key,
-                    &HostRecord {
-                        metadata: object.metadata.clone(),
-                        agent_address: object.spec.agent_address.clone(),
-                        conditions: object
-                            .status
-                            .as_ref()
-                            .map(|s| s.conditions.clone())
-                            .unwrap_or_default(),
-                    },
-                )?,
-            }
-            let value = serde_json::to_value(&*object).map_err(ApiError::internal)?;
-            tx.record_change(&key, change, rv, value);
-            Ok(())
-        })?;
+        let key = key(object.metadata.name.as_deref().unwrap_or_default());
+        let record = |host: &Host| HostRecord {
+            metadata: host.metadata.clone(),
+            agent_address: host.spec.agent_address.clone(),
+            conditions: host
+                .status
+                .as_ref()
+                .map(|s| s.conditions.clone())
+                .unwrap_or_default(),
+        };
+        commit(self.store(), &key, object, change, record, |_| Ok(()))?;
         self.directory.changed.notify_one();
         Ok(())
     }

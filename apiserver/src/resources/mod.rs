@@ -14,7 +14,8 @@ use battery_types::ResourceInfo;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::sync::OwnedMutexGuard;
 
-use crate::meta_store::{Key, StoreError};
+use crate::meta_store::{Key, MetaStore, StoreError, Txn};
+use crate::watch::ChangeType;
 
 /// Serializes writes to one object, so a battery call and the record written after it
 /// are never interleaved with another write to the same object (a store transaction
@@ -62,4 +63,32 @@ pub fn check_resource_version(
             new.name.as_deref().unwrap_or_default(),
         ))
     }
+}
+
+/// Writes `object`'s record (made by `record`) with a new resourceVersion, or removes it
+/// for a deletion, runs `also` in the same transaction, and tells watchers of the change.
+pub fn commit<K, R>(
+    store: &MetaStore,
+    key: &Key,
+    object: &mut K,
+    change: ChangeType,
+    record: impl FnOnce(&K) -> R,
+    also: impl FnOnce(&mut Txn) -> Result<(), StoreError>,
+) -> Result<(), ApiError>
+where
+    K: kube::Resource + serde::Serialize,
+    R: serde::Serialize,
+{
+    store.transact(|tx| -> Result<(), ApiError> {
+        let rv = tx.next_resource_version();
+        object.meta_mut().resource_version = Some(rv.to_string());
+        match change {
+            ChangeType::Deleted => tx.delete(key)?,
+            ChangeType::Added | ChangeType::Modified => tx.put(key, &record(object))?,
+        }
+        also(tx)?;
+        let value = serde_json::to_value(&*object).map_err(ApiError::internal)?;
+        tx.record_change(key, change, rv, value);
+        Ok(())
+    })
 }

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::hosts::HostDirectory;
-use super::{KeyLocks, check_resource_version};
+use super::{KeyLocks, check_resource_version, commit};
 use crate::api::{Deleted, RequestContext, Storage, server_now};
 use crate::battery::{BatteryClient, BatteryPool, to_api_error};
 use crate::meta_store::{Key, MetaStore};
@@ -205,31 +205,20 @@ impl PoolStorage {
 
     /// Writes `object`'s record with a new resourceVersion and tells watchers.
     fn commit(&self, object: &mut Pool, change: ChangeType) -> Result<(), ApiError> {
-        let namespace = object.metadata.namespace.clone().unwrap_or_default();
-        let name = object.metadata.name.clone().unwrap_or_default();
-        let key = key(&namespace, &name);
-        self.store.transact(|tx| -> Result<(), ApiError> {
-            let rv = tx.next_resource_version();
-            object.metadata.resource_version = Some(rv.to_string());
-            match change {
-                ChangeType::Deleted => tx.delete(&key)?,
-                ChangeType::Added | ChangeType::Modified => tx.put(
-                    &key,
-                    &PoolRecord {
-                        metadata: object.metadata.clone(),
-                        placement: object.spec.placement.clone(),
-                        conditions: object
-                            .status
-                            .as_ref()
-                            .map(|s| s.conditions.clone())
-                            .unwrap_or_default(),
-                    },
-                )?,
-            }
-            let value = serde_json::to_value(&*object).map_err(ApiError::internal)?;
-            tx.record_change(&key, change, rv, value);
-            Ok(())
-        })
+        let key = key(
+            object.metadata.namespace.as_deref().unwrap_or_default(),
+            object.metadata.name.as_deref().unwrap_or_default(),
+        );
+        let record = |pool: &Pool| PoolRecord {
+            metadata: pool.metadata.clone(),
+            placement: pool.spec.placement.clone(),
+            conditions: pool
+                .status
+                .as_ref()
+                .map(|s| s.conditions.clone())
+                .unwrap_or_default(),
+        };
+        commit(&self.store, &key, object, change, record, |_| Ok(()))
     }
 
     /// The Host names a Pool's selector resolves to, as battery's `flintlock_hosts`.

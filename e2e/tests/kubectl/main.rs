@@ -10,6 +10,7 @@
 
 mod discovery;
 mod errors;
+mod lifecycle;
 mod read;
 mod watch;
 mod write;

@@ -22,7 +22,7 @@ use serde_json::Value;
 use tokio::sync::broadcast;
 
 use super::pools::PoolStorage;
-use super::{KeyLocks, check_resource_version};
+use super::{KeyLocks, check_resource_version, commit};
 use crate::api::{Deleted, RequestContext, Storage, server_now};
 use crate::battery::{BatteryClient, BatteryEvent, EventKind, LeaseId, to_api_error};
 use crate::meta_store::{Key, MetaStore};
@@ -179,32 +179,28 @@ impl ClaimStorage {
         change: ChangeType,
         finished_intent: Option<&str>,
     ) -> Result<(), ApiError> {
-        let namespace = claim.metadata.namespace.clone().unwrap_or_default();
-        let name = claim.metadata.name.clone().unwrap_or_default();
-        let key = key(&namespace, &name);
-        self.store.transact(|tx| -> Result<(), ApiError> {
-            let rv = tx.next_resource_version();
-            claim.metadata.resource_version = Some(rv.to_string());
-            match change {
-                ChangeType::Deleted => tx.delete(&key)?,
-                ChangeType::Added | ChangeType::Modified => tx.put(
-                    &key,
-                    &ClaimRecord {
-                        metadata: claim.metadata.clone(),
-                        spec: claim.spec.clone(),
-                        status: claim.status.clone().unwrap_or_default(),
-                        lease: secrets.lease,
-                        lease_duration_seconds: secrets.duration_seconds,
-                    },
-                )?,
-            }
-            if let Some(uid) = finished_intent {
-                tx.delete_intent(uid)?;
-            }
-            let value = serde_json::to_value(&*claim).map_err(ApiError::internal)?;
-            tx.record_change(&key, change, rv, value);
-            Ok(())
-        })
+        let key = key(
+            claim.metadata.namespace.as_deref().unwrap_or_default(),
+            claim.metadata.name.as_deref().unwrap_or_default(),
+        );
+        let record = |claim: &MicroVMClaim| ClaimRecord {
+            metadata: claim.metadata.clone(),
+            spec: claim.spec.clone(),
+            status: claim.status.clone().unwrap_or_default(),
+            lease: secrets.lease,
+            lease_duration_seconds: secrets.duration_seconds,
+        };
+        commit(
+            &self.store,
+            &key,
+            claim,
+            change,
+            record,
+            |tx| match finished_intent {
+                Some(uid) => tx.delete_intent(uid),
+                None => Ok(()),
+            },
+        )
     }
 
     /// The uids of the MicroVMs battery still leases, by request id.
