@@ -35,7 +35,8 @@ use crate::watch::{Change, ChangeType, Subscription};
 /// How often a watch that allows bookmarks gets one, so a client can resume close to
 /// where it was even when nothing it watches changes.
 const BOOKMARK_INTERVAL: Duration = Duration::from_secs(30);
-/// Without `timeoutSeconds`, a watch ends after 30–60 minutes, as Go's `MinRequestTimeout`.
+/// Without `timeoutSeconds`, a watch ends cleanly after Go's `MinRequestTimeout` (30
+/// minutes) and the client re-watches.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// Events buffered for a slow client before it holds up nothing but itself.
 const CLIENT_BUFFER: usize = 256;
