@@ -57,6 +57,11 @@ pub struct ServeArgs {
     #[arg(long, env = "BATTERY_APISERVER_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
 
+    /// kubeconfig of the cluster served (namespace lifecycle, Events); inside a pod the
+    /// in-cluster config is used when this is not given.
+    #[arg(long, env = "BATTERY_APISERVER_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
     /// How long creating a claim waits for a MicroVM when the pool has none available,
     /// before answering 429.
     #[arg(long, env = "BATTERY_APISERVER_BIND_WAIT", default_value = "5s", value_parser = humantime::parse_duration)]

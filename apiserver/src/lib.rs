@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod battery;
+pub mod cluster;
 pub mod config;
 pub mod dev;
 pub mod embedded_battery;

@@ -6,6 +6,7 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 
 use crate::battery::BatteryClient;
+use crate::cluster::Cluster;
 use crate::config::ServeArgs;
 use crate::meta_store::MetaStore;
 use crate::serve::{self, TlsFiles};
@@ -38,6 +39,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         store,
         &Settings {
             bind_wait: args.bind_wait,
+            cluster: cluster(args.kubeconfig.as_deref()).await?,
         },
     )?;
     let listener = TcpListener::bind(args.listen)
@@ -50,6 +52,29 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     );
     serve::serve(listener, acceptor, app.router, shutdown_signal()).await;
     Ok(())
+}
+
+/// The cluster to serve: from `kubeconfig` when given, else the in-cluster config of
+/// the pod; without either, namespace lifecycle checks and Events are off.
+async fn cluster(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Option<Arc<Cluster>>> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &Default::default())
+                .await
+                .with_context(|| format!("--kubeconfig {}", path.display()))?
+        }
+        None => match kube::Config::incluster() {
+            Ok(config) => config,
+            Err(err) => {
+                tracing::warn!(error = %err, "no cluster to serve: namespace lifecycle checks and Events are off");
+                return Ok(None);
+            }
+        },
+    };
+    let client = kube::Client::try_from(config).context("building the cluster client")?;
+    Ok(Some(Arc::new(Cluster::new(client))))
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

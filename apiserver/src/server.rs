@@ -20,6 +20,7 @@ use tokio::task::JoinSet;
 
 use crate::api::{Endpoint, ResourceEndpoint, resource_router};
 use crate::battery::BatteryClient;
+use crate::cluster::Cluster;
 use crate::http::metrics::{self, Metrics};
 use crate::http::{NonResource, authn, nonresource_router};
 use crate::meta_store::MetaStore;
@@ -32,16 +33,19 @@ use crate::resources::pools::PoolStorage;
 const EVENT_FANOUT: usize = 1024;
 
 /// How the server behaves, beyond where it listens.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Settings {
     /// How long a claim's create waits for a MicroVM when its pool has none available.
     pub bind_wait: Duration,
+    /// The cluster served, for namespace lifecycle and Events; `None` in `dev`.
+    pub cluster: Option<Arc<Cluster>>,
 }
 
 impl Default for Settings {
     fn default() -> Self {
         Self {
             bind_wait: Duration::from_secs(5),
+            cluster: None,
         }
     }
 }
@@ -147,7 +151,11 @@ pub fn build(
         battery: battery.clone(),
         metrics: metrics.clone(),
     });
-    let router = resource_router(endpoints)
+    let lifecycle = settings
+        .cluster
+        .clone()
+        .map(|c| c as Arc<dyn crate::api::NamespaceLifecycle>);
+    let router = resource_router(endpoints, lifecycle)
         .merge(nonresource_router(nonresource, GROUP, VERSION))
         .layer(axum::middleware::from_fn(authn::authenticate))
         .layer(axum::middleware::from_fn_with_state(
@@ -163,6 +171,7 @@ pub fn build(
             pools: pools.clone(),
             claims: claims.clone(),
             events,
+            cluster: settings.cluster.clone(),
         }
         .run(),
     );

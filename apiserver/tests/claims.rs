@@ -30,6 +30,14 @@ struct Harness {
 
 impl Harness {
     async fn start(bind_wait: Duration) -> Self {
+        Self::start_with(Settings {
+            bind_wait,
+            cluster: None,
+        })
+        .await
+    }
+
+    async fn start_with(settings: Settings) -> Self {
         let local = LocalBattery::start(LocalBatteryConfig {
             hosts: 2,
             provisioning_delay: Duration::from_millis(10),
@@ -45,7 +53,7 @@ impl Harness {
         .expect("embedded battery");
         let client = BatteryClient::connect_lazy(&format!("http://{}", local.address())).unwrap();
         let store = Arc::new(MetaStore::in_memory().unwrap());
-        let app = server::build(client, store, &Settings { bind_wait }).unwrap();
+        let app = server::build(client, store, &settings).unwrap();
         Self {
             router: app.router,
             local,
@@ -483,5 +491,152 @@ async fn a_node_selector_follows_host_labels() {
     assert!(
         refused["message"].as_str().unwrap().contains("1 MicroVM"),
         "{refused}"
+    );
+}
+
+#[tokio::test]
+async fn deleting_every_claim_of_a_namespace_releases_every_microvm() {
+    // What the namespace controller does when a namespace goes: one deletecollection.
+    let h = Harness::start(Duration::from_millis(500)).await;
+    h.create_pool("ns", 3, "ReplaceOnDelete", "60s").await;
+    h.wait_available("ns", 3).await;
+    let mut vms = Vec::new();
+    for name in ["a", "b", "c"] {
+        let (status, _, claim) = h.claim(name, "ns").await;
+        assert_eq!(status, StatusCode::CREATED, "{claim}");
+        vms.push(
+            claim["status"]["microVM"]["uid"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    let (status, _, deleted) = h
+        .call("DELETE", CLAIMS, "application/json", Some(json!({"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"})))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{deleted}");
+    assert_eq!(deleted["items"].as_array().unwrap().len(), 3);
+    let (_, list) = h.get(CLAIMS).await;
+    assert!(list["items"].as_array().unwrap().is_empty());
+    for vm in vms {
+        assert!(
+            h.local
+                .hosts()
+                .iter()
+                .all(|host| !host.microvm_uids().contains(&vm)),
+            "{vm} released"
+        );
+    }
+}
+
+/// A stand-in for the kube-apiserver of the cluster served, answering only what the
+/// server asks of it: namespaces (`default` active, `dying` terminating, others missing)
+/// and Event creation (recorded; a repeated name is a 409, as in Kubernetes).
+async fn fake_kube_apiserver() -> (kube::Client, Arc<std::sync::Mutex<Vec<Value>>>) {
+    use axum::extract::{Path, State};
+    use axum::routing::{get, post};
+    type Events = Arc<std::sync::Mutex<Vec<Value>>>;
+    async fn namespace(Path(name): Path<String>) -> (StatusCode, axum::Json<Value>) {
+        let phase = match name.as_str() {
+            "default" => "Active",
+            "dying" => "Terminating",
+            _ => {
+                let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+                    "code": 404, "message": format!("namespaces \"{name}\" not found")});
+                return (StatusCode::NOT_FOUND, axum::Json(status));
+            }
+        };
+        let ns = json!({"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": name}, "status": {"phase": phase}});
+        (StatusCode::OK, axum::Json(ns))
+    }
+    async fn event(
+        State(events): State<Events>,
+        axum::Json(event): axum::Json<Value>,
+    ) -> (StatusCode, axum::Json<Value>) {
+        let mut events = events.lock().unwrap();
+        if events
+            .iter()
+            .any(|e| e["metadata"]["name"] == event["metadata"]["name"])
+        {
+            let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "AlreadyExists", "code": 409});
+            return (StatusCode::CONFLICT, axum::Json(status));
+        }
+        events.push(event.clone());
+        (StatusCode::CREATED, axum::Json(event))
+    }
+    let events: Events = Arc::default();
+    let app = Router::new()
+        .route("/api/v1/namespaces/{name}", get(namespace))
+        .route("/api/v1/namespaces/{ns}/events", post(event))
+        .with_state(events.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+    (client, events)
+}
+
+#[tokio::test]
+async fn creates_in_missing_or_terminating_namespaces_are_refused_and_hook_failures_become_events()
+{
+    let (client, events) = fake_kube_apiserver().await;
+    let h = Harness::start_with(Settings {
+        bind_wait: Duration::from_millis(300),
+        cluster: Some(Arc::new(battery_apiserver::cluster::Cluster::new(client))),
+    })
+    .await;
+    for (namespace, code, message) in [
+        (
+            "dying",
+            StatusCode::FORBIDDEN,
+            "unable to create new content in namespace dying because it is being terminated",
+        ),
+        (
+            "ghost",
+            StatusCode::NOT_FOUND,
+            "namespaces \"ghost\" not found",
+        ),
+    ] {
+        let uri = format!("/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/{namespace}/pools");
+        let pool = json!({"apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "Pool", "metadata": {"name": "p"},
+            "spec": {"size": 0, "template": {"vcpu": 1, "memoryInMb": 1024, "kernel": {"image": "k"},
+                "rootVolume": {"id": "root", "containerSource": "r"}, "interfaces": [{"deviceId": "eth1"}]}}});
+        let (status, _, body) = h.call("POST", &uri, "application/json", Some(pool)).await;
+        assert_eq!(
+            (status, body["message"].as_str()),
+            (code, Some(message)),
+            "{body}"
+        );
+    }
+
+    // A create hook that always fails: battery reports VM_HOOK_FAILED for each MicroVM.
+    let pool = json!({"apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "Pool", "metadata": {"name": "broken"},
+        "spec": {"size": 1, "hooks": {"create": ["exit 1"]}, "template": {"vcpu": 1, "memoryInMb": 1024, "kernel": {"image": "k"},
+            "rootVolume": {"id": "root", "containerSource": "r"}, "interfaces": [{"deviceId": "eth1"}]}}});
+    let (status, _, created) = h.call("POST", POOLS, "application/json", Some(pool)).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while events.lock().unwrap().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no HookFailed Event"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let recorded = events.lock().unwrap().clone();
+    let event = &recorded[0];
+    assert_eq!(event["reason"], "HookFailed");
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["involvedObject"]["kind"], "Pool");
+    assert_eq!(event["involvedObject"]["name"], "broken");
+    assert_eq!(event["involvedObject"]["uid"], created["metadata"]["uid"]);
+    let names: HashSet<&str> = recorded
+        .iter()
+        .map(|e| e["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names.len(),
+        recorded.len(),
+        "one Event per battery event id"
     );
 }

@@ -51,6 +51,7 @@ impl Harness {
             std::sync::Arc::new(store),
             &Settings {
                 bind_wait: Duration::from_millis(500),
+                cluster: None,
             },
         )
         .unwrap();

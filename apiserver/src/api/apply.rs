@@ -261,6 +261,7 @@ pub async fn apply<S: Storage>(
             owners.entries.insert(me, applied_paths);
             object.meta_mut().managed_fields = Some(owners.into_entries());
             invalid::<S>(name, storage.validate(&object))?;
+            ctx.admit_create().await?;
             let created = if options.dry_run {
                 object
             } else {

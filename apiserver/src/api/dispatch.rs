@@ -26,7 +26,7 @@ use super::handlers::{self, Write};
 use super::storage::Storage;
 use super::subresource::SubresourceEndpoint;
 use super::watch_stream;
-use super::{RequestContext, UserInfo};
+use super::{NamespaceLifecycle, RequestContext, UserInfo};
 use crate::meta_store::MetaStore;
 
 /// Go's limit on request bodies (`apiserver:pkg/server/config.go` `MaxRequestBodyBytes`).
@@ -210,10 +210,14 @@ fn user(parts: &Parts) -> UserInfo {
 
 struct Resources {
     endpoints: HashMap<&'static str, Arc<dyn Endpoint>>,
+    lifecycle: Option<Arc<dyn NamespaceLifecycle>>,
 }
 
 /// The router of `/apis/<group>/<version>/...` for `endpoints`.
-pub fn resource_router(endpoints: Vec<Arc<dyn Endpoint>>) -> Router {
+pub fn resource_router(
+    endpoints: Vec<Arc<dyn Endpoint>>,
+    lifecycle: Option<Arc<dyn NamespaceLifecycle>>,
+) -> Router {
     let mut by_plural = HashMap::new();
     let mut prefixes = Vec::new();
     for endpoint in endpoints {
@@ -226,6 +230,7 @@ pub fn resource_router(endpoints: Vec<Arc<dyn Endpoint>>) -> Router {
     }
     let state = Arc::new(Resources {
         endpoints: by_plural,
+        lifecycle,
     });
     let mut router = Router::new();
     for prefix in prefixes {
@@ -261,6 +266,7 @@ async fn route(resources: &Resources, request: Request) -> Result<Response, ApiE
     let ctx = RequestContext {
         user: user(&parts),
         namespace: (!info.namespace.is_empty()).then(|| info.namespace.clone()),
+        lifecycle: resources.lifecycle.clone(),
     };
     endpoint
         .handle(Call {

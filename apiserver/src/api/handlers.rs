@@ -353,6 +353,7 @@ pub async fn create<S: Storage>(
         .unwrap_or_else(|| "unknown".into());
     apply::record_update(&mut object, None, &manager)?;
     invalid::<S>(&name, storage.validate(&object))?;
+    ctx.admit_create().await?;
     let created = if options.dry_run {
         object
     } else {

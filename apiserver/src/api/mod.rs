@@ -14,6 +14,10 @@ mod subresource;
 mod watch_stream;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use battery_api_machinery::status::ApiError;
+use futures::future::BoxFuture;
 
 pub use dispatch::{Endpoint, ResourceEndpoint, resource_router};
 pub use storage::{ApiObject, Deleted, Storage, server_now};
@@ -28,11 +32,29 @@ pub struct UserInfo {
     pub extra: BTreeMap<String, Vec<String>>,
 }
 
+/// Admission the cluster decides: kube-apiserver runs none on requests it proxies to an
+/// aggregated server, so a create asks whether its namespace may hold new objects.
+pub trait NamespaceLifecycle: Send + Sync {
+    fn admit_create<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<(), ApiError>>;
+}
+
 /// What every storage call gets besides its arguments.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RequestContext {
     pub user: UserInfo,
     /// The namespace of the request; `None` for cluster-scoped resources and for lists
     /// across all namespaces.
     pub namespace: Option<String>,
+    /// `None` where there is no cluster (`dev`): every namespace is taken to exist.
+    pub lifecycle: Option<Arc<dyn NamespaceLifecycle>>,
+}
+
+impl RequestContext {
+    /// Refuses a create in a namespace that is missing or terminating.
+    pub async fn admit_create(&self) -> Result<(), ApiError> {
+        match (&self.lifecycle, &self.namespace) {
+            (Some(lifecycle), Some(namespace)) => lifecycle.admit_create(namespace).await,
+            _ => Ok(()),
+        }
+    }
 }

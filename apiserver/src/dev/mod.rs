@@ -58,6 +58,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         store,
         &Settings {
             bind_wait: args.bind_wait,
+            cluster: None,
         },
     )?;
     if args.pool_size > 0 {

@@ -13,7 +13,8 @@ use tokio::sync::broadcast;
 
 use super::microvmclaims::ClaimStorage;
 use super::pools::PoolStorage;
-use crate::battery::{BatteryClient, BatteryEvent};
+use crate::battery::{BatteryClient, BatteryEvent, EventKind};
+use crate::cluster::Cluster;
 use crate::meta_store::MetaStore;
 
 /// Events applied per batch: during a replay, a pool named by many events is re-read
@@ -29,6 +30,8 @@ pub struct Follower {
     pub claims: Arc<ClaimStorage>,
     /// Every new event, for binds waiting for a MicroVM to become available.
     pub events: broadcast::Sender<BatteryEvent>,
+    /// Where hook failures are recorded as Events, when there is a cluster.
+    pub cluster: Option<Arc<Cluster>>,
 }
 
 impl Follower {
@@ -79,6 +82,27 @@ impl Follower {
         Ok(())
     }
 
+    /// One Warning Event (reason `HookFailed`) on the Pool per battery event id.
+    async fn warn_hook_failed(&self, event: &BatteryEvent) {
+        let Some(cluster) = &self.cluster else {
+            return;
+        };
+        let Ok(pool) = self.pools.read(&event.namespace, &event.pool).await else {
+            // The pool is gone: there is nothing to attach the Event to.
+            return;
+        };
+        let message = format!(
+            "a hook failed in MicroVM {}; the pool's hook failure policy was applied",
+            event.vm_uid
+        );
+        if let Err(err) = cluster
+            .warn_pool(&pool.metadata, event.id, "HookFailed", message)
+            .await
+        {
+            tracing::warn!(error = %err, event = event.id, "recording a HookFailed Event");
+        }
+    }
+
     async fn apply(&self, events: &[BatteryEvent]) {
         let mut pools = BTreeSet::new();
         for event in events {
@@ -88,6 +112,9 @@ impl Follower {
                 tracing::warn!(error = %err, event = event.id, "applying a battery event to claims");
             }
             pools.insert((event.namespace.clone(), event.pool.clone()));
+            if event.kind == EventKind::VmHookFailed {
+                self.warn_hook_failed(event).await;
+            }
         }
         for (namespace, pool) in pools {
             if let Err(err) = self.pools.observe(&namespace, &pool).await {

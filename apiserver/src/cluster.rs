@@ -1,0 +1,149 @@
+//! What the server needs from the Kubernetes cluster it serves, when there is one
+//! (`serve`; `dev` runs without): kube-apiserver does not run its admission chain on
+//! requests it proxies to us (`reference/aggregated-apiserver.md` §8.3), so we refuse
+//! creates in missing or terminating namespaces ourselves; and battery's hook failures
+//! become Warning Events on the Pool, so `kubectl describe pool` shows them.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use battery_api_machinery::status::{ApiError, Reason};
+use k8s_openapi::api::core::v1::{Event, EventSource, Namespace, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, PostParams};
+
+/// How long a namespace's phase is trusted: creates in a namespace that just started
+/// terminating are refused within this long.
+const NAMESPACE_TTL: Duration = Duration::from_secs(2);
+/// The `source.component` of our Events.
+const COMPONENT: &str = "battery-apiserver";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Active,
+    Terminating,
+    Missing,
+}
+
+/// A client of the cluster's kube-apiserver.
+pub struct Cluster {
+    client: kube::Client,
+    phases: Mutex<HashMap<String, (Instant, Phase)>>,
+}
+
+impl Cluster {
+    pub fn new(client: kube::Client) -> Self {
+        Self {
+            client,
+            phases: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn phase(&self, namespace: &str) -> Result<Phase, ApiError> {
+        if let Some((at, phase)) = self
+            .phases
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(namespace)
+            && at.elapsed() < NAMESPACE_TTL
+        {
+            return Ok(*phase);
+        }
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        let phase = match api.get_opt(namespace).await {
+            Ok(None) => Phase::Missing,
+            Ok(Some(ns))
+                if ns.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Terminating") =>
+            {
+                Phase::Terminating
+            }
+            Ok(Some(_)) => Phase::Active,
+            Err(err) => {
+                return Err(ApiError::service_unavailable(format!(
+                    "cannot check namespace {namespace}: {err}"
+                )));
+            }
+        };
+        self.phases
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(namespace.to_owned(), (Instant::now(), phase));
+        Ok(phase)
+    }
+
+    /// Go's NamespaceLifecycle admission: a create needs an existing namespace that is not
+    /// being deleted (the namespace controller races against creates).
+    pub async fn admit_create(&self, namespace: &str) -> Result<(), ApiError> {
+        match self.phase(namespace).await? {
+            Phase::Active => Ok(()),
+            Phase::Missing => Err(ApiError::new(
+                Reason::NotFound,
+                format!("namespaces \"{namespace}\" not found"),
+            )),
+            Phase::Terminating => Err(ApiError::new(
+                Reason::Forbidden,
+                format!(
+                    "unable to create new content in namespace {namespace} because it is being terminated"
+                ),
+            )),
+        }
+    }
+
+    /// Records a Warning Event on a Pool. The Event's name carries battery's event id, so
+    /// replays of battery's history create each Event once.
+    pub async fn warn_pool(
+        &self,
+        pool: &ObjectMeta,
+        battery_event_id: u64,
+        reason: &str,
+        message: String,
+    ) -> Result<(), kube::Error> {
+        let namespace = pool.namespace.clone().unwrap_or_default();
+        let name = pool.name.clone().unwrap_or_default();
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        );
+        let event = Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{name}.battery-{battery_event_id}")),
+                namespace: Some(namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some(battery_types::API_VERSION.to_owned()),
+                kind: Some("Pool".to_owned()),
+                name: Some(name),
+                namespace: Some(namespace.clone()),
+                uid: pool.uid.clone(),
+                ..ObjectReference::default()
+            },
+            reason: Some(reason.to_owned()),
+            message: Some(message),
+            type_: Some("Warning".to_owned()),
+            source: Some(EventSource {
+                component: Some(COMPONENT.to_owned()),
+                ..EventSource::default()
+            }),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            count: Some(1),
+            ..Event::default()
+        };
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
+        match api.create(&PostParams::default(), &event).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+            Err(err) => Err(err),
+        }
+    }
+}
+
+impl crate::api::NamespaceLifecycle for Cluster {
+    fn admit_create<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<(), ApiError>> {
+        Box::pin(Cluster::admit_create(self, namespace))
+    }
+}
