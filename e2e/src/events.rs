@@ -154,6 +154,18 @@ impl EventLog {
         .await
     }
 
+    /// The MicroVMs of the first `n` events of `kind` in `pool`.
+    pub async fn wait_vms(&mut self, pool: &PoolRef, kind: EventType, n: usize) -> Vec<String> {
+        let events = self.wait_pool_n(pool, kind, n).await;
+        events.into_iter().map(|e| e.vm_uid).collect()
+    }
+
+    /// The MicroVM of the `n`th (1-based) `kind` event in `pool`.
+    pub async fn wait_nth_vm(&mut self, pool: &PoolRef, kind: EventType, n: usize) -> String {
+        let mut vms = self.wait_vms(pool, kind, n).await;
+        vms.pop().expect("n >= 1")
+    }
+
     /// Keeps reading for `window`, returning what arrived (for "nothing else happens").
     pub async fn observe(&mut self, window: Duration) -> Vec<Event> {
         let before = self.history.len();

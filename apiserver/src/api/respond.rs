@@ -57,14 +57,16 @@ pub fn table<S: Storage>(
 ) -> Result<Table, ApiError> {
     let now = Timestamp::now();
     let mut table = Table::new(negotiated_version);
+    let columns = storage.table_columns();
+    let width = columns.len() + 2;
     if with_headers {
         table.column_definitions.push(TableColumnDefinition::name());
-        table.column_definitions.extend(storage.table_columns());
+        table.column_definitions.extend(columns);
         table.column_definitions.push(TableColumnDefinition::age());
     }
     for object in objects {
         let meta = object.meta();
-        let mut cells = Vec::with_capacity(storage.table_columns().len() + 2);
+        let mut cells = Vec::with_capacity(width);
         cells.push(serde_json::Value::String(
             meta.name.clone().unwrap_or_default(),
         ));

@@ -90,7 +90,8 @@ async fn serve<T: Subresource>(storage: &T, call: Call) -> Result<Response, ApiE
     let name = info.name.as_str();
     let (object, warnings) = match info.verb.as_str() {
         "get" => (storage.get(&ctx, name).await?, Vec::new()),
-        "update" => {
+        // A subresource that accepts POST treats it as a write of the whole object.
+        "update" | "create" => {
             let options = UpdateOptions::from_request(query, headers)?;
             let value: Value = body_format(headers)?.decode(&body)?;
             let (new, warnings) = decode(value, options.field_validation)?;

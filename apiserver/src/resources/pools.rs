@@ -30,6 +30,9 @@ struct PoolRecord {
     placement: Option<Placement>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     conditions: Vec<Condition>,
+    /// battery's refusal of the spec the Pool's Hosts last resolved to, if it refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rejected: Option<String>,
 }
 
 pub struct PoolStorage {
@@ -85,6 +88,7 @@ fn condition(
 /// `Ready` and `Exhausted` from battery's counts (`reference/battery-operator.md` §1.1).
 fn conditions_for(
     previous: &[Condition],
+    rejected: Option<&str>,
     metadata: &ObjectMeta,
     spec: &PoolSpec,
     hosts: &[String],
@@ -101,6 +105,14 @@ fn conditions_for(
                 "waiting for {} leased MicroVM(s) to be released or to expire",
                 counts.leased
             ),
+            generation,
+        )
+    } else if let Some(message) = rejected {
+        condition(
+            conditions::READY,
+            ConditionStatus::False,
+            PoolReadyReason::Rejected.as_str(),
+            format!("battery refused the Pool: {message}"),
             generation,
         )
     } else if hosts.is_empty() {
@@ -182,6 +194,7 @@ impl PoolStorage {
         let mut status = pool.counts;
         status.conditions = conditions_for(
             &record.conditions,
+            record.rejected.as_deref(),
             &record.metadata,
             &spec,
             &pool.hosts,
@@ -204,7 +217,13 @@ impl PoolStorage {
     }
 
     /// Writes `object`'s record with a new resourceVersion and tells watchers.
-    fn commit(&self, object: &mut Pool, change: ChangeType) -> Result<(), ApiError> {
+    /// Writes the Pool's record; `rejected` is battery's refusal of its resolved Hosts.
+    fn commit(
+        &self,
+        object: &mut Pool,
+        change: ChangeType,
+        rejected: Option<String>,
+    ) -> Result<(), ApiError> {
         let key = key(
             object.metadata.namespace.as_deref().unwrap_or_default(),
             object.metadata.name.as_deref().unwrap_or_default(),
@@ -217,6 +236,7 @@ impl PoolStorage {
                 .as_ref()
                 .map(|s| s.conditions.clone())
                 .unwrap_or_default(),
+            rejected,
         };
         commit(&self.store, &key, object, change, record, |_| Ok(()))
     }
@@ -243,7 +263,7 @@ impl PoolStorage {
                 if let Some(record) = record {
                     let mut object = Pool::new(name, PoolSpec::default());
                     object.metadata = record.metadata;
-                    self.commit(&mut object, ChangeType::Deleted)?;
+                    self.commit(&mut object, ChangeType::Deleted, None)?;
                 }
                 return Ok(());
             }
@@ -254,16 +274,17 @@ impl PoolStorage {
                 && r.metadata.finalizers.as_ref().is_none_or(Vec::is_empty)
         });
         let adopted = record.is_none();
+        let rejected = record.as_ref().and_then(|r| r.rejected.clone());
         let mut object = self.assemble(record, pool);
         if blocked && self.battery.delete_pool(namespace, name).await.is_ok() {
-            return self.commit(&mut object, ChangeType::Deleted);
+            return self.commit(&mut object, ChangeType::Deleted, None);
         }
         if adopted {
             // First sight of a Pool made outside the API: it exists from now on.
             object.metadata.creation_timestamp = Some(server_now());
-            return self.commit(&mut object, ChangeType::Added);
+            return self.commit(&mut object, ChangeType::Added, None);
         }
-        self.commit(&mut object, ChangeType::Modified)
+        self.commit(&mut object, ChangeType::Modified, rejected)
     }
 
     /// Records every Pool battery has that we have no record of, so each gets its
@@ -378,9 +399,9 @@ impl Storage for PoolStorage {
             .await
             .map_err(|s| to_api_error(s, info(), &name))?;
         let mut status = created.counts;
-        status.conditions = conditions_for(&[], &pool.metadata, &pool.spec, &hosts, &status);
+        status.conditions = conditions_for(&[], None, &pool.metadata, &pool.spec, &hosts, &status);
         pool.status = Some(status);
-        self.commit(&mut pool, ChangeType::Added)?;
+        self.commit(&mut pool, ChangeType::Added, None)?;
         Ok(pool)
     }
 
@@ -415,9 +436,10 @@ impl Storage for PoolStorage {
         };
         let previous = current.status.map(|s| s.conditions).unwrap_or_default();
         let mut status = pool.counts;
-        status.conditions = conditions_for(&previous, &new.metadata, &new.spec, &hosts, &status);
+        status.conditions =
+            conditions_for(&previous, None, &new.metadata, &new.spec, &hosts, &status);
         new.status = Some(status);
-        self.commit(&mut new, ChangeType::Modified)?;
+        self.commit(&mut new, ChangeType::Modified, None)?;
         Ok(new)
     }
 
@@ -453,15 +475,15 @@ impl Storage for PoolStorage {
                 let previous = pool.status.take().map(|s| s.conditions).unwrap_or_default();
                 let mut status = counts;
                 status.conditions =
-                    conditions_for(&previous, &pool.metadata, &pool.spec, &hosts, &status);
+                    conditions_for(&previous, None, &pool.metadata, &pool.spec, &hosts, &status);
                 pool.status = Some(status);
-                self.commit(&mut pool, ChangeType::Modified)?;
+                self.commit(&mut pool, ChangeType::Modified, None)?;
                 return Ok(Deleted::Pending(pool));
             }
             Err(status) => return Err(to_api_error(status, info(), &name)),
         }
         crate::failpoint::crash_point("pool-delete:deleted");
-        self.commit(&mut pool, ChangeType::Deleted)?;
+        self.commit(&mut pool, ChangeType::Deleted, None)?;
         Ok(Deleted::Gone(pool))
     }
 }
@@ -479,15 +501,43 @@ impl PoolStorage {
             let key = key(&pool.namespace, &pool.name);
             let _guard = self.locks.lock(&key).await;
             let record = self.store.get::<PoolRecord>(&key)?;
+            let was_rejected = record.as_ref().is_some_and(|r| r.rejected.is_some());
             let mut spec = pool.spec.clone();
-            spec.placement = record.and_then(|r| r.placement);
+            spec.placement = record.as_ref().and_then(|r| r.placement.clone());
             let hosts = self.resolve_hosts(&spec).await?;
-            if hosts != pool.hosts {
-                self.battery
-                    .update_pool(&pool.namespace, &pool.name, &spec, hosts)
-                    .await
-                    .map_err(|s| to_api_error(s, info(), &pool.name))?;
+            if hosts == pool.hosts && !was_rejected {
+                continue;
             }
+            // battery may refuse the new placement (a static address on several Hosts);
+            // the Pool then says so in its Ready condition until a Host change fixes it.
+            let rejected = match self
+                .battery
+                .update_pool(&pool.namespace, &pool.name, &spec, hosts)
+                .await
+            {
+                Ok(_) => None,
+                Err(status)
+                    if matches!(
+                        status.code(),
+                        tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition
+                    ) =>
+                {
+                    Some(status.message().to_owned())
+                }
+                Err(status) => return Err(to_api_error(status, info(), &pool.name)),
+            };
+            let current = self
+                .battery
+                .pool(&pool.namespace, &pool.name)
+                .await
+                .map_err(|s| to_api_error(s, info(), &pool.name))?;
+            let mut record = record.unwrap_or_else(|| PoolRecord {
+                metadata: adopted_metadata(&pool.namespace, &pool.name),
+                ..PoolRecord::default()
+            });
+            record.rejected = rejected.clone();
+            let mut object = self.assemble(Some(record), current);
+            self.commit(&mut object, ChangeType::Modified, rejected)?;
         }
         Ok(())
     }

@@ -26,11 +26,8 @@ fn endings(log: &EventLog, uid: &str) -> Vec<EventType> {
 /// then every VM ever provisioned must have ended exactly once.
 async fn wait_pool_deleted(log: &mut EventLog, pool: &PoolRef, n: usize) -> Vec<String> {
     let deleted: Vec<String> = log
-        .wait_pool_n(pool, EventType::VmDeletedOnPoolDelete, n)
-        .await
-        .into_iter()
-        .map(|e| e.vm_uid)
-        .collect();
+        .wait_vms(pool, EventType::VmDeletedOnPoolDelete, n)
+        .await;
     for uid in log.vms_with(pool, EventType::VmProvisioned) {
         let ends = endings(log, &uid);
         assert_eq!(
@@ -74,12 +71,7 @@ async fn delete_pool_refused_while_leased_then_drains() {
     }
     // The refused delete left the reconciler running: both released VMs are replaced.
     suite.wait_counts(&pool, 2, 0).await;
-    let available: Vec<String> = log
-        .wait_pool_n(&pool, EventType::VmAvailable, 4)
-        .await
-        .into_iter()
-        .map(|e| e.vm_uid)
-        .collect();
+    let available: Vec<String> = log.wait_vms(&pool, EventType::VmAvailable, 4).await;
 
     expect_ok(
         suite.delete_pool(&pool, false).await,
@@ -128,12 +120,7 @@ async fn forced_delete_pool_ends_leases() {
     let a = expect_ok(suite.claim(&pool, "forced-a").await, "ClaimVM a");
     let b = expect_ok(suite.claim(&pool, "forced-b").await, "ClaimVM b");
     suite.wait_counts(&pool, 1, 2).await;
-    let all_vms: Vec<String> = log
-        .wait_pool_n(&pool, EventType::VmAvailable, 3)
-        .await
-        .into_iter()
-        .map(|e| e.vm_uid)
-        .collect();
+    let all_vms: Vec<String> = log.wait_vms(&pool, EventType::VmAvailable, 3).await;
 
     expect_ok(suite.delete_pool(&pool, true).await, "forced DeletePool");
     expect_code(

@@ -31,9 +31,7 @@ async fn vm_lifecycle_events_in_order() {
     let suite = Suite::start().await;
     let pool = suite.create_ready_pool(suite.pool("life").build()).await;
     let mut log = suite.subscribe(Some(&pool)).await;
-    let uid = log.wait_pool_n(&pool, VmAvailable, 1).await[0]
-        .vm_uid
-        .clone();
+    let uid = log.wait_nth_vm(&pool, VmAvailable, 1).await;
     let claimed = suite.claim_ok(&pool).await;
     assert_eq!(claimed.vm_uid, uid);
     expect_ok(suite.release(&claimed.lease_id).await, "ReleaseVM");

@@ -18,12 +18,7 @@ async fn create_and_pre_lease_commands_run_in_the_vm() {
         .pre_lease_commands(&["echo claimed >> marks"]);
     let pool = suite.create_ready_pool(spec.build()).await;
     let mut log = suite.subscribe(Some(&pool)).await;
-    let uids: Vec<String> = log
-        .wait_pool_n(&pool, VmAvailable, 2)
-        .await
-        .into_iter()
-        .map(|e| e.vm_uid)
-        .collect();
+    let uids: Vec<String> = log.wait_vms(&pool, VmAvailable, 2).await;
     for uid in &uids {
         let out = suite.exec_in_vm(uid, "cat marks").await;
         assert_eq!(
@@ -124,9 +119,7 @@ async fn failing_pre_lease_command(policy: HookFailurePolicy) {
         .policy(policy);
     let pool = suite.create_ready_pool(spec.build()).await;
     let mut log = suite.subscribe(Some(&pool)).await;
-    let uid = log.wait_pool_n(&pool, VmAvailable, 1).await[0]
-        .vm_uid
-        .clone();
+    let uid = log.wait_nth_vm(&pool, VmAvailable, 1).await;
 
     let status = expect_code(suite.claim(&pool, "bad-1").await, Code::Internal, "ClaimVM");
     assert!(
@@ -140,9 +133,7 @@ async fn failing_pre_lease_command(policy: HookFailurePolicy) {
         "a failed claim leaves no lease"
     );
     // The failed VM is replaced either way.
-    let replacement = log.wait_pool_n(&pool, VmAvailable, 2).await[1]
-        .vm_uid
-        .clone();
+    let replacement = log.wait_nth_vm(&pool, VmAvailable, 2).await;
     assert_ne!(replacement, uid);
     match policy {
         HookFailurePolicy::Quarantine => {
@@ -197,9 +188,7 @@ async fn boot_failure_is_a_hook_failure() {
     let spec = suite.pool("no-boot").quarantine();
     let pool = suite.create_pool(spec.build()).await;
     let mut log = suite.subscribe(Some(&pool)).await;
-    let failed = log.wait_pool_n(&pool, VmHookFailed, 1).await[0]
-        .vm_uid
-        .clone();
+    let failed = log.wait_nth_vm(&pool, VmHookFailed, 1).await;
     assert_eq!(log.types_of(&failed), vec![VmProvisioned, VmHookFailed]);
     suite
         .wait_status(&pool, "the VM that never booted is quarantined", |s| {

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use battery_e2e::api::{ClaimVmResponse, EventType, LeaseRecord};
+use battery_e2e::api::{ClaimVmResponse, EventType, LeaseRecord, PoolRef};
 use battery_e2e::{
     Options, Suite, TEMPLATE_INTERFACE, expect_code, expect_ok, nanos, skip, ts_nanos,
 };
@@ -17,6 +17,14 @@ use EventType::{
 async fn record(suite: &Suite, claim: &ClaimVmResponse) -> LeaseRecord {
     let lease = suite.lease(&claim.lease_id).await;
     lease.unwrap_or_else(|| panic!("lease {} is listed", claim.lease_id))
+}
+
+/// A pool with the same name in another namespace (which does not exist).
+fn same_name_elsewhere(pool: &PoolRef) -> PoolRef {
+    PoolRef {
+        name: pool.name.clone(),
+        namespace: format!("{}-elsewhere", pool.namespace),
+    }
 }
 
 /// Lets the clock move on, so a timestamp that was (wrongly) rewritten would differ.
@@ -32,9 +40,7 @@ async fn claim_returns_the_lease_host_and_interfaces() {
         .create_ready_pool(suite.pool("claim").expiry(threshold).build())
         .await;
     let mut log = suite.subscribe(Some(&pool)).await;
-    let available = log.wait_pool_n(&pool, VmAvailable, 1).await[0]
-        .vm_uid
-        .clone();
+    let available = log.wait_nth_vm(&pool, VmAvailable, 1).await;
 
     let claimed = expect_ok(suite.claim(&pool, "claim-1").await, "ClaimVM");
     assert!(!claimed.lease_id.is_empty());
@@ -119,8 +125,7 @@ async fn claim_error_codes() {
     ] {
         expect_code(suite.claim(&a, id).await, Code::InvalidArgument, what);
     }
-    let mut elsewhere = a.clone();
-    elsewhere.namespace = format!("{}-elsewhere", a.namespace);
+    let elsewhere = same_name_elsewhere(&a);
     expect_code(
         suite.claim(&elsewhere, "").await,
         Code::NotFound,
@@ -566,8 +571,7 @@ async fn list_leases_filters_by_pool() {
             .await
             .is_empty()
     );
-    let mut elsewhere = a.clone();
-    elsewhere.namespace = format!("{}-elsewhere", a.namespace);
+    let elsewhere = same_name_elsewhere(&a);
     assert!(
         suite.leases(Some(&elsewhere)).await.is_empty(),
         "the filter is (name, namespace)"

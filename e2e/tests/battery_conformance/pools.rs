@@ -39,12 +39,7 @@ async fn create_pool_provisions_the_template_on_hosts() {
     );
 
     let mut log = suite.subscribe(Some(&pool)).await;
-    let uids: Vec<String> = log
-        .wait_pool_n(&pool, EventType::VmAvailable, 2)
-        .await
-        .into_iter()
-        .map(|e| e.vm_uid)
-        .collect();
+    let uids: Vec<String> = log.wait_vms(&pool, EventType::VmAvailable, 2).await;
     let template = spec.microvm_template.expect("template");
     for uid in &uids {
         let (_, vm) = suite.expect_vm(uid).await;
@@ -91,9 +86,7 @@ async fn create_pool_provisions_the_template_on_hosts() {
         .namespace = own_ns.clone();
     let tmpl = suite.create_ready_pool(template_ns).await;
     let mut log = suite.subscribe(Some(&tmpl)).await;
-    let uid = log.wait_pool_n(&tmpl, EventType::VmAvailable, 1).await[0]
-        .vm_uid
-        .clone();
+    let uid = log.wait_nth_vm(&tmpl, EventType::VmAvailable, 1).await;
     let (_, vm) = suite.expect_vm(&uid).await;
     assert_eq!(
         vm.spec.expect("spec").namespace,
@@ -311,9 +304,7 @@ async fn update_pool_grows_without_rollout_or_scale_down() {
     let v1 = suite.pool("grow").create_commands(&["echo v1 > version"]);
     let pool = suite.create_ready_pool(v1.clone().build()).await;
     let mut log = suite.subscribe(Some(&pool)).await;
-    let first = log.wait_pool_n(&pool, EventType::VmAvailable, 1).await[0]
-        .vm_uid
-        .clone();
+    let first = log.wait_nth_vm(&pool, EventType::VmAvailable, 1).await;
 
     let v2 = v1.size(3).create_commands(&["echo v2 > version"]);
     let updated = suite.update_pool(v2.clone().build()).await;
@@ -323,12 +314,7 @@ async fn update_pool_grows_without_rollout_or_scale_down() {
         "UpdatePool returns the new spec"
     );
     suite.wait_counts(&pool, 3, 0).await;
-    let uids: Vec<String> = log
-        .wait_pool_n(&pool, EventType::VmAvailable, 3)
-        .await
-        .into_iter()
-        .map(|e| e.vm_uid)
-        .collect();
+    let uids: Vec<String> = log.wait_vms(&pool, EventType::VmAvailable, 3).await;
     for uid in &uids {
         let expected = if *uid == first { "v1" } else { "v2" };
         let out = suite.exec_in_vm(uid, "cat version").await;

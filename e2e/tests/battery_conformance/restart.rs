@@ -148,9 +148,7 @@ async fn restart_abandons_claims_in_their_pre_lease_hook() {
         })
         .await;
     let mut log = suite.subscribe(Some(&pool)).await;
-    let uid = log.wait_pool_n(&pool, EventType::VmAvailable, 1).await[0]
-        .vm_uid
-        .clone();
+    let uid = log.wait_nth_vm(&pool, EventType::VmAvailable, 1).await;
 
     suite.restart().await;
     gate.open();

@@ -38,7 +38,7 @@ const RESOURCES: &[[&str; 6]] = &[
 const SUBRESOURCES: &[(&str, &[&str])] = &[
     ("hosts/status", &["get", "patch", "update"]),
     ("microvmclaims/exec", &["create", "get"]),
-    ("microvmclaims/lease", &["get", "patch", "update"]),
+    ("microvmclaims/lease", &["create", "get", "patch", "update"]),
     ("microvmclaims/status", &["get"]),
     ("pools/status", &["get"]),
 ];

@@ -211,7 +211,7 @@ async fn an_unrenewed_claim_expires_and_cannot_be_renewed() {
 
         await_jsonpath(&kubectl, &format!("mvc/{name}"), ".status.phase", "Expired").await;
         let claim = kubectl.json(&["get", "mvc", &name, "-o", "json"]).await;
-        let expired = assert_condition(&claim, "Bound", "False", "LeaseExpiredX");
+        let expired = assert_condition(&claim, "Bound", "False", "LeaseExpired");
         // No earlier than the lease said: the transition time is cut to the second.
         let expires = instant(&bound["status"]["leaseExpiresAt"]);
         let transition = instant(&expired["lastTransitionTime"]);

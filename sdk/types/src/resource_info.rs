@@ -214,8 +214,9 @@ impl HasResourceInfo for MicroVMClaim {
                 group: "coordination.k8s.io",
                 version: "v1",
                 kind: "Lease",
-                // Any write renews the lease (battery's Heartbeat).
-                verbs: &[Verb::Get, Verb::Update, Verb::Patch],
+                // Any write renews the lease (battery's Heartbeat): PUT, PATCH, or a POST
+                // with a Lease body, as a client that only knows "renew" sends it.
+                verbs: &[Verb::Get, Verb::Create, Verb::Update, Verb::Patch],
             },
             SubresourceInfo {
                 name: "exec",
