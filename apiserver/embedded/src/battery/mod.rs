@@ -164,6 +164,7 @@ impl EmbeddedBattery {
             }
         }
         self.engine.stop_background().await;
+        self.engine.store.close();
         tracing::info!(address = %self.address, "embedded battery stopped");
     }
 }

@@ -15,8 +15,10 @@ mod pools;
 mod vms;
 
 use std::path::{Path, PathBuf};
+use std::sync::{PoisonError, RwLock};
 
 use prost::Message;
+
 use redb::backends::InMemoryBackend;
 use redb::{
     Database, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
@@ -64,6 +66,8 @@ pub enum StoreError {
     },
     #[error("store: schema version {found} is newer than this binary's {SCHEMA_VERSION}")]
     TooNew { found: u64 },
+    #[error("store: closed, the battery is shutting down")]
+    Closed,
     #[error("store: creating data dir {path}: {source}", path = .path.display())]
     DataDir {
         path: PathBuf,
@@ -93,7 +97,9 @@ type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// The store, plus a watch of the newest event id so Subscribe streams wake on commits.
 pub(crate) struct Store {
-    db: Database,
+    /// `None` once closed: a call still in flight after shutdown (a tonic connection task
+    /// outlives the server) must not keep the file locked for the next open.
+    db: RwLock<Option<Database>>,
     last_event: watch::Sender<i64>,
 }
 
@@ -138,13 +144,22 @@ impl Store {
             i64::try_from(last).unwrap_or(i64::MAX)
         };
         Ok(Self {
-            db,
+            db: RwLock::new(Some(db)),
             last_event: watch::Sender::new(last_event),
         })
     }
 
+    /// Closes the database, releasing its file, once the transactions in flight end.
+    pub(crate) fn close(&self) {
+        self.db
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+    }
+
     fn read<T>(&self, body: impl FnOnce(&ReadTransaction) -> Result<T>) -> Result<T> {
-        let txn = self.db.begin_read()?;
+        let db = self.db.read().unwrap_or_else(PoisonError::into_inner);
+        let txn = db.as_ref().ok_or(StoreError::Closed)?.begin_read()?;
         body(&txn)
     }
 
@@ -152,7 +167,8 @@ impl Store {
     /// their preconditions before changing anything, so an Ok carrying a refusal commits no
     /// change.
     fn write<T>(&self, body: impl FnOnce(&WriteTransaction) -> Result<T>) -> Result<T> {
-        let txn = self.db.begin_write()?;
+        let db = self.db.read().unwrap_or_else(PoisonError::into_inner);
+        let txn = db.as_ref().ok_or(StoreError::Closed)?.begin_write()?;
         match body(&txn) {
             Ok(value) => {
                 txn.commit()?;

@@ -539,16 +539,27 @@ fn a_file_store_survives_reopening() {
 }
 
 #[test]
+fn a_closed_store_releases_its_file_and_refuses_calls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(Some(dir.path())).expect("open");
+    store.close();
+    assert!(matches!(store.read(|_| Ok(())), Err(StoreError::Closed)));
+    // The file is free for the next battery even while this handle lives on.
+    Store::open(Some(dir.path())).expect("reopen after close");
+}
+
+#[test]
 fn a_newer_schema_refuses_to_open() {
     let dir = tempfile::tempdir().expect("tempdir");
     {
         let store = Store::open(Some(dir.path())).expect("open");
-        let txn = store.db.begin_write().expect("txn");
-        txn.open_table(META)
-            .expect("meta")
-            .insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION + 1)
-            .expect("insert");
-        txn.commit().expect("commit");
+        store
+            .write(|txn| {
+                txn.open_table(META)?
+                    .insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION + 1)?;
+                Ok(())
+            })
+            .expect("write");
     }
     assert!(matches!(
         Store::open(Some(dir.path())),
