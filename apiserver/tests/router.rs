@@ -425,3 +425,104 @@ async fn dry_run_create_of_a_claim_binds_nothing() {
     let (status, _) = h.json(get(&format!("{CLAIMS}/c"))).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn a_finalizer_holds_a_deletion_until_it_is_removed() {
+    let h = Harness::start().await;
+    let mut held = pool("held", 0);
+    held["metadata"]["finalizers"] = json!(["example.com/hold"]);
+    let (status, body) = h.json(post(POOLS, &held)).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let delete = Request::delete(format!("{POOLS}/held"))
+        .body(Body::empty())
+        .unwrap();
+    let (status, marked) = h.json(delete).await;
+    assert_eq!(status, StatusCode::OK, "{marked}");
+    assert!(
+        marked["metadata"]["deletionTimestamp"].is_string(),
+        "{marked}"
+    );
+    let (status, _) = h.json(get(&format!("{POOLS}/held"))).await;
+    assert_eq!(status, StatusCode::OK, "still there while the finalizer is");
+
+    // A new finalizer cannot join an object being deleted.
+    let add = Request::patch(format!("{POOLS}/held"))
+        .header(header::CONTENT_TYPE, "application/merge-patch+json")
+        .body(Body::from(
+            json!({"metadata": {"finalizers": ["example.com/hold", "late"]}}).to_string(),
+        ))
+        .unwrap();
+    let (status, body) = h.json(add).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+
+    let release = Request::patch(format!("{POOLS}/held"))
+        .header(header::CONTENT_TYPE, "application/merge-patch+json")
+        .body(Body::from(
+            json!({"metadata": {"finalizers": null}}).to_string(),
+        ))
+        .unwrap();
+    let (status, body) = h.json(release).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, _) = h.json(get(&format!("{POOLS}/held"))).await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "the last finalizer's removal completed the deletion"
+    );
+}
+
+#[tokio::test]
+async fn a_watch_ends_after_its_timeout() {
+    let h = Harness::start().await;
+    let request = get(&format!(
+        "{POOLS}?watch=true&timeoutSeconds=1&resourceVersion=0"
+    ));
+    let response =
+        tokio::time::timeout(Duration::from_secs(10), h.router().oneshot(as_dev(request)))
+            .await
+            .unwrap()
+            .unwrap();
+    // The whole body arrives: the stream ended by itself.
+    let body = tokio::time::timeout(
+        Duration::from_secs(10),
+        axum::body::to_bytes(response.into_body(), usize::MAX),
+    )
+    .await
+    .expect("the watch closed after timeoutSeconds");
+    assert!(body.unwrap().is_empty(), "no pools, no events");
+}
+
+#[tokio::test]
+async fn a_stale_resource_version_conflicts_and_an_update_without_one_is_invalid() {
+    let h = Harness::start().await;
+    let created = h.create_pool("v", 0).await;
+    let mut stale = created.clone();
+    stale["spec"]["size"] = json!(1);
+    let put = |body: &Value| {
+        Request::put(format!("{POOLS}/v"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap()
+    };
+    let (status, updated) = h.json(put(&stale)).await;
+    assert_eq!(status, StatusCode::OK, "{updated}");
+    assert_eq!(
+        updated["metadata"]["generation"], 2,
+        "a spec change moves generation"
+    );
+    let (status, conflict) = h.json(put(&stale)).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{conflict}");
+    assert_eq!(conflict["reason"], "Conflict");
+    let mut unversioned = updated.clone();
+    unversioned["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("resourceVersion");
+    let (status, invalid) = h.json(put(&unversioned)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{invalid}");
+    let (_, now) = h.json(get(&format!("{POOLS}/v"))).await;
+    assert_eq!(
+        now["metadata"]["resourceVersion"], updated["metadata"]["resourceVersion"],
+        "refusals changed nothing"
+    );
+}
