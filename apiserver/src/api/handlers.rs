@@ -205,6 +205,16 @@ pub(super) fn decode_object<S: Storage>(
             info::<S>().kind
         ))
     })?;
+    Ok((object, unknown_fields(&unknown, validation)?))
+}
+
+/// `fieldValidation` applied to the unknown fields a decode found: `Strict` refuses them
+/// (`strict decoding error: unknown field "spec.x"`), `Warn` returns them as warnings,
+/// `Ignore` drops them.
+pub(super) fn unknown_fields(
+    unknown: &[String],
+    validation: FieldValidation,
+) -> Result<Warnings, ApiError> {
     let messages: Vec<String> = unknown
         .iter()
         .map(|field| format!("unknown field \"{field}\""))
@@ -214,8 +224,8 @@ pub(super) fn decode_object<S: Storage>(
             "strict decoding error: {}",
             messages.join(", ")
         ))),
-        FieldValidation::Warn => Ok((object, messages)),
-        _ => Ok((object, Vec::new())),
+        FieldValidation::Warn => Ok(messages),
+        _ => Ok(Vec::new()),
     }
 }
 

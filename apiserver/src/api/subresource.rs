@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use super::RequestContext;
 use super::dispatch::Call;
-use super::handlers::apply_patch;
+use super::handlers::{apply_patch, unknown_fields};
 use super::respond;
 
 /// One subresource's storage.
@@ -63,18 +63,7 @@ fn decode<T: DeserializeOwned>(
         .map_err(|e| ApiError::bad_request(format!("error decoding the request body: {e}")))?;
     // apiVersion and kind are part of every Kubernetes object, named or not by its type.
     unknown.retain(|f| f != "apiVersion" && f != "kind");
-    let messages: Vec<String> = unknown
-        .iter()
-        .map(|f| format!("unknown field \"{f}\""))
-        .collect();
-    match validation {
-        FieldValidation::Strict if !messages.is_empty() => Err(ApiError::bad_request(format!(
-            "strict decoding error: {}",
-            messages.join(", ")
-        ))),
-        FieldValidation::Warn => Ok((object, messages)),
-        _ => Ok((object, Vec::new())),
-    }
+    Ok((object, unknown_fields(&unknown, validation)?))
 }
 
 async fn serve<T: Subresource>(storage: &T, call: Call) -> Result<Response, ApiError> {
