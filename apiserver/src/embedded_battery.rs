@@ -26,13 +26,15 @@ pub async fn run(args: EmbeddedBatteryArgs) -> anyhow::Result<()> {
         Some(dir) => format!("state in {}", dir.display()),
         None => "state in memory".to_owned(),
     };
-    // Tests and scripts read this first line to learn the port when --listen has port 0.
-    println!("embedded battery serving battery's gRPC API on {addr}");
-    println!(
-        "  a simulation of poolmgrd with {} simulated Hosts (no isolation: commands run as you), {state}",
-        local.hosts().len()
-    );
-    println!("next: grpcurl -plaintext {addr} list");
+    // Tests and scripts read the first line to learn the port when --listen has port 0.
+    crate::logging::announce(&[
+        format!("embedded battery serving battery's gRPC API on {addr}"),
+        format!(
+            "  a simulation of poolmgrd with {} simulated Hosts (no isolation: commands run as you), {state}",
+            local.hosts().len()
+        ),
+        format!("next: grpcurl -plaintext {addr} list"),
+    ]);
     crate::serve_command::shutdown_signal().await;
     tracing::info!("stopping the embedded battery");
     local.shutdown().await;

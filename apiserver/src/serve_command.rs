@@ -46,10 +46,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     // Scripts and tests read this line to learn the port when --listen has port 0.
-    println!(
+    crate::logging::announce(&[format!(
         "battery-apiserver serve: serving https://{}",
         listener.local_addr()?
-    );
+    )]);
     serve::serve(listener, acceptor, app.router, shutdown_signal()).await;
     Ok(())
 }

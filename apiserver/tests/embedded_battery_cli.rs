@@ -29,11 +29,11 @@ impl Server {
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawn battery-apiserver");
-        let stdout = child.stdout.take().expect("stdout");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
         let mut first = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut first)
-            .expect("read the serving line");
+        stdout.read_line(&mut first).expect("read the serving line");
+        // Keep reading what else it prints: a closed pipe would fail its next write.
+        std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
         let addr = first
             .trim()
             .rsplit(' ')

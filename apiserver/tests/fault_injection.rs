@@ -85,10 +85,11 @@ impl World {
             command.env(battery_apiserver::failpoint::CRASH_AT, point);
         }
         let mut child = command.spawn().expect("spawn battery-apiserver serve");
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        stdout.read_line(&mut line).unwrap();
+        // Keep reading what else it prints: a closed pipe would fail its next write.
+        std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
         let url = line.trim().rsplit(' ').next().unwrap().to_owned();
         assert!(
             url.starts_with("https://127.0.0.1:"),

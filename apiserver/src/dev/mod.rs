@@ -78,19 +78,21 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     let kubeconfig = dir.join("kubeconfig");
     write_kubeconfig(&kubeconfig, &format!("https://{addr}"), &pki)?;
-    println!("battery-apiserver dev: serving https://{addr}");
-    println!(
-        "  on the embedded battery (a simulation of poolmgrd; MicroVM commands run as local processes, no isolation) with {} simulated Hosts",
-        local.hosts().len()
-    );
-    println!(
-        "  you are {} (every request is allowed in dev)",
-        pki::DEV_USER
-    );
-    println!(
-        "next: kubectl --kubeconfig {} get pools,microvmclaims",
-        kubeconfig.display()
-    );
+    crate::logging::announce(&[
+        format!("battery-apiserver dev: serving https://{addr}"),
+        format!(
+            "  on the embedded battery (a simulation of poolmgrd; MicroVM commands run as local processes, no isolation) with {} simulated Hosts",
+            local.hosts().len()
+        ),
+        format!(
+            "  you are {} (every request is allowed in dev)",
+            pki::DEV_USER
+        ),
+        format!(
+            "next: kubectl --kubeconfig {} get pools,microvmclaims",
+            kubeconfig.display()
+        ),
+    ]);
     serve::serve(listener, acceptor, app.router, shutdown_signal()).await;
     local.shutdown().await;
     Ok(())
