@@ -62,7 +62,7 @@ fn microvmclaims() {
         (lease.group, lease.version, lease.kind),
         ("coordination.k8s.io", "v1", "Lease")
     );
-    assert_eq!(verbs(lease.verbs), ["get", "update", "patch"]);
+    assert_eq!(verbs(lease.verbs), ["get", "create", "update", "patch"]);
     let exec = info.subresource("exec").unwrap();
     assert_eq!(verbs(exec.verbs), ["create", "get"]);
     assert!(exec.has_verb(Verb::Create) && !exec.has_verb(Verb::Delete));
