@@ -40,6 +40,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         &Settings {
             bind_wait: args.bind_wait,
             cluster: cluster(args.kubeconfig.as_deref()).await?,
+            limits: Default::default(),
         },
     )?;
     let listener = TcpListener::bind(args.listen)

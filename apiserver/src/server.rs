@@ -18,7 +18,7 @@ use kube::CustomResourceExt;
 use tokio::sync::broadcast;
 use tokio::task::JoinSet;
 
-use crate::api::{Endpoint, ResourceEndpoint, resource_router};
+use crate::api::{Endpoint, Limits, ResourceEndpoint, resource_router};
 use crate::battery::BatteryClient;
 use crate::cluster::Cluster;
 use crate::http::metrics::{self, Metrics};
@@ -39,6 +39,8 @@ pub struct Settings {
     pub bind_wait: Duration,
     /// The cluster served, for namespace lifecycle and Events; `None` in `dev`.
     pub cluster: Option<Arc<Cluster>>,
+    /// Watches, create rate and request deadline.
+    pub limits: Limits,
 }
 
 impl Default for Settings {
@@ -46,6 +48,7 @@ impl Default for Settings {
         Self {
             bind_wait: Duration::from_secs(5),
             cluster: None,
+            limits: Limits::default(),
         }
     }
 }
@@ -155,7 +158,7 @@ pub fn build(
         .cluster
         .clone()
         .map(|c| c as Arc<dyn crate::api::NamespaceLifecycle>);
-    let router = resource_router(endpoints, lifecycle)
+    let router = resource_router(endpoints, lifecycle, settings.limits.clone())
         .merge(nonresource_router(nonresource, GROUP, VERSION))
         .layer(axum::middleware::from_fn(authn::authenticate))
         .layer(axum::middleware::from_fn_with_state(

@@ -33,6 +33,11 @@ impl Harness {
         Self::start_with(Settings {
             bind_wait,
             cluster: None,
+            // Room for the concurrency test's 200 creates from one user at once.
+            limits: battery_apiserver::api::Limits {
+                create_burst: 1000,
+                ..Default::default()
+            },
         })
         .await
     }
@@ -583,6 +588,7 @@ async fn creates_in_missing_or_terminating_namespaces_are_refused_and_hook_failu
     let h = Harness::start_with(Settings {
         bind_wait: Duration::from_millis(300),
         cluster: Some(Arc::new(battery_apiserver::cluster::Cluster::new(client))),
+        limits: Default::default(),
     })
     .await;
     for (namespace, code, message) in [

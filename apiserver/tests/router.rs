@@ -31,7 +31,23 @@ impl Harness {
         Self::with_store(MetaStore::in_memory().unwrap()).await
     }
 
+    async fn with_settings(settings: Settings) -> Self {
+        Self::build(MetaStore::in_memory().unwrap(), settings).await
+    }
+
     async fn with_store(store: MetaStore) -> Self {
+        Self::build(
+            store,
+            Settings {
+                bind_wait: Duration::from_millis(500),
+                cluster: None,
+                limits: Default::default(),
+            },
+        )
+        .await
+    }
+
+    async fn build(store: MetaStore, settings: Settings) -> Self {
         let battery = LocalBattery::start(LocalBatteryConfig {
             hosts: 2,
             provisioning_delay: Duration::from_millis(20),
@@ -46,15 +62,7 @@ impl Harness {
         .await
         .expect("embedded battery");
         let client = BatteryClient::connect_lazy(&format!("http://{}", battery.address())).unwrap();
-        let app = server::build(
-            client,
-            std::sync::Arc::new(store),
-            &Settings {
-                bind_wait: Duration::from_millis(500),
-                cluster: None,
-            },
-        )
-        .unwrap();
+        let app = server::build(client, std::sync::Arc::new(store), &settings).unwrap();
         Self {
             app,
             _battery: battery,
@@ -525,4 +533,65 @@ async fn a_stale_resource_version_conflicts_and_an_update_without_one_is_invalid
         now["metadata"]["resourceVersion"], updated["metadata"]["resourceVersion"],
         "refusals changed nothing"
     );
+}
+
+#[tokio::test]
+async fn watches_beyond_the_cap_and_creates_beyond_the_rate_are_429s() {
+    use battery_apiserver::api::Limits;
+    let h = Harness::with_settings(Settings {
+        bind_wait: Duration::from_millis(200),
+        cluster: None,
+        limits: Limits {
+            max_watches: 1,
+            creates_per_second: 0.1,
+            create_burst: 2,
+            ..Limits::default()
+        },
+    })
+    .await;
+    let _open = h
+        .watch(&format!("{POOLS}?watch=true"), "application/json")
+        .await;
+    let (status, headers, body) = h.send(get(&format!("{POOLS}?watch=true"))).await;
+    assert_eq!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    assert!(headers.contains_key(header::RETRY_AFTER));
+
+    h.create_pool("r1", 0).await;
+    h.create_pool("r2", 0).await;
+    let (status, headers, body) = h.send(post(POOLS, &pool("r3", 0))).await;
+    assert_eq!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    assert!(headers.contains_key(header::RETRY_AFTER));
+    let (status, _) = h.json(get(&format!("{POOLS}/r3"))).await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "the refused create made nothing"
+    );
+}
+
+#[tokio::test]
+async fn a_request_past_its_deadline_is_a_504_status() {
+    use battery_apiserver::api::Limits;
+    let h = Harness::with_settings(Settings {
+        bind_wait: Duration::from_millis(200),
+        cluster: None,
+        limits: Limits {
+            request_timeout: Duration::from_nanos(1),
+            ..Limits::default()
+        },
+    })
+    .await;
+    let (status, body) = h.json(get(POOLS)).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body}");
+    assert_eq!(body["reason"], "Timeout");
 }

@@ -23,6 +23,7 @@ use futures::future::BoxFuture;
 use http::request::Parts;
 
 use super::handlers::{self, Write};
+use super::limits::{self, Limiter, Limits};
 use super::storage::Storage;
 use super::subresource::SubresourceEndpoint;
 use super::watch_stream;
@@ -44,6 +45,8 @@ pub struct Call {
     pub info: RequestInfo,
     pub parts: Parts,
     pub body: Bytes,
+    /// A watch's slot under the watch cap, held while it streams.
+    pub watch_slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// The generic handlers over storage `S`.
@@ -94,6 +97,7 @@ impl<S: Storage> Endpoint for ResourceEndpoint<S> {
                 info,
                 parts,
                 body,
+                watch_slot,
             } = call;
             let storage = shared.as_ref();
             let headers = &parts.headers;
@@ -148,6 +152,7 @@ impl<S: Storage> Endpoint for ResourceEndpoint<S> {
                     watch_stream::watch(
                         shared.clone(),
                         store,
+                        watch_slot,
                         ctx,
                         options,
                         negotiated,
@@ -211,12 +216,14 @@ fn user(parts: &Parts) -> UserInfo {
 struct Resources {
     endpoints: HashMap<&'static str, Arc<dyn Endpoint>>,
     lifecycle: Option<Arc<dyn NamespaceLifecycle>>,
+    limiter: Limiter,
 }
 
 /// The router of `/apis/<group>/<version>/...` for `endpoints`.
 pub fn resource_router(
     endpoints: Vec<Arc<dyn Endpoint>>,
     lifecycle: Option<Arc<dyn NamespaceLifecycle>>,
+    limits: Limits,
 ) -> Router {
     let mut by_plural = HashMap::new();
     let mut prefixes = Vec::new();
@@ -231,6 +238,7 @@ pub fn resource_router(
     let state = Arc::new(Resources {
         endpoints: by_plural,
         lifecycle,
+        limiter: Limiter::new(limits),
     });
     let mut router = Router::new();
     for prefix in prefixes {
@@ -268,14 +276,31 @@ async fn route(resources: &Resources, request: Request) -> Result<Response, ApiE
         namespace: (!info.namespace.is_empty()).then(|| info.namespace.clone()),
         lifecycle: resources.lifecycle.clone(),
     };
-    endpoint
-        .handle(Call {
-            ctx,
-            info,
-            parts,
-            body,
-        })
+    let limiter = &resources.limiter;
+    let watch_slot = match info.verb.as_str() {
+        "watch" => Some(limiter.admit_watch()?),
+        "create" if info.subresource.is_empty() => {
+            limiter.admit_create(&ctx.user.name)?;
+            None
+        }
+        _ => None,
+    };
+    let long_running = watch_slot.is_some();
+    let call = endpoint.handle(Call {
+        ctx,
+        info,
+        parts,
+        body,
+        watch_slot,
+    });
+    if long_running {
+        // The watch's own timeoutSeconds ends it.
+        return call.await;
+    }
+    // A bind runs detached from its request, so giving up here leaves nothing half done.
+    tokio::time::timeout(limiter.request_timeout(), call)
         .await
+        .unwrap_or_else(|_| Err(limits::timed_out()))
 }
 
 /// Go's answer for a path no resource serves: a 404 Status with the generic message.

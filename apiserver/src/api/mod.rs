@@ -8,6 +8,7 @@
 mod apply;
 mod dispatch;
 mod handlers;
+mod limits;
 mod respond;
 mod storage;
 mod subresource;
@@ -20,6 +21,7 @@ use battery_api_machinery::status::ApiError;
 use futures::future::BoxFuture;
 
 pub use dispatch::{Endpoint, ResourceEndpoint, resource_router};
+pub use limits::{Limiter, Limits};
 pub use storage::{ApiObject, Deleted, Storage, server_now};
 pub use subresource::{Subresource, SubresourceEndpoint};
 

@@ -72,6 +72,7 @@ async fn serve<T: Subresource>(storage: &T, call: Call) -> Result<Response, ApiE
         info,
         parts,
         body,
+        ..
     } = call;
     let query = parts.uri.query().unwrap_or_default();
     let headers = &parts.headers;

@@ -91,6 +91,7 @@ struct Start<T> {
 pub async fn watch<S: Storage>(
     storage: Arc<S>,
     store: Arc<MetaStore>,
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
     ctx: RequestContext,
     options: ListOptions,
     negotiated: Negotiated,
@@ -142,6 +143,7 @@ pub async fn watch<S: Storage>(
         include,
         tx,
         sent_headers: false,
+        _slot: slot,
     };
     tokio::spawn(stream.run(start, subscription, timeout));
     let mut response = Response::new(Body::from_stream(
@@ -163,6 +165,8 @@ struct Stream<S: Storage> {
     include: IncludeObject,
     tx: mpsc::Sender<Result<Bytes, Infallible>>,
     sent_headers: bool,
+    /// The watch's slot under the watch cap, released when the stream ends.
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl<S: Storage> Stream<S> {

@@ -59,6 +59,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         &Settings {
             bind_wait: args.bind_wait,
             cluster: None,
+            limits: Default::default(),
         },
     )?;
     if args.pool_size > 0 {
