@@ -57,6 +57,26 @@ pub struct ServeArgs {
     #[arg(long, env = "BATTERY_APISERVER_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
 
+    /// Watches open at once, across all users; more are refused with 429.
+    #[arg(long, env = "BATTERY_APISERVER_MAX_WATCHES", default_value_t = 1000)]
+    pub max_watches: usize,
+
+    /// Creates per second each user may sustain; faster ones are refused with 429.
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_CREATES_PER_SECOND",
+        default_value_t = 50.0
+    )]
+    pub creates_per_second: f64,
+
+    /// Creates a user may make at once before --creates-per-second applies.
+    #[arg(long, env = "BATTERY_APISERVER_CREATE_BURST", default_value_t = 200)]
+    pub create_burst: u32,
+
+    /// Deadline of every request but a watch; keep it under kube-apiserver's 60 s.
+    #[arg(long, env = "BATTERY_APISERVER_REQUEST_TIMEOUT", default_value = "55s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+
     /// kubeconfig of the cluster served (namespace lifecycle, Events); inside a pod the
     /// in-cluster config is used when this is not given.
     #[arg(long, env = "BATTERY_APISERVER_KUBECONFIG")]
@@ -103,6 +123,16 @@ pub struct DevArgs {
     /// Size of the Pool `default/dev` made at start; 0 makes none.
     #[arg(long, env = "BATTERY_APISERVER_DEV_POOL_SIZE", default_value_t = 3)]
     pub pool_size: i32,
+}
+
+/// A rate must be a positive number: 0 would refuse every create after the burst.
+fn positive_rate(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate > 0.0 => Ok(rate),
+        _ => Err(format!(
+            "{value} is not a positive number of creates per second (try 50)"
+        )),
+    }
 }
 
 /// `dev` has no authorization beyond its own certificate: refuse to serve it on a
@@ -184,6 +214,24 @@ mod tests {
         assert!(
             Cli::try_parse_from(["battery-apiserver", "dev", "--listen", "127.0.0.1:0"]).is_ok()
         );
+    }
+
+    #[test]
+    fn a_create_rate_must_be_positive() {
+        let err = Cli::try_parse_from([
+            "battery-apiserver",
+            "serve",
+            "--battery-address",
+            "http://127.0.0.1:9090",
+            "--tls-cert-file",
+            "c",
+            "--tls-private-key-file",
+            "k",
+            "--creates-per-second",
+            "0",
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("not a positive number"), "{err}");
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::net::TcpListener;
 
+use crate::api::Limits;
 use crate::battery::BatteryClient;
 use crate::cluster::Cluster;
 use crate::config::ServeArgs;
@@ -40,7 +41,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         &Settings {
             bind_wait: args.bind_wait,
             cluster: cluster(args.kubeconfig.as_deref()).await?,
-            limits: Default::default(),
+            limits: Limits {
+                max_watches: args.max_watches,
+                creates_per_second: args.creates_per_second,
+                create_burst: args.create_burst,
+                request_timeout: args.request_timeout,
+            },
         },
     )?;
     let listener = TcpListener::bind(args.listen)
