@@ -65,7 +65,8 @@ pub struct ServeArgs {
     #[arg(
         long,
         env = "BATTERY_APISERVER_CREATES_PER_SECOND",
-        default_value_t = 50.0
+        default_value_t = 50.0,
+        value_parser = positive_rate
     )]
     pub creates_per_second: f64,
 
