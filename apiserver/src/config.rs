@@ -18,7 +18,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the API over TLS in front of a battery at --battery-address (production).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run everything on this machine for trying it out: the server on loopback with the
     /// embedded battery and simulated Hosts, a Pool to claim from, self-made certificates,
     /// and a kubeconfig for kubectl.
@@ -51,6 +51,56 @@ pub struct ServeArgs {
     /// organizations the groups.
     #[arg(long, env = "BATTERY_APISERVER_CLIENT_CA_FILE")]
     pub client_ca_file: Option<PathBuf>,
+
+    /// CA bundle of the front proxy (kube-apiserver's aggregator): a client certificate it
+    /// signs may say who the request is from in the identity headers.
+    #[arg(long, env = "BATTERY_APISERVER_REQUESTHEADER_CLIENT_CA_FILE")]
+    pub requestheader_client_ca_file: Option<PathBuf>,
+
+    /// CNs the front proxy's certificate may have (comma-separated); empty allows any
+    /// certificate the requestheader CA signed.
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_REQUESTHEADER_ALLOWED_NAMES",
+        value_delimiter = ',',
+        default_value = "front-proxy-client"
+    )]
+    pub requestheader_allowed_names: Vec<String>,
+
+    /// Headers naming the user (the first with a value wins).
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_REQUESTHEADER_USERNAME_HEADERS",
+        value_delimiter = ',',
+        default_value = "X-Remote-User"
+    )]
+    pub requestheader_username_headers: Vec<String>,
+
+    /// Headers naming the user's uid; off unless given, as in Kubernetes.
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_REQUESTHEADER_UID_HEADERS",
+        value_delimiter = ','
+    )]
+    pub requestheader_uid_headers: Vec<String>,
+
+    /// Headers naming the user's groups, one per line.
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_REQUESTHEADER_GROUP_HEADERS",
+        value_delimiter = ',',
+        default_value = "X-Remote-Group"
+    )]
+    pub requestheader_group_headers: Vec<String>,
+
+    /// Prefixes of the headers carrying the user's extra attributes.
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_REQUESTHEADER_EXTRA_HEADERS_PREFIX",
+        value_delimiter = ',',
+        default_value = "X-Remote-Extra-"
+    )]
+    pub requestheader_extra_headers_prefix: Vec<String>,
 
     /// Directory of the metadata store, on battery's volume. Without it the metadata is
     /// kept in memory and lost on restart.

@@ -20,7 +20,7 @@ pub mod watch;
 /// Runs the command the user chose.
 pub async fn run(cli: config::Cli) -> anyhow::Result<()> {
     match cli.command {
-        config::Command::Serve(args) => serve_command::run(args).await,
+        config::Command::Serve(args) => serve_command::run(*args).await,
         config::Command::Dev(args) => dev::run(args).await,
         config::Command::EmbeddedBattery(args) => embedded_battery::run(args).await,
     }

@@ -78,8 +78,9 @@ pub enum TlsError {
 pub struct TlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
-    /// Client certificates signed by this CA are verified and offered to authentication.
-    pub client_ca: Option<PathBuf>,
+    /// CA bundles a client certificate may chain to (the client CA, the requestheader
+    /// CA); authentication then decides which one it did.
+    pub client_cas: Vec<PathBuf>,
 }
 
 /// The client certificate chain a connection presented, verified against the client CA.
@@ -184,6 +185,28 @@ impl ResolvesServerCert for ReloadingCert {
     }
 }
 
+fn roots(bundles: &[PathBuf]) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for bundle in bundles {
+        for ca in certificates(bundle)? {
+            roots.add(ca).map_err(TlsError::Config)?;
+        }
+    }
+    Ok(roots)
+}
+
+/// A verifier of client certificate chains against the CA bundle in `path`, for
+/// authentication to tell which CA signed a certificate the TLS layer accepted.
+pub fn client_verifier(path: &Path) -> Result<crate::http::authn::Verifier, TlsError> {
+    let roots = roots(&[path.to_owned()])?;
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+        .build()
+        .map_err(|source| TlsError::ClientCa {
+            path: path.to_owned(),
+            source,
+        })
+}
+
 /// A TLS acceptor whose certificate follows its files until the returned task is
 /// dropped or aborted.
 pub fn acceptor(files: &TlsFiles) -> Result<(TlsAcceptor, tokio::task::JoinHandle<()>), TlsError> {
@@ -191,22 +214,19 @@ pub fn acceptor(files: &TlsFiles) -> Result<(TlsAcceptor, tokio::task::JoinHandl
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(TlsError::Config)?;
-    let builder = match &files.client_ca {
-        Some(path) => {
-            let mut roots = RootCertStore::empty();
-            for ca in certificates(path)? {
-                roots.add(ca).map_err(TlsError::Config)?;
-            }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
-                .allow_unauthenticated()
-                .build()
-                .map_err(|source| TlsError::ClientCa {
-                    path: path.clone(),
-                    source,
-                })?;
-            builder.with_client_cert_verifier(verifier)
-        }
-        None => builder.with_no_client_auth(),
+    let builder = if files.client_cas.is_empty() {
+        builder.with_no_client_auth()
+    } else {
+        // Asked for, not required: kubelet probes and token users come without one.
+        let roots = roots(&files.client_cas)?;
+        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+            .allow_unauthenticated()
+            .build()
+            .map_err(|source| TlsError::ClientCa {
+                path: files.client_cas[0].clone(),
+                source,
+            })?;
+        builder.with_client_cert_verifier(verifier)
     };
     let mut config = builder.with_cert_resolver(cert.clone());
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];

@@ -9,6 +9,7 @@ use crate::api::Limits;
 use crate::battery::BatteryClient;
 use crate::cluster::Cluster;
 use crate::config::ServeArgs;
+use crate::http::authn::{Authentication, FrontProxy};
 use crate::meta_store::MetaStore;
 use crate::serve::{self, TlsFiles};
 use crate::server::{self, Settings};
@@ -26,10 +27,35 @@ pub fn open_store(dir: Option<&std::path::Path>) -> anyhow::Result<Arc<MetaStore
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let authentication = Arc::new(Authentication {
+        client_ca: args
+            .client_ca_file
+            .as_deref()
+            .map(serve::client_verifier)
+            .transpose()?,
+        front_proxy: args
+            .requestheader_client_ca_file
+            .as_deref()
+            .map(|ca| -> anyhow::Result<FrontProxy> {
+                Ok(FrontProxy {
+                    verifier: serve::client_verifier(ca)?,
+                    allowed_names: args.requestheader_allowed_names.clone(),
+                    username_headers: args.requestheader_username_headers.clone(),
+                    uid_headers: args.requestheader_uid_headers.clone(),
+                    group_headers: args.requestheader_group_headers.clone(),
+                    extra_prefixes: args.requestheader_extra_headers_prefix.clone(),
+                })
+            })
+            .transpose()?,
+    });
     let tls = TlsFiles {
         cert: args.tls_cert_file,
         key: args.tls_private_key_file,
-        client_ca: args.client_ca_file,
+        client_cas: args
+            .client_ca_file
+            .into_iter()
+            .chain(args.requestheader_client_ca_file)
+            .collect(),
     };
     let (acceptor, _reloader) = serve::acceptor(&tls)?;
     let battery = BatteryClient::connect_lazy(&args.battery_address)
@@ -47,6 +73,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 create_burst: args.create_burst,
                 request_timeout: args.request_timeout,
             },
+            authentication,
         },
     )?;
     let listener = TcpListener::bind(args.listen)

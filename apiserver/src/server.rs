@@ -21,8 +21,9 @@ use tokio::task::JoinSet;
 use crate::api::{Endpoint, Limits, ResourceEndpoint, resource_router};
 use crate::battery::BatteryClient;
 use crate::cluster::Cluster;
+use crate::http::authn::{self, Authentication};
 use crate::http::metrics::{self, Metrics};
-use crate::http::{NonResource, authn, nonresource_router};
+use crate::http::{NonResource, nonresource_router};
 use crate::meta_store::MetaStore;
 use crate::resources::follow::Follower;
 use crate::resources::hosts::{HostDirectory, HostStatusWriter, HostStorage};
@@ -41,6 +42,8 @@ pub struct Settings {
     pub cluster: Option<Arc<Cluster>>,
     /// Watches, create rate and request deadline.
     pub limits: Limits,
+    /// Who requests are trusted to come from.
+    pub authentication: Arc<Authentication>,
 }
 
 impl Default for Settings {
@@ -49,6 +52,7 @@ impl Default for Settings {
             bind_wait: Duration::from_secs(5),
             cluster: None,
             limits: Limits::default(),
+            authentication: Arc::default(),
         }
     }
 }
@@ -160,7 +164,10 @@ pub fn build(
         .map(|c| c as Arc<dyn crate::api::NamespaceLifecycle>);
     let router = resource_router(endpoints, lifecycle, settings.limits.clone())
         .merge(nonresource_router(nonresource, GROUP, VERSION))
-        .layer(axum::middleware::from_fn(authn::authenticate))
+        .layer(axum::middleware::from_fn_with_state(
+            settings.authentication.clone(),
+            authn::authenticate,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             metrics,
             metrics::observe,

@@ -42,6 +42,7 @@ impl Harness {
                 bind_wait: Duration::from_millis(500),
                 cluster: None,
                 limits: Default::default(),
+                authentication: Default::default(),
             },
         )
         .await
@@ -547,6 +548,7 @@ async fn watches_beyond_the_cap_and_creates_beyond_the_rate_are_429s() {
             create_burst: 2,
             ..Limits::default()
         },
+        authentication: Default::default(),
     })
     .await;
     let _open = h
@@ -589,6 +591,7 @@ async fn a_request_past_its_deadline_is_a_504_status() {
             request_timeout: Duration::from_nanos(1),
             ..Limits::default()
         },
+        authentication: Default::default(),
     })
     .await;
     let (status, body) = h.json(get(POOLS)).await;

@@ -25,7 +25,7 @@ fn files(pki: &DevPki) -> TlsFiles {
     TlsFiles {
         cert: pki.serving_cert.clone(),
         key: pki.serving_key.clone(),
-        client_ca: Some(pki.ca_cert.clone()),
+        client_cas: vec![pki.ca_cert.clone()],
     }
 }
 
@@ -185,4 +185,251 @@ async fn a_request_with_many_group_headers_is_served() {
     assert_eq!(response.status(), http::StatusCode::OK);
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(&body[..], b"ok");
+}
+
+/// A CA and certificates it signs, for the authentication table.
+struct Ca {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    pem: String,
+}
+
+impl Ca {
+    fn new(name: &str) -> Self {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::default();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign];
+        let pem = params.self_signed(&key).unwrap().pem();
+        Self {
+            issuer: rcgen::Issuer::new(params, key),
+            pem,
+        }
+    }
+
+    /// A client certificate for `cn`, as (chain, key) for rustls.
+    fn client(
+        &self,
+        cn: &str,
+    ) -> (
+        Vec<CertificateDer<'static>>,
+        rustls::pki_types::PrivateKeyDer<'static>,
+    ) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::default();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let der = rustls::pki_types::PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes())
+            .unwrap();
+        (vec![cert.der().clone()], der)
+    }
+
+    fn write(&self, dir: &Path, name: &str) -> std::path::PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, &self.pem).unwrap();
+        path
+    }
+}
+
+/// Each row: who connects, what headers it sends, and who the server must take it for —
+/// or the 401 it must answer. What each row proves is in its name.
+#[tokio::test]
+async fn only_the_front_proxy_may_say_who_a_request_is_from() {
+    use battery_apiserver::api::UserInfo;
+    use battery_apiserver::http::authn::{Authentication, FrontProxy, authenticate};
+
+    let dir = tempfile::tempdir().unwrap();
+    let pki = write_dev_pki(dir.path()).unwrap();
+    let front_ca = Ca::new("front-proxy-ca");
+    let other_ca = Ca::new("someone-else");
+    let front_ca_file = front_ca.write(dir.path(), "front-proxy-ca.crt");
+    let client_ca_file = pki.ca_cert.clone();
+    let strings = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let authentication = Arc::new(Authentication {
+        client_ca: Some(battery_apiserver::serve::client_verifier(&client_ca_file).unwrap()),
+        front_proxy: Some(FrontProxy {
+            verifier: battery_apiserver::serve::client_verifier(&front_ca_file).unwrap(),
+            allowed_names: strings(&["front-proxy-client"]),
+            username_headers: strings(&["X-Remote-User"]),
+            uid_headers: strings(&["X-Remote-Uid"]),
+            group_headers: strings(&["X-Remote-Group"]),
+            extra_prefixes: strings(&["X-Remote-Extra-"]),
+        }),
+    });
+    // Echoes who the server took the request for, and whether identity headers got through.
+    let app = Router::new()
+        .route(
+            "/whoami",
+            get(|axum::Extension(user): axum::Extension<UserInfo>, headers: http::HeaderMap| async move {
+                let leaked = headers.keys().any(|k| k.as_str().starts_with("x-remote-"));
+                format!("{}|{}|{:?}|{leaked}", user.name, user.groups.join(","), user.extra)
+            }),
+        )
+        .layer(axum::middleware::from_fn_with_state(authentication, authenticate));
+    let files = TlsFiles {
+        cert: pki.serving_cert.clone(),
+        key: pki.serving_key.clone(),
+        client_cas: vec![client_ca_file.clone(), front_ca_file.clone()],
+    };
+    let (addr, _reloader) = start(&files, app).await;
+
+    let dev_cert = {
+        let chain = vec![CertificateDer::from_pem_file(&pki.client_cert).unwrap()];
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_file(&pki.client_key).unwrap();
+        (chain, key)
+    };
+    let forged = [
+        ("X-Remote-User", "system:admin"),
+        ("X-Remote-Group", "system:masters"),
+        ("X-Remote-Extra-Scopes", "all"),
+    ];
+    let aggregator = [
+        ("X-Remote-User", "alice"),
+        ("X-Remote-Group", "devs"),
+        ("X-Remote-Group", "ops"),
+        (
+            "X-Remote-Extra-Authentication.kubernetes.io%2fcredential-Id",
+            "JTI=1",
+        ),
+    ];
+    let cases: Vec<Row> = vec![
+        (
+            "the aggregator's certificate vouches for its headers",
+            Some(front_ca.client("front-proxy-client")),
+            &aggregator,
+            Ok(
+                "alice|devs,ops,system:authenticated|{\"authentication.kubernetes.io/credential-id\": [\"JTI=1\"]}|false",
+            ),
+        ),
+        (
+            "headers without a certificate are ignored and stripped",
+            None,
+            &forged,
+            Ok("system:anonymous|system:unauthenticated|{}|false"),
+        ),
+        (
+            "a client certificate is its own user; forged headers are stripped",
+            Some(dev_cert),
+            &forged,
+            Ok(
+                "system:serviceaccount:default:dev|system:serviceaccounts,system:serviceaccounts:default,system:authenticated|{}|false",
+            ),
+        ),
+        (
+            "a front-proxy certificate of a CN not allowed is refused",
+            Some(front_ca.client("intruder")),
+            &forged,
+            Err(401),
+        ),
+    ];
+    for (what, identity, headers, want) in cases {
+        let response = whoami(addr, &[&client_ca_file, &pki.ca_cert], identity, headers).await;
+        match want {
+            Ok(body) => assert_eq!(response, Ok(body.to_owned()), "{what}"),
+            Err(code) => assert_eq!(response.map_err(|(code, _)| code), Err(code), "{what}"),
+        }
+    }
+    // A certificate from a CA the server does not trust does not get past TLS.
+    let stranger = other_ca.client("front-proxy-client");
+    let connector = client_connector(&[&pki.ca_cert], Some(stranger));
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let handshake = connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await;
+    let refused = match handshake {
+        Err(_) => true,
+        // TLS 1.3 reports the client certificate's rejection on the first read.
+        Ok(stream) => {
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            tokio::spawn(connection);
+            let request = http::Request::get("/whoami")
+                .header(http::header::HOST, "localhost")
+                .body(Empty::<Bytes>::new())
+                .unwrap();
+            sender.send_request(request).await.is_err()
+        }
+    };
+    assert!(refused, "a certificate of an unknown CA is refused");
+}
+
+type Identity = (
+    Vec<CertificateDer<'static>>,
+    rustls::pki_types::PrivateKeyDer<'static>,
+);
+
+/// One row of the authentication table: what it proves, the client certificate, the
+/// headers sent, and the user the server must see (or the code it must answer).
+type Row<'a> = (
+    &'a str,
+    Option<Identity>,
+    &'a [(&'a str, &'a str)],
+    Result<&'a str, u16>,
+);
+
+fn client_connector(cas: &[&Path], identity: Option<Identity>) -> TlsConnector {
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in cas {
+        roots
+            .add(CertificateDer::from_pem_file(ca).unwrap())
+            .unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let mut config = match identity {
+        Some((chain, key)) => builder.with_client_auth_cert(chain, key).unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    TlsConnector::from(Arc::new(config))
+}
+
+/// GET /whoami as `identity` with `headers`: the body, or the status code and body.
+async fn whoami(
+    addr: std::net::SocketAddr,
+    cas: &[&Path],
+    identity: Option<Identity>,
+    headers: &[(&str, &str)],
+) -> Result<String, (u16, String)> {
+    let connector = client_connector(cas, identity);
+    let stream = connect(&connector, addr).await;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let mut request = http::Request::get("/whoami").header(http::header::HOST, "localhost");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = sender
+        .send_request(request.body(Empty::<Bytes>::new()).unwrap())
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let body = String::from_utf8(
+        response
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap();
+    if status == 200 {
+        Ok(body)
+    } else {
+        Err((status, body))
+    }
 }

@@ -5,6 +5,7 @@
 pub mod pki;
 
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::Context;
 use axum::body::Body;
@@ -17,6 +18,7 @@ use tower::ServiceExt;
 use crate::api::UserInfo;
 use crate::battery::BatteryClient;
 use crate::config::DevArgs;
+use crate::http::authn::Authentication;
 use crate::serve::{self, TlsFiles};
 use crate::serve_command::{open_store, shutdown_signal};
 use crate::server::{self, Settings};
@@ -60,6 +62,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             bind_wait: args.bind_wait,
             cluster: None,
             limits: Default::default(),
+            authentication: Arc::new(Authentication {
+                client_ca: Some(serve::client_verifier(&pki.ca_cert)?),
+                front_proxy: None,
+            }),
         },
     )?;
     if args.pool_size > 0 {
@@ -68,7 +74,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let (acceptor, _reloader) = serve::acceptor(&TlsFiles {
         cert: pki.serving_cert.clone(),
         key: pki.serving_key.clone(),
-        client_ca: Some(pki.ca_cert.clone()),
+        client_cas: vec![pki.ca_cert.clone()],
     })?;
     let listener = TcpListener::bind(args.listen).await.with_context(|| {
         format!(
