@@ -10,6 +10,7 @@ use crate::battery::BatteryClient;
 use crate::cluster::Cluster;
 use crate::config::ServeArgs;
 use crate::http::authn::{Authentication, FrontProxy};
+use crate::http::authz::{Authorizer, SubjectAccessReviewer};
 use crate::meta_store::MetaStore;
 use crate::serve::{self, TlsFiles};
 use crate::server::{self, Settings};
@@ -61,12 +62,21 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let battery = BatteryClient::connect_lazy(&args.battery_address)
         .with_context(|| format!("--battery-address {}", args.battery_address))?;
     let store = open_store(args.data_dir.as_deref())?;
+    let cluster_client = cluster(args.kubeconfig.as_deref()).await?;
+    if cluster_client.is_none() {
+        tracing::warn!(
+            "no cluster: every request is allowed; give --kubeconfig (or run in a pod) to authorize with SubjectAccessReview"
+        );
+    }
     let app = server::build(
         battery,
         store,
         &Settings {
             bind_wait: args.bind_wait,
-            cluster: cluster(args.kubeconfig.as_deref()).await?,
+            authorizer: cluster_client
+                .clone()
+                .map(|client| Arc::new(SubjectAccessReviewer::new(client)) as Arc<dyn Authorizer>),
+            cluster: cluster_client.map(|client| Arc::new(Cluster::new(client))),
             limits: Limits {
                 max_watches: args.max_watches,
                 creates_per_second: args.creates_per_second,
@@ -88,9 +98,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The cluster to serve: from `kubeconfig` when given, else the in-cluster config of
-/// the pod; without either, namespace lifecycle checks and Events are off.
-async fn cluster(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Option<Arc<Cluster>>> {
+/// A client of the cluster served: from `kubeconfig` when given, else the in-cluster
+/// config of the pod; without either, authorization, namespace lifecycle checks and
+/// Events are off.
+async fn cluster(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Option<kube::Client>> {
     let config = match kubeconfig {
         Some(path) => {
             let file = kube::config::Kubeconfig::read_from(path)
@@ -102,13 +113,14 @@ async fn cluster(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Option<
         None => match kube::Config::incluster() {
             Ok(config) => config,
             Err(err) => {
-                tracing::warn!(error = %err, "no cluster to serve: namespace lifecycle checks and Events are off");
+                tracing::debug!(error = %err, "no in-cluster config");
                 return Ok(None);
             }
         },
     };
-    let client = kube::Client::try_from(config).context("building the cluster client")?;
-    Ok(Some(Arc::new(Cluster::new(client))))
+    Ok(Some(
+        kube::Client::try_from(config).context("building the cluster client")?,
+    ))
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

@@ -3,8 +3,11 @@
 //!
 //! The request path, outermost first (a refusing layer answers with a `Status`):
 //! 1. `metrics::observe` — logs the request once and counts it, whatever answered;
-//! 2. `authn::authenticate` — who is asking, from the verified client certificate;
-//! 3. the routes — non-resource paths, then `/apis/<group>/<version>/...` dispatched
+//! 2. `authn::authenticate` — who is asking: front-proxy headers vouched for by the
+//!    requestheader CA, a client certificate, or anonymous; identity headers stripped;
+//! 3. `authz::authorize` — whether they may: the cluster's SubjectAccessReview or
+//!    dev's policy; health, discovery and OpenAPI always;
+//! 4. the routes — non-resource paths, then `/apis/<group>/<version>/...` dispatched
 //!    by request info to the resource's storage.
 
 use std::sync::Arc;
@@ -22,6 +25,7 @@ use crate::api::{Endpoint, Limits, ResourceEndpoint, resource_router};
 use crate::battery::BatteryClient;
 use crate::cluster::Cluster;
 use crate::http::authn::{self, Authentication};
+use crate::http::authz::{self, Authorizer};
 use crate::http::metrics::{self, Metrics};
 use crate::http::{NonResource, nonresource_router};
 use crate::meta_store::MetaStore;
@@ -44,6 +48,9 @@ pub struct Settings {
     pub limits: Limits,
     /// Who requests are trusted to come from.
     pub authentication: Arc<Authentication>,
+    /// Who may do what; `None` allows every request (only where nothing else can reach
+    /// the server).
+    pub authorizer: Option<Arc<dyn Authorizer>>,
 }
 
 impl Default for Settings {
@@ -53,6 +60,7 @@ impl Default for Settings {
             cluster: None,
             limits: Limits::default(),
             authentication: Arc::default(),
+            authorizer: None,
         }
     }
 }
@@ -162,8 +170,15 @@ pub fn build(
         .cluster
         .clone()
         .map(|c| c as Arc<dyn crate::api::NamespaceLifecycle>);
-    let router = resource_router(endpoints, lifecycle, settings.limits.clone())
-        .merge(nonresource_router(nonresource, GROUP, VERSION))
+    let mut router = resource_router(endpoints, lifecycle, settings.limits.clone())
+        .merge(nonresource_router(nonresource, GROUP, VERSION));
+    if let Some(authorizer) = settings.authorizer.clone() {
+        router = router.layer(axum::middleware::from_fn_with_state(
+            authorizer,
+            authz::authorize,
+        ));
+    }
+    let router = router
         .layer(axum::middleware::from_fn_with_state(
             settings.authentication.clone(),
             authn::authenticate,

@@ -40,6 +40,7 @@ impl Harness {
                 ..Default::default()
             },
             authentication: Default::default(),
+            authorizer: None,
         })
         .await
     }
@@ -75,6 +76,24 @@ impl Harness {
         content_type: &str,
         body: Option<Value>,
     ) -> (StatusCode, http::HeaderMap, Value) {
+        self.call_as(
+            "system:serviceaccount:default:dev",
+            method,
+            uri,
+            content_type,
+            body,
+        )
+        .await
+    }
+
+    async fn call_as(
+        &self,
+        user: &str,
+        method: &str,
+        uri: &str,
+        content_type: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, http::HeaderMap, Value) {
         let mut request = Request::builder()
             .method(method)
             .uri(uri)
@@ -82,7 +101,7 @@ impl Harness {
             .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
             .unwrap();
         request.extensions_mut().insert(UserInfo {
-            name: "system:serviceaccount:default:dev".into(),
+            name: user.into(),
             groups: vec!["system:authenticated".into()],
             ..UserInfo::default()
         });
@@ -537,8 +556,9 @@ async fn deleting_every_claim_of_a_namespace_releases_every_microvm() {
 }
 
 /// A stand-in for the kube-apiserver of the cluster served, answering only what the
-/// server asks of it: namespaces (`default` active, `dying` terminating, others missing)
-/// and Event creation (recorded; a repeated name is a 409, as in Kubernetes).
+/// server asks of it: namespaces (`default` active, `dying` terminating, others missing),
+/// Event creation (recorded; a repeated name is a 409, as in Kubernetes) and
+/// SubjectAccessReviews from a written policy (each review recorded too).
 async fn fake_kube_apiserver() -> (kube::Client, Arc<std::sync::Mutex<Vec<Value>>>) {
     use axum::extract::{Path, State};
     use axum::routing::{get, post};
@@ -571,10 +591,35 @@ async fn fake_kube_apiserver() -> (kube::Client, Arc<std::sync::Mutex<Vec<Value>
         events.push(event.clone());
         (StatusCode::CREATED, axum::Json(event))
     }
+    /// The policy: the dev ServiceAccount may do everything, `viewer` may read pools.
+    async fn review(
+        State(events): State<Events>,
+        axum::Json(mut review): axum::Json<Value>,
+    ) -> axum::Json<Value> {
+        events
+            .lock()
+            .unwrap()
+            .push(json!({"review": review["spec"].clone()}));
+        let spec = &review["spec"];
+        let user = spec["user"].as_str().unwrap_or_default();
+        let verb = spec["resourceAttributes"]["verb"]
+            .as_str()
+            .unwrap_or_default();
+        let allowed = user == "system:serviceaccount:default:dev"
+            || (user == "viewer"
+                && matches!(verb, "get" | "list" | "watch")
+                && spec["resourceAttributes"]["resource"] == "pools");
+        review["status"] = json!({"allowed": allowed, "reason": if allowed { "" } else { "no RBAC policy matched" }});
+        axum::Json(review)
+    }
     let events: Events = Arc::default();
     let app = Router::new()
         .route("/api/v1/namespaces/{name}", get(namespace))
         .route("/api/v1/namespaces/{ns}/events", post(event))
+        .route(
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            post(review),
+        )
         .with_state(events.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -592,6 +637,7 @@ async fn creates_in_missing_or_terminating_namespaces_are_refused_and_hook_failu
         cluster: Some(Arc::new(battery_apiserver::cluster::Cluster::new(client))),
         limits: Default::default(),
         authentication: Default::default(),
+        authorizer: None,
     })
     .await;
     for (namespace, code, message) in [
@@ -634,6 +680,10 @@ async fn creates_in_missing_or_terminating_namespaces_are_refused_and_hook_failu
     }
     let recorded = events.lock().unwrap().clone();
     let event = &recorded[0];
+    assert!(
+        event.get("review").is_none(),
+        "no authorizer here: nothing was reviewed"
+    );
     assert_eq!(event["reason"], "HookFailed");
     assert_eq!(event["type"], "Warning");
     assert_eq!(event["involvedObject"]["kind"], "Pool");
@@ -648,4 +698,80 @@ async fn creates_in_missing_or_terminating_namespaces_are_refused_and_hook_failu
         recorded.len(),
         "one Event per battery event id"
     );
+}
+
+#[tokio::test]
+async fn every_resource_request_and_metrics_are_authorized_by_subject_access_review() {
+    let (client, recorded) = fake_kube_apiserver().await;
+    let h = Harness::start_with(Settings {
+        bind_wait: Duration::from_millis(300),
+        cluster: None,
+        limits: Default::default(),
+        authentication: Default::default(),
+        authorizer: Some(Arc::new(
+            battery_apiserver::http::authz::SubjectAccessReviewer::new(client),
+        )),
+    })
+    .await;
+    let reviews = || {
+        recorded
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| e.get("review").is_some())
+            .count()
+    };
+    h.create_pool("p", 0, "ImmediateOnLease", "60s").await;
+    let (status, _, _) = h
+        .call_as("viewer", "GET", POOLS, "application/json", None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "viewer may list pools");
+    let before = reviews();
+    let (status, _, _) = h
+        .call_as("viewer", "GET", POOLS, "application/json", None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        reviews(),
+        before,
+        "a repeated decision comes from the cache"
+    );
+    let (status, _, refused) = h
+        .call_as(
+            "viewer",
+            "DELETE",
+            &format!("{POOLS}/p"),
+            "application/json",
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{refused}");
+    assert_eq!(
+        refused["message"],
+        "pools.battery.liquidmetal-x.dev \"p\" is forbidden: User \"viewer\" cannot delete resource \"pools\" in API group \"battery.liquidmetal-x.dev\" in the namespace \"default\": no RBAC policy matched"
+    );
+    let (status, _) = h.get(&format!("{POOLS}/p")).await;
+    assert_eq!(status, StatusCode::OK, "the refused delete changed nothing");
+    let (status, _, _) = h
+        .call_as("viewer", "GET", "/metrics", "text/plain", None)
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::FORBIDDEN,
+        "/metrics needs authorization"
+    );
+    let (status, _, _) = h
+        .call_as(
+            "system:anonymous",
+            "GET",
+            "/apis/battery.liquidmetal-x.dev/v1alpha1",
+            "application/json",
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "discovery is always allowed");
+    let (status, _, _) = h
+        .call_as("system:anonymous", "GET", "/healthz", "text/plain", None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
 }

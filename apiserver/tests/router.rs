@@ -43,6 +43,7 @@ impl Harness {
                 cluster: None,
                 limits: Default::default(),
                 authentication: Default::default(),
+                authorizer: None,
             },
         )
         .await
@@ -549,6 +550,7 @@ async fn watches_beyond_the_cap_and_creates_beyond_the_rate_are_429s() {
             ..Limits::default()
         },
         authentication: Default::default(),
+        authorizer: None,
     })
     .await;
     let _open = h
@@ -592,9 +594,33 @@ async fn a_request_past_its_deadline_is_a_504_status() {
             ..Limits::default()
         },
         authentication: Default::default(),
+        authorizer: None,
     })
     .await;
     let (status, body) = h.json(get(POOLS)).await;
     assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body}");
     assert_eq!(body["reason"], "Timeout");
+}
+
+#[tokio::test]
+async fn dev_policy_allows_its_user_and_refuses_everyone_else() {
+    use battery_apiserver::http::authz::LocalPolicy;
+    let h = Harness::with_settings(Settings {
+        bind_wait: Duration::from_millis(200),
+        cluster: None,
+        limits: Default::default(),
+        authentication: Default::default(),
+        authorizer: Some(std::sync::Arc::new(LocalPolicy {
+            user: "system:serviceaccount:default:dev".into(),
+        })),
+    })
+    .await;
+    h.create_pool("mine", 0).await;
+    let mut request = get(POOLS);
+    request.extensions_mut().insert(UserInfo {
+        name: "someone".into(),
+        ..UserInfo::default()
+    });
+    let response = h.router().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
 }

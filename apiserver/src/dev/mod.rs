@@ -19,6 +19,7 @@ use crate::api::UserInfo;
 use crate::battery::BatteryClient;
 use crate::config::DevArgs;
 use crate::http::authn::Authentication;
+use crate::http::authz::LocalPolicy;
 use crate::serve::{self, TlsFiles};
 use crate::serve_command::{open_store, shutdown_signal};
 use crate::server::{self, Settings};
@@ -66,6 +67,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
                 client_ca: Some(serve::client_verifier(&pki.ca_cert)?),
                 front_proxy: None,
             }),
+            authorizer: Some(Arc::new(LocalPolicy {
+                user: pki::DEV_USER.to_owned(),
+            })),
         },
     )?;
     if args.pool_size > 0 {

@@ -3,6 +3,7 @@
 //! and the fallback that keeps every error a `Status`.
 
 pub mod authn;
+pub mod authz;
 pub mod metrics;
 mod nonresource;
 

@@ -1,0 +1,281 @@
+//! Authorization, after authentication (`apiserver:pkg/endpoints/filters/authorization.go`):
+//! health, version, discovery and OpenAPI are always allowed (the aggregator's
+//! availability checks and every client's discovery need them); every other request —
+//! each resource verb and `/metrics` — is put to the authorizer, which is the cluster's
+//! SubjectAccessReview (`reference/aggregated-apiserver.md` §2.4) with short caches, or
+//! `dev`'s local policy. A refusal is a 403 Status in Go's words.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use battery_api_machinery::request_info::RequestInfo;
+use battery_api_machinery::status::ApiError;
+use futures::future::BoxFuture;
+use k8s_openapi::api::authorization::v1::{
+    NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::api::{Api, PostParams};
+
+use crate::api::UserInfo;
+
+/// Go's webhook authorizer caches for these long (`--authorization-webhook-cache-*-ttl`).
+const ALLOWED_TTL: Duration = Duration::from_secs(10);
+const DENIED_TTL: Duration = Duration::from_secs(10);
+
+/// Paths any caller may read, as Go's `alwaysAllowPaths` plus discovery and OpenAPI
+/// (RBAC's `system:discovery` and `system:public-info-viewer` grant them to everyone).
+fn always_allowed(info: &RequestInfo) -> bool {
+    if info.is_resource_request {
+        return false;
+    }
+    let path = info.path.as_str();
+    matches!(
+        path,
+        "/healthz" | "/livez" | "/readyz" | "/version" | "/api" | "/apis"
+    ) || path.starts_with("/apis/")
+        || path == "/openapi/v2"
+        || path.starts_with("/openapi/v3")
+}
+
+/// A decision on one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Allow,
+    /// Refused, with the authorizer's reason (may be empty).
+    Deny(String),
+}
+
+/// Decides whether a user may do what a request asks.
+pub trait Authorizer: Send + Sync {
+    fn authorize<'a>(
+        &'a self,
+        user: &'a UserInfo,
+        request: &'a RequestInfo,
+    ) -> BoxFuture<'a, Result<Decision, ApiError>>;
+}
+
+/// `dev`'s policy: its one user may do everything; anyone else nothing.
+pub struct LocalPolicy {
+    pub user: String,
+}
+
+impl Authorizer for LocalPolicy {
+    fn authorize<'a>(
+        &'a self,
+        user: &'a UserInfo,
+        _: &'a RequestInfo,
+    ) -> BoxFuture<'a, Result<Decision, ApiError>> {
+        let decision = if user.name == self.user {
+            Decision::Allow
+        } else {
+            Decision::Deny(format!("dev allows only {}", self.user))
+        };
+        Box::pin(async move { Ok(decision) })
+    }
+}
+
+/// The cluster's SubjectAccessReview, cached.
+pub struct SubjectAccessReviewer {
+    client: kube::Client,
+    cache: Mutex<HashMap<String, (Instant, Decision)>>,
+}
+
+impl SubjectAccessReviewer {
+    pub fn new(client: kube::Client) -> Self {
+        Self {
+            client,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn review(user: &UserInfo, request: &RequestInfo) -> SubjectAccessReview {
+        let optional = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+        let (resource_attributes, non_resource_attributes) = if request.is_resource_request {
+            let attributes = ResourceAttributes {
+                group: Some(request.api_group.clone()),
+                version: optional(&request.api_version),
+                resource: optional(&request.resource),
+                subresource: optional(&request.subresource),
+                namespace: optional(&request.namespace),
+                name: optional(&request.name),
+                verb: Some(request.verb.clone()),
+                ..ResourceAttributes::default()
+            };
+            (Some(attributes), None)
+        } else {
+            let attributes = NonResourceAttributes {
+                path: Some(request.path.clone()),
+                verb: Some(request.verb.clone()),
+            };
+            (None, Some(attributes))
+        };
+        SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(user.name.clone()),
+                uid: optional(&user.uid),
+                groups: Some(user.groups.clone()),
+                extra: (!user.extra.is_empty()).then(|| user.extra.clone()),
+                resource_attributes,
+                non_resource_attributes,
+            },
+            ..SubjectAccessReview::default()
+        }
+    }
+}
+
+impl Authorizer for SubjectAccessReviewer {
+    fn authorize<'a>(
+        &'a self,
+        user: &'a UserInfo,
+        request: &'a RequestInfo,
+    ) -> BoxFuture<'a, Result<Decision, ApiError>> {
+        Box::pin(async move {
+            let review = Self::review(user, request);
+            // The review's spec is exactly what decides: it is the cache key.
+            let key = serde_json::to_string(&review.spec).map_err(ApiError::internal)?;
+            if let Some((at, decision)) = self
+                .cache
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&key)
+            {
+                let ttl = if *decision == Decision::Allow {
+                    ALLOWED_TTL
+                } else {
+                    DENIED_TTL
+                };
+                if at.elapsed() < ttl {
+                    return Ok(decision.clone());
+                }
+            }
+            let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
+            let answered = api
+                .create(&PostParams::default(), &review)
+                .await
+                .map_err(ApiError::internal)?;
+            let status = answered.status.unwrap_or_default();
+            let decision = if status.allowed {
+                Decision::Allow
+            } else {
+                Decision::Deny(status.reason.unwrap_or_default())
+            };
+            let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+            // Keep the cache from growing without bound under many distinct requests.
+            cache.retain(|_, (at, _)| at.elapsed() < ALLOWED_TTL.max(DENIED_TTL));
+            cache.insert(key, (Instant::now(), decision.clone()));
+            Ok(decision)
+        })
+    }
+}
+
+/// The layer. Runs after authentication, which put the [`UserInfo`] in the extensions.
+pub async fn authorize(
+    State(authorizer): State<Arc<dyn Authorizer>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let info = match RequestInfo::parse(
+        request.method(),
+        request.uri().path(),
+        request.uri().query(),
+    ) {
+        Ok(info) => info,
+        Err(error) => return error.into_response(),
+    };
+    if always_allowed(&info) {
+        return next.run(request).await;
+    }
+    let Some(user) = request.extensions().get::<UserInfo>().cloned() else {
+        return ApiError::internal(std::io::Error::other(
+            "authorization ran before authentication",
+        ))
+        .into_response();
+    };
+    match authorizer.authorize(&user, &info).await {
+        Ok(Decision::Allow) => next.run(request).await,
+        Ok(Decision::Deny(reason)) => {
+            ApiError::forbidden(&user.name, &info, &reason).into_response()
+        }
+        Err(error) => error.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Method;
+
+    fn info(method: Method, path: &str) -> RequestInfo {
+        RequestInfo::parse(&method, path, None).unwrap()
+    }
+
+    #[test]
+    fn health_discovery_and_openapi_are_always_allowed_and_resources_and_metrics_are_not() {
+        for path in [
+            "/healthz",
+            "/readyz",
+            "/livez",
+            "/version",
+            "/api",
+            "/apis",
+            "/apis/battery.liquidmetal-x.dev",
+            "/apis/battery.liquidmetal-x.dev/v1alpha1",
+            "/openapi/v2",
+            "/openapi/v3",
+            "/openapi/v3/apis/battery.liquidmetal-x.dev/v1alpha1",
+        ] {
+            assert!(always_allowed(&info(Method::GET, path)), "{path}");
+        }
+        for path in [
+            "/metrics",
+            "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/default/pools",
+        ] {
+            assert!(!always_allowed(&info(Method::GET, path)), "{path}");
+        }
+    }
+
+    #[test]
+    fn a_review_carries_the_kubernetes_verb_and_the_subresource() {
+        let user = UserInfo {
+            name: "alice".into(),
+            groups: vec!["devs".into()],
+            ..UserInfo::default()
+        };
+        let request = info(
+            Method::PATCH,
+            "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/ns/microvmclaims/c/lease",
+        );
+        let review = SubjectAccessReviewer::review(&user, &request);
+        let attributes = review.spec.resource_attributes.unwrap();
+        assert_eq!(
+            (
+                attributes.verb.as_deref(),
+                attributes.resource.as_deref(),
+                attributes.subresource.as_deref(),
+                attributes.name.as_deref(),
+                attributes.namespace.as_deref()
+            ),
+            (
+                Some("patch"),
+                Some("microvmclaims"),
+                Some("lease"),
+                Some("c"),
+                Some("ns")
+            )
+        );
+        let metrics = SubjectAccessReviewer::review(&user, &info(Method::GET, "/metrics"));
+        assert_eq!(
+            metrics
+                .spec
+                .non_resource_attributes
+                .unwrap()
+                .path
+                .as_deref(),
+            Some("/metrics")
+        );
+    }
+}
