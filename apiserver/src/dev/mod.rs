@@ -96,7 +96,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             local.hosts().len()
         ),
         format!(
-            "  you are {} (every request is allowed in dev)",
+            "  policy: you ({}, the kubeconfig's user) may do everything; anyone else nothing",
             pki::DEV_USER
         ),
         format!(
