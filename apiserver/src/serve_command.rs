@@ -9,7 +9,7 @@ use crate::api::Limits;
 use crate::battery::BatteryClient;
 use crate::cluster::Cluster;
 use crate::config::ServeArgs;
-use crate::http::authn::{Authentication, FrontProxy};
+use crate::http::authn::{Authentication, FrontProxy, TokenReviewer};
 use crate::http::authz::{Authorizer, SubjectAccessReviewer};
 use crate::meta_store::MetaStore;
 use crate::serve::{self, TlsFiles};
@@ -28,7 +28,14 @@ pub fn open_store(dir: Option<&std::path::Path>) -> anyhow::Result<Arc<MetaStore
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let cluster_client = cluster(args.kubeconfig.as_deref()).await?;
+    if cluster_client.is_none() {
+        tracing::warn!(
+            "no cluster: every request is allowed; give --kubeconfig (or run in a pod) to authorize with SubjectAccessReview"
+        );
+    }
     let authentication = Arc::new(Authentication {
+        tokens: cluster_client.clone().map(TokenReviewer::new),
         client_ca: args
             .client_ca_file
             .as_deref()
@@ -62,12 +69,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let battery = BatteryClient::connect_lazy(&args.battery_address)
         .with_context(|| format!("--battery-address {}", args.battery_address))?;
     let store = open_store(args.data_dir.as_deref())?;
-    let cluster_client = cluster(args.kubeconfig.as_deref()).await?;
-    if cluster_client.is_none() {
-        tracing::warn!(
-            "no cluster: every request is allowed; give --kubeconfig (or run in a pod) to authorize with SubjectAccessReview"
-        );
-    }
     let app = server::build(
         battery,
         store,

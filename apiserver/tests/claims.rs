@@ -105,6 +105,28 @@ impl Harness {
             groups: vec!["system:authenticated".into()],
             ..UserInfo::default()
         });
+        self.send(request).await
+    }
+
+    /// A request that authenticates with a bearer token, as a client in a pod would.
+    async fn call_with_token(
+        &self,
+        token: &str,
+        method: &str,
+        uri: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, http::HeaderMap, Value) {
+        let request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(header::CONTENT_TYPE, "application/merge-patch+json")
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+            .unwrap();
+        self.send(request).await
+    }
+
+    async fn send(&self, request: Request<Body>) -> (StatusCode, http::HeaderMap, Value) {
         let response = self.router.clone().oneshot(request).await.unwrap();
         let status = response.status();
         let headers = response.headers().clone();
@@ -612,8 +634,28 @@ async fn fake_kube_apiserver() -> (kube::Client, Arc<std::sync::Mutex<Vec<Value>
         review["status"] = json!({"allowed": allowed, "reason": if allowed { "" } else { "no RBAC policy matched" }});
         axum::Json(review)
     }
+    /// Tokens: `sa-token` is the dev ServiceAccount's, `bob-token` bob's; any other (a
+    /// deleted ServiceAccount's) is not authenticated.
+    async fn token_review(axum::Json(mut review): axum::Json<Value>) -> axum::Json<Value> {
+        let user = match review["spec"]["token"].as_str() {
+            Some("sa-token") => Some("system:serviceaccount:default:dev"),
+            Some("bob-token") => Some("bob"),
+            _ => None,
+        };
+        review["status"] = match user {
+            Some(name) => {
+                json!({"authenticated": true, "user": {"username": name, "groups": ["system:serviceaccounts"]}})
+            }
+            None => json!({"authenticated": false, "error": "token has been invalidated"}),
+        };
+        axum::Json(review)
+    }
     let events: Events = Arc::default();
     let app = Router::new()
+        .route(
+            "/apis/authentication.k8s.io/v1/tokenreviews",
+            post(token_review),
+        )
         .route("/api/v1/namespaces/{name}", get(namespace))
         .route("/api/v1/namespaces/{ns}/events", post(event))
         .route(
@@ -774,4 +816,50 @@ async fn every_resource_request_and_metrics_are_authorized_by_subject_access_rev
         .call_as("system:anonymous", "GET", "/healthz", "text/plain", None)
         .await;
     assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn bearer_tokens_are_reviewed_and_only_the_holder_renews() {
+    let (client, _) = fake_kube_apiserver().await;
+    let h = Harness::start_with(Settings {
+        bind_wait: Duration::from_millis(300),
+        cluster: None,
+        limits: Default::default(),
+        authentication: Arc::new(battery_apiserver::http::authn::Authentication {
+            tokens: Some(battery_apiserver::http::authn::TokenReviewer::new(client)),
+            ..Default::default()
+        }),
+        authorizer: None,
+    })
+    .await;
+    h.create_pool("tok", 1, "ImmediateOnLease", "60s").await;
+    h.wait_available("tok", 1).await;
+    let (status, _, claim) = h.claim("held", "tok").await;
+    assert_eq!(status, StatusCode::CREATED, "{claim}");
+    let lease = format!("{CLAIMS}/held/lease");
+    let (status, _, renewed) = h
+        .call_with_token("sa-token", "PATCH", &lease, Some(json!({})))
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "the Holder's own token renews: {renewed}"
+    );
+    let (status, _, refused) = h
+        .call_with_token("bob-token", "PATCH", &lease, Some(json!({})))
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::FORBIDDEN,
+        "someone else's token does not: {refused}"
+    );
+    let (status, _, refused) = h
+        .call_with_token("deleted-sa-token", "PATCH", &lease, Some(json!({})))
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "a token the cluster refuses is a 401: {refused}"
+    );
+    assert_eq!(refused["kind"], "Status");
 }

@@ -251,6 +251,7 @@ async fn only_the_front_proxy_may_say_who_a_request_is_from() {
     let client_ca_file = pki.ca_cert.clone();
     let strings = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     let authentication = Arc::new(Authentication {
+        tokens: None,
         client_ca: Some(battery_apiserver::serve::client_verifier(&client_ca_file).unwrap()),
         front_proxy: Some(FrontProxy {
             verifier: battery_apiserver::serve::client_verifier(&front_ca_file).unwrap(),

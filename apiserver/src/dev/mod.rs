@@ -66,6 +66,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             authentication: Arc::new(Authentication {
                 client_ca: Some(serve::client_verifier(&pki.ca_cert)?),
                 front_proxy: None,
+                tokens: None,
             }),
             authorizer: Some(Arc::new(LocalPolicy {
                 user: pki::DEV_USER.to_owned(),

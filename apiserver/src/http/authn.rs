@@ -6,7 +6,8 @@
 //!    certificate chains to the requestheader CA and its CN is an allowed name
 //!    (`…/request/x509/x509.go` `Verifier`, `…/headerrequest/requestheader.go`);
 //! 2. **client certificate** signed by the client CA: CN is the user, O the groups;
-//! 3. otherwise `system:anonymous`.
+//! 3. **bearer token**, through the cluster's TokenReview, answers cached briefly;
+//! 4. otherwise `system:anonymous`.
 //!
 //! The TLS layer accepts a certificate from either CA; which one a chain verifies against
 //! is decided here. Identity headers are removed from every request, so nothing after
@@ -52,6 +53,85 @@ pub struct Authentication {
     pub front_proxy: Option<FrontProxy>,
     /// Verifies direct client certificates against the client CA.
     pub client_ca: Option<Verifier>,
+    /// Reviews bearer tokens, when there is a cluster to ask.
+    pub tokens: Option<TokenReviewer>,
+}
+
+/// Go caches TokenReview answers, both kinds, for this long (`CacheTTL`).
+const TOKEN_TTL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// When the cluster answered, and the user it named (none for an invalid token).
+type CachedReview = (std::time::Instant, Option<UserInfo>);
+
+/// Bearer tokens through the cluster's `TokenReview`.
+pub struct TokenReviewer {
+    client: kube::Client,
+    /// By a digest of the token: the cache never holds a token itself.
+    cache: std::sync::Mutex<std::collections::HashMap<[u8; 32], CachedReview>>,
+}
+
+impl TokenReviewer {
+    pub fn new(client: kube::Client) -> Self {
+        Self {
+            client,
+            cache: std::sync::Mutex::default(),
+        }
+    }
+
+    /// The user the token belongs to; `None` when the cluster says it is not valid (a
+    /// deleted ServiceAccount's, an expired one).
+    async fn review(&self, token: &str) -> Result<Option<UserInfo>, ApiError> {
+        use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+        use sha2::Digest;
+        let digest: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
+        {
+            let cache = self
+                .cache
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some((at, user)) = cache.get(&digest)
+                && at.elapsed() < TOKEN_TTL
+            {
+                return Ok(user.clone());
+            }
+        }
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.to_owned()),
+                ..TokenReviewSpec::default()
+            },
+            ..TokenReview::default()
+        };
+        let api: kube::Api<TokenReview> = kube::Api::all(self.client.clone());
+        let answered = api
+            .create(&kube::api::PostParams::default(), &review)
+            .await
+            .map_err(ApiError::internal)?;
+        let status = answered.status.unwrap_or_default();
+        let user = match (status.authenticated, status.user) {
+            (Some(true), Some(user)) => Some(UserInfo {
+                name: user.username.unwrap_or_default(),
+                uid: user.uid.unwrap_or_default(),
+                groups: user.groups.unwrap_or_default(),
+                extra: user.extra.unwrap_or_default().into_iter().collect(),
+            }),
+            _ => None,
+        };
+        let mut cache = self
+            .cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        cache.retain(|_, (at, _)| at.elapsed() < TOKEN_TTL);
+        cache.insert(digest, (std::time::Instant::now(), user.clone()));
+        Ok(user)
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    (scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty()).then(|| token.trim())
 }
 
 fn verifies(verifier: &Verifier, chain: &[CertificateDer<'static>]) -> bool {
@@ -183,7 +263,7 @@ impl FrontProxy {
 impl Authentication {
     /// Who `headers` and `chain` say the request comes from; an error for a front-proxy
     /// certificate whose CN is not allowed (Go answers that with 401).
-    pub fn authenticate(
+    pub async fn authenticate(
         &self,
         chain: Option<&[CertificateDer<'static>]>,
         headers: &HeaderMap,
@@ -210,6 +290,15 @@ impl Authentication {
             && let Some(user) = chain.first().and_then(|leaf| user_from_certificate(leaf))
         {
             return Ok(with_authenticated(user));
+        }
+        if let Some(tokens) = &self.tokens
+            && let Some(token) = bearer(headers)
+        {
+            return match tokens.review(token).await? {
+                Some(user) => Ok(with_authenticated(user)),
+                // Go answers a token the cluster refuses with 401.
+                None => Err(ApiError::unauthorized("invalid bearer token")),
+            };
         }
         Ok(UserInfo {
             name: ANONYMOUS.to_owned(),
@@ -248,7 +337,11 @@ pub async fn authenticate(
         // Made inside this process (`dev` creating its Pool): no client can set an
         // extension, so it stands.
         Some(user) => Ok(user.clone()),
-        None => authentication.authenticate(chain.as_deref().map(Vec::as_slice), request.headers()),
+        None => {
+            authentication
+                .authenticate(chain.as_deref().map(Vec::as_slice), request.headers())
+                .await
+        }
     };
     authentication.clear(request.headers_mut());
     match user {
