@@ -66,27 +66,16 @@ fn lookup<'a>(value: &'a Value, path: &[String]) -> Option<&'a Value> {
 }
 
 fn set(value: &mut Value, path: &[String], leaf: Value) {
-    let Some((last, parents)) = path.split_last() else {
+    let Some((key, rest)) = path.split_first() else {
+        *value = leaf;
         return;
     };
-    let mut node = value;
-    for key in parents {
-        if !node.is_object() {
-            *node = Value::Object(Map::new());
-        }
-        node = node
-            .as_object_mut()
-            .map(|m| {
-                m.entry(key.clone())
-                    .or_insert_with(|| Value::Object(Map::new()))
-            })
-            .expect("made an object above");
+    // A leaf on the way becomes a parent.
+    if !value.is_object() {
+        *value = Value::Object(Map::new());
     }
-    if !node.is_object() {
-        *node = Value::Object(Map::new());
-    }
-    if let Some(map) = node.as_object_mut() {
-        map.insert(last.clone(), leaf);
+    if let Value::Object(map) = value {
+        set(map.entry(key.clone()).or_insert(Value::Null), rest, leaf);
     }
 }
 
