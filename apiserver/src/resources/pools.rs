@@ -35,6 +35,16 @@ struct PoolRecord {
     rejected: Option<String>,
 }
 
+impl PoolRecord {
+    /// The record of a Pool battery has and we never recorded.
+    fn adopted(namespace: &str, name: &str) -> Self {
+        Self {
+            metadata: adopted_metadata(namespace, name),
+            ..Self::default()
+        }
+    }
+}
+
 pub struct PoolStorage {
     battery: BatteryClient,
     store: Arc<MetaStore>,
@@ -185,10 +195,7 @@ impl PoolStorage {
     }
 
     fn assemble(&self, record: Option<PoolRecord>, pool: BatteryPool) -> Pool {
-        let record = record.unwrap_or_else(|| PoolRecord {
-            metadata: adopted_metadata(&pool.namespace, &pool.name),
-            ..PoolRecord::default()
-        });
+        let record = record.unwrap_or_else(|| PoolRecord::adopted(&pool.namespace, &pool.name));
         let mut spec = pool.spec;
         spec.placement = record.placement;
         let mut status = pool.counts;
@@ -415,14 +422,18 @@ impl Storage for PoolStorage {
         let name = new.metadata.name.clone().unwrap_or_default();
         let key = key(&namespace, &name);
         let _guard = self.locks.lock(&key).await;
-        let current = self.read(&namespace, &name).await?;
-        check_resource_version(info(), &current.metadata, &new.metadata)?;
-        let hosts = self.resolve_hosts(&new.spec).await?;
+        // One read of battery serves both the existence check and the change check.
         let battery_now = self
             .battery
             .pool(&namespace, &name)
             .await
             .map_err(|s| to_api_error(s, info(), &name))?;
+        let record = self
+            .store
+            .get::<PoolRecord>(&key)?
+            .unwrap_or_else(|| PoolRecord::adopted(&namespace, &name));
+        check_resource_version(info(), &record.metadata, &new.metadata)?;
+        let hosts = self.resolve_hosts(&new.spec).await?;
         let mut wanted = new.spec.clone();
         wanted.placement = None;
         // UpdatePool restarts battery's reconciler: only call it for a real change.
@@ -434,10 +445,15 @@ impl Storage for PoolStorage {
         } else {
             battery_now
         };
-        let previous = current.status.map(|s| s.conditions).unwrap_or_default();
         let mut status = pool.counts;
-        status.conditions =
-            conditions_for(&previous, None, &new.metadata, &new.spec, &hosts, &status);
+        status.conditions = conditions_for(
+            &record.conditions,
+            None,
+            &new.metadata,
+            &new.spec,
+            &hosts,
+            &status,
+        );
         new.status = Some(status);
         self.commit(&mut new, ChangeType::Modified, None)?;
         Ok(new)
@@ -531,10 +547,8 @@ impl PoolStorage {
                 .pool(&pool.namespace, &pool.name)
                 .await
                 .map_err(|s| to_api_error(s, info(), &pool.name))?;
-            let mut record = record.unwrap_or_else(|| PoolRecord {
-                metadata: adopted_metadata(&pool.namespace, &pool.name),
-                ..PoolRecord::default()
-            });
+            let mut record =
+                record.unwrap_or_else(|| PoolRecord::adopted(&pool.namespace, &pool.name));
             record.rejected = rejected.clone();
             let mut object = self.assemble(Some(record), current);
             self.commit(&mut object, ChangeType::Modified, rejected)?;

@@ -9,6 +9,7 @@ use battery_proto::poolmgr::v1alpha1::{
     UpdatePoolRequest, VmRecord,
 };
 use futures::future::join_all;
+use tokio::sync::OwnedMutexGuard;
 use tonic::{Request, Response, Status};
 
 use super::engine::Engine;
@@ -142,6 +143,18 @@ async fn drain(engine: Arc<Engine>, key: PoolKey, vms: Vec<VmRecord>) {
     .await;
 }
 
+impl PoolAdminService {
+    /// The checks CreatePool and UpdatePool share, in battery's order (§3.2): the spec,
+    /// then the pool's lock (held by the caller for the rest of the call), then the hosts.
+    async fn admit(&self, spec: &PoolSpec) -> Result<(PoolKey, OwnedMutexGuard<()>), Status> {
+        validate_spec(spec)?;
+        let key = PoolKey::of_spec(spec);
+        let lock = self.engine.lock_pool(&key).await;
+        self.check_hosts(spec)?;
+        Ok((key, lock))
+    }
+}
+
 #[tonic::async_trait]
 impl PoolAdmin for PoolAdminService {
     async fn create_pool(
@@ -149,10 +162,7 @@ impl PoolAdmin for PoolAdminService {
         request: Request<CreatePoolRequest>,
     ) -> Result<Response<Pool>, Status> {
         let spec = request.into_inner().spec.unwrap_or_default();
-        validate_spec(&spec)?;
-        let key = PoolKey::of_spec(&spec);
-        let _lock = self.engine.lock_pool(&key).await;
-        self.check_hosts(&spec)?;
+        let (key, _lock) = self.admit(&spec).await?;
         if !self.engine.store.insert_pool(&spec).map_err(internal)? {
             return Err(Status::already_exists(format!("pool {key} already exists")));
         }
@@ -166,10 +176,7 @@ impl PoolAdmin for PoolAdminService {
         request: Request<UpdatePoolRequest>,
     ) -> Result<Response<Pool>, Status> {
         let spec = request.into_inner().spec.unwrap_or_default();
-        validate_spec(&spec)?;
-        let key = PoolKey::of_spec(&spec);
-        let _lock = self.engine.lock_pool(&key).await;
-        self.check_hosts(&spec)?;
+        let (key, _lock) = self.admit(&spec).await?;
         if !self.engine.store.replace_pool(&spec).map_err(internal)? {
             return Err(Status::not_found(format!("pool {key} not found")));
         }
