@@ -48,12 +48,15 @@ pub struct ServeArgs {
     pub tls_private_key_file: PathBuf,
 
     /// CA bundle that signs client certificates; their CN is the user, their
-    /// organizations the groups.
+    /// organizations the groups. Without it, the cluster's ConfigMap
+    /// kube-system/extension-apiserver-authentication (`client-ca-file`) is read and watched.
     #[arg(long, env = "BATTERY_APISERVER_CLIENT_CA_FILE")]
     pub client_ca_file: Option<PathBuf>,
 
     /// CA bundle of the front proxy (kube-apiserver's aggregator): a client certificate it
-    /// signs may say who the request is from in the identity headers.
+    /// signs may say who the request is from in the identity headers. Without it, this
+    /// and the other --requestheader-* settings come from the cluster's ConfigMap
+    /// kube-system/extension-apiserver-authentication, read and watched.
     #[arg(long, env = "BATTERY_APISERVER_REQUESTHEADER_CLIENT_CA_FILE")]
     pub requestheader_client_ca_file: Option<PathBuf>,
 
@@ -101,6 +104,11 @@ pub struct ServeArgs {
         default_value = "X-Remote-Extra-"
     )]
     pub requestheader_extra_headers_prefix: Vec<String>,
+
+    /// Start even when the ConfigMap kube-system/extension-apiserver-authentication cannot
+    /// be read; then only the CAs given as flags are trusted.
+    #[arg(long, env = "BATTERY_APISERVER_AUTHENTICATION_TOLERATE_LOOKUP_FAILURE")]
+    pub authentication_tolerate_lookup_failure: bool,
 
     /// Directory of the metadata store, on battery's volume. Without it the metadata is
     /// kept in memory and lost on restart.

@@ -3,7 +3,10 @@
 //! 1,000 concurrent HTTP/2 streams per connection, since the aggregator multiplexes every
 //! user's requests and watches over a few connections; header limits large enough for
 //! users in many groups. The serving certificate is reloaded when its files change.
-//! Client certificates are asked for but not required: kubelet probes come without one.
+//! Client certificates are asked for but not required (kubelet probes come without one),
+//! and not verified here: TLS only checks that the client holds the certificate's key,
+//! and authentication verifies the chain against the CAs it trusts at that moment, as
+//! Go's `tls.RequestClientCert` serving does (ADR 0008).
 
 use std::io;
 use std::net::SocketAddr;
@@ -16,12 +19,14 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use rustls::RootCertStore;
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
@@ -63,12 +68,6 @@ pub enum TlsError {
         #[source]
         source: rustls::Error,
     },
-    #[error("building the client certificate verifier for {path}")]
-    ClientCa {
-        path: PathBuf,
-        #[source]
-        source: rustls::server::VerifierBuilderError,
-    },
     #[error("setting up TLS")]
     Config(#[source] rustls::Error),
 }
@@ -78,13 +77,11 @@ pub enum TlsError {
 pub struct TlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
-    /// CA bundles a client certificate may chain to (the client CA, the requestheader
-    /// CA); authentication then decides which one it did.
-    pub client_cas: Vec<PathBuf>,
 }
 
-/// The client certificate chain a connection presented, verified against the client CA.
-/// Every request on that connection carries it as an extension.
+/// The client certificate chain a connection presented, whose key the client proved it
+/// holds; the chain itself is not verified yet (authentication does that). Every request
+/// on that connection carries it as an extension.
 #[derive(Debug, Clone)]
 pub struct PeerCertificates(pub Arc<Vec<CertificateDer<'static>>>);
 
@@ -185,26 +182,61 @@ impl ResolvesServerCert for ReloadingCert {
     }
 }
 
-fn roots(bundles: &[PathBuf]) -> Result<RootCertStore, TlsError> {
-    let mut roots = RootCertStore::empty();
-    for bundle in bundles {
-        for ca in certificates(bundle)? {
-            roots.add(ca).map_err(TlsError::Config)?;
-        }
-    }
-    Ok(roots)
+/// Asks every client for a certificate and accepts any chain whose key the client proves
+/// it holds; which CA, if any, vouches for it is authentication's decision, per request.
+#[derive(Debug)]
+pub struct RequestClientCertificate {
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
 }
 
-/// A verifier of client certificate chains against the CA bundle in `path`, for
-/// authentication to tell which CA signed a certificate the TLS layer accepted.
-pub fn client_verifier(path: &Path) -> Result<crate::http::authn::Verifier, TlsError> {
-    let roots = roots(&[path.to_owned()])?;
-    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
-        .build()
-        .map_err(|source| TlsError::ClientCa {
-            path: path.to_owned(),
-            source,
-        })
+impl Default for RequestClientCertificate {
+    fn default() -> Self {
+        Self {
+            algorithms: provider().signature_verification_algorithms,
+        }
+    }
+}
+
+impl ClientCertVerifier for RequestClientCertificate {
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        // No hints: a client then offers whatever certificate it has.
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
 }
 
 /// A TLS acceptor whose certificate follows its files until the returned task is
@@ -214,21 +246,9 @@ pub fn acceptor(files: &TlsFiles) -> Result<(TlsAcceptor, tokio::task::JoinHandl
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(TlsError::Config)?;
-    let builder = if files.client_cas.is_empty() {
-        builder.with_no_client_auth()
-    } else {
-        // Asked for, not required: kubelet probes and token users come without one.
-        let roots = roots(&files.client_cas)?;
-        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
-            .allow_unauthenticated()
-            .build()
-            .map_err(|source| TlsError::ClientCa {
-                path: files.client_cas[0].clone(),
-                source,
-            })?;
-        builder.with_client_cert_verifier(verifier)
-    };
-    let mut config = builder.with_cert_resolver(cert.clone());
+    let mut config = builder
+        .with_client_cert_verifier(Arc::new(RequestClientCertificate::default()))
+        .with_cert_resolver(cert.clone());
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let reloader = tokio::spawn(async move {
         let mut tick = tokio::time::interval(RELOAD_INTERVAL);

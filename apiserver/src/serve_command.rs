@@ -9,7 +9,9 @@ use crate::api::Limits;
 use crate::battery::BatteryClient;
 use crate::cluster::Cluster;
 use crate::config::ServeArgs;
-use crate::http::authn::{Authentication, FrontProxy, TokenReviewer};
+use crate::http::authn::{
+    Authentication, RequestHeaderFlags, RequestHeaderNames, TokenReviewer, TrustSources,
+};
 use crate::http::authz::{Authorizer, SubjectAccessReviewer};
 use crate::meta_store::MetaStore;
 use crate::serve::{self, TlsFiles};
@@ -34,36 +36,34 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             "no cluster: every request is allowed; give --kubeconfig (or run in a pod) to authorize with SubjectAccessReview"
         );
     }
-    let authentication = Arc::new(Authentication {
-        tokens: cluster_client.clone().map(TokenReviewer::new),
-        client_ca: args
-            .client_ca_file
-            .as_deref()
-            .map(serve::client_verifier)
-            .transpose()?,
-        front_proxy: args
-            .requestheader_client_ca_file
-            .as_deref()
-            .map(|ca| -> anyhow::Result<FrontProxy> {
-                Ok(FrontProxy {
-                    verifier: serve::client_verifier(ca)?,
+    let mut trust = TrustSources {
+        client_ca_file: args.client_ca_file.clone(),
+        request_header: args.requestheader_client_ca_file.clone().map(|ca_file| {
+            RequestHeaderFlags {
+                ca_file,
+                names: RequestHeaderNames {
                     allowed_names: args.requestheader_allowed_names.clone(),
                     username_headers: args.requestheader_username_headers.clone(),
                     uid_headers: args.requestheader_uid_headers.clone(),
                     group_headers: args.requestheader_group_headers.clone(),
                     extra_prefixes: args.requestheader_extra_headers_prefix.clone(),
-                })
-            })
-            .transpose()?,
-    });
+                },
+            }
+        }),
+        cluster: cluster_client.clone(),
+        tolerate_lookup_failure: args.authentication_tolerate_lookup_failure,
+    }
+    .load()
+    .await?;
+    let authentication = Arc::new(Authentication::new(
+        trust.initial(),
+        cluster_client.clone().map(TokenReviewer::new),
+    ));
+    // The trust follows its sources for as long as the process serves.
+    tokio::spawn(trust.run(authentication.clone()));
     let tls = TlsFiles {
         cert: args.tls_cert_file,
         key: args.tls_private_key_file,
-        client_cas: args
-            .client_ca_file
-            .into_iter()
-            .chain(args.requestheader_client_ca_file)
-            .collect(),
     };
     let (acceptor, _reloader) = serve::acceptor(&tls)?;
     let battery = BatteryClient::connect_lazy(&args.battery_address)

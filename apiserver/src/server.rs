@@ -3,11 +3,12 @@
 //!
 //! The request path, outermost first (a refusing layer answers with a `Status`):
 //! 1. `metrics::observe` — logs the request once and counts it, whatever answered;
-//! 2. `authn::authenticate` — who is asking: front-proxy headers vouched for by the
+//! 2. `recover::recover_panics` — a panic below becomes a 500 `Status`;
+//! 3. `authn::authenticate` — who is asking: front-proxy headers vouched for by the
 //!    requestheader CA, a client certificate, or anonymous; identity headers stripped;
-//! 3. `authz::authorize` — whether they may: the cluster's SubjectAccessReview or
+//! 4. `authz::authorize` — whether they may: the cluster's SubjectAccessReview or
 //!    dev's policy; health, discovery and OpenAPI always;
-//! 4. the routes — non-resource paths, then `/apis/<group>/<version>/...` dispatched
+//! 5. the routes — non-resource paths, then `/apis/<group>/<version>/...` dispatched
 //!    by request info to the resource's storage.
 
 use std::sync::Arc;
@@ -27,6 +28,7 @@ use crate::cluster::Cluster;
 use crate::http::authn::{self, Authentication};
 use crate::http::authz::{self, Authorizer};
 use crate::http::metrics::{self, Metrics};
+use crate::http::recover;
 use crate::http::{NonResource, nonresource_router};
 use crate::meta_store::MetaStore;
 use crate::resources::follow::Follower;
@@ -183,6 +185,7 @@ pub fn build(
             settings.authentication.clone(),
             authn::authenticate,
         ))
+        .layer(axum::middleware::from_fn(recover::recover_panics))
         .layer(axum::middleware::from_fn_with_state(
             metrics,
             metrics::observe,

@@ -825,10 +825,10 @@ async fn bearer_tokens_are_reviewed_and_only_the_holder_renews() {
         bind_wait: Duration::from_millis(300),
         cluster: None,
         limits: Default::default(),
-        authentication: Arc::new(battery_apiserver::http::authn::Authentication {
-            tokens: Some(battery_apiserver::http::authn::TokenReviewer::new(client)),
-            ..Default::default()
-        }),
+        authentication: Arc::new(battery_apiserver::http::authn::Authentication::new(
+            Default::default(),
+            Some(battery_apiserver::http::authn::TokenReviewer::new(client)),
+        )),
         authorizer: None,
     })
     .await;

@@ -25,7 +25,6 @@ fn files(pki: &DevPki) -> TlsFiles {
     TlsFiles {
         cert: pki.serving_cert.clone(),
         key: pki.serving_key.clone(),
-        client_cas: vec![pki.ca_cert.clone()],
     }
 }
 
@@ -210,15 +209,20 @@ impl Ca {
     }
 
     /// A client certificate for `cn`, as (chain, key) for rustls.
-    fn client(
-        &self,
-        cn: &str,
-    ) -> (
-        Vec<CertificateDer<'static>>,
-        rustls::pki_types::PrivateKeyDer<'static>,
-    ) {
-        let key = rcgen::KeyPair::generate().unwrap();
+    fn client(&self, cn: &str) -> Identity {
+        self.certificate(cn, rcgen::CertificateParams::default())
+    }
+
+    /// A client certificate for `cn` that expired in 2020.
+    fn expired_client(&self, cn: &str) -> Identity {
         let mut params = rcgen::CertificateParams::default();
+        params.not_before = rcgen::date_time_ymd(2019, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2020, 1, 1);
+        self.certificate(cn, params)
+    }
+
+    fn certificate(&self, cn: &str, mut params: rcgen::CertificateParams) -> Identity {
+        let key = rcgen::KeyPair::generate().unwrap();
         params
             .distinguished_name
             .push(rcgen::DnType::CommonName, cn);
@@ -228,62 +232,72 @@ impl Ca {
             .unwrap();
         (vec![cert.der().clone()], der)
     }
-
-    fn write(&self, dir: &Path, name: &str) -> std::path::PathBuf {
-        let path = dir.join(name);
-        std::fs::write(&path, &self.pem).unwrap();
-        path
-    }
 }
 
 /// Each row: who connects, what headers it sends, and who the server must take it for —
-/// or the 401 it must answer. What each row proves is in its name.
+/// or the 401 it must answer. What each row proves is in its name. Then the trust is
+/// swapped, as a rotation of the front proxy's CA does, without a restart.
 #[tokio::test]
 async fn only_the_front_proxy_may_say_who_a_request_is_from() {
     use battery_apiserver::api::UserInfo;
-    use battery_apiserver::http::authn::{Authentication, FrontProxy, authenticate};
+    use battery_apiserver::http::authn::{
+        Authentication, RequestHeaderConfig, RequestHeaderNames, Trust, TrustConfig, authenticate,
+    };
 
     let dir = tempfile::tempdir().unwrap();
     let pki = write_dev_pki(dir.path()).unwrap();
     let front_ca = Ca::new("front-proxy-ca");
     let other_ca = Ca::new("someone-else");
-    let front_ca_file = front_ca.write(dir.path(), "front-proxy-ca.crt");
-    let client_ca_file = pki.ca_cert.clone();
     let strings = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-    let authentication = Arc::new(Authentication {
-        tokens: None,
-        client_ca: Some(battery_apiserver::serve::client_verifier(&client_ca_file).unwrap()),
-        front_proxy: Some(FrontProxy {
-            verifier: battery_apiserver::serve::client_verifier(&front_ca_file).unwrap(),
-            allowed_names: strings(&["front-proxy-client"]),
-            username_headers: strings(&["X-Remote-User"]),
-            uid_headers: strings(&["X-Remote-Uid"]),
-            group_headers: strings(&["X-Remote-Group"]),
-            extra_prefixes: strings(&["X-Remote-Extra-"]),
+    let trusting = |front_ca: &Ca| TrustConfig {
+        client_ca: Some(std::fs::read(&pki.ca_cert).unwrap()),
+        request_header: Some(RequestHeaderConfig {
+            ca: front_ca.pem.clone().into_bytes(),
+            names: RequestHeaderNames {
+                allowed_names: strings(&["front-proxy-client"]),
+                username_headers: strings(&["X-Remote-User"]),
+                uid_headers: strings(&["X-Remote-Uid"]),
+                group_headers: strings(&["X-Remote-Group"]),
+                extra_prefixes: strings(&["X-Remote-Extra-"]),
+            },
         }),
-    });
+    };
+    let authentication = Arc::new(Authentication::new(
+        Trust::new(&trusting(&front_ca)).unwrap(),
+        None,
+    ));
     // Echoes who the server took the request for, and whether identity headers got through.
     let app = Router::new()
         .route(
             "/whoami",
             get(|axum::Extension(user): axum::Extension<UserInfo>, headers: http::HeaderMap| async move {
                 let leaked = headers.keys().any(|k| k.as_str().starts_with("x-remote-"));
-                format!("{}|{}|{:?}|{leaked}", user.name, user.groups.join(","), user.extra)
+                let extra: Vec<String> = user
+                    .extra
+                    .iter()
+                    .map(|(key, values)| format!("{key}={}", values.join(",")))
+                    .collect();
+                format!("{}|{}|{}|{leaked}", user.name, user.groups.join(","), extra.join(";"))
             }),
         )
-        .layer(axum::middleware::from_fn_with_state(authentication, authenticate));
-    let files = TlsFiles {
-        cert: pki.serving_cert.clone(),
-        key: pki.serving_key.clone(),
-        client_cas: vec![client_ca_file.clone(), front_ca_file.clone()],
-    };
-    let (addr, _reloader) = start(&files, app).await;
+        .layer(axum::middleware::from_fn_with_state(authentication.clone(), authenticate));
+    let (addr, _reloader) = start(&files(&pki), app).await;
 
     let dev_cert = {
         let chain = vec![CertificateDer::from_pem_file(&pki.client_cert).unwrap()];
         let key = rustls::pki_types::PrivateKeyDer::from_pem_file(&pki.client_key).unwrap();
         (chain, key)
     };
+    let dev_fingerprint: String = {
+        use sha2::Digest as _;
+        sha2::Sha256::digest(&dev_cert.0[0])
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    let dev_user = format!(
+        "system:serviceaccount:default:dev|system:serviceaccounts,system:serviceaccounts:default,system:authenticated|authentication.kubernetes.io/credential-id=X509SHA256={dev_fingerprint}|false"
+    );
     let forged = [
         ("X-Remote-User", "system:admin"),
         ("X-Remote-Group", "system:masters"),
@@ -291,6 +305,7 @@ async fn only_the_front_proxy_may_say_who_a_request_is_from() {
     ];
     let aggregator = [
         ("X-Remote-User", "alice"),
+        ("X-Remote-Uid", "a-1"),
         ("X-Remote-Group", "devs"),
         ("X-Remote-Group", "ops"),
         (
@@ -304,61 +319,79 @@ async fn only_the_front_proxy_may_say_who_a_request_is_from() {
             Some(front_ca.client("front-proxy-client")),
             &aggregator,
             Ok(
-                "alice|devs,ops,system:authenticated|{\"authentication.kubernetes.io/credential-id\": [\"JTI=1\"]}|false",
+                "alice|devs,ops,system:authenticated|authentication.kubernetes.io/credential-id=JTI=1|false",
             ),
         ),
         (
             "headers without a certificate are ignored and stripped",
             None,
             &forged,
-            Ok("system:anonymous|system:unauthenticated|{}|false"),
+            Ok("system:anonymous|system:unauthenticated||false"),
         ),
         (
             "a client certificate is its own user; forged headers are stripped",
             Some(dev_cert),
             &forged,
-            Ok(
-                "system:serviceaccount:default:dev|system:serviceaccounts,system:serviceaccounts:default,system:authenticated|{}|false",
-            ),
+            Ok(&dev_user),
         ),
         (
-            "a front-proxy certificate of a CN not allowed is refused",
+            "a front-proxy certificate of a CN not allowed is refused, not anonymous",
             Some(front_ca.client("intruder")),
+            &forged,
+            Err(401),
+        ),
+        (
+            "a certificate of a CA the server does not trust is refused, not anonymous",
+            Some(other_ca.client("front-proxy-client")),
+            &forged,
+            Err(401),
+        ),
+        (
+            "an expired front-proxy certificate is refused",
+            Some(front_ca.expired_client("front-proxy-client")),
             &forged,
             Err(401),
         ),
     ];
     for (what, identity, headers, want) in cases {
-        let response = whoami(addr, &[&client_ca_file, &pki.ca_cert], identity, headers).await;
+        let response = whoami(addr, &[&pki.ca_cert], identity, headers).await;
         match want {
             Ok(body) => assert_eq!(response, Ok(body.to_owned()), "{what}"),
-            Err(code) => assert_eq!(response.map_err(|(code, _)| code), Err(code), "{what}"),
+            Err(code) => {
+                let (got, body) = response.expect_err(what);
+                assert_eq!(got, code, "{what}: {body}");
+                assert!(body.contains(r#""kind":"Status""#), "{what}: {body}");
+            }
         }
     }
-    // A certificate from a CA the server does not trust does not get past TLS.
-    let stranger = other_ca.client("front-proxy-client");
-    let connector = client_connector(&[&pki.ca_cert], Some(stranger));
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let handshake = connector
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
-        .await;
-    let refused = match handshake {
-        Err(_) => true,
-        // TLS 1.3 reports the client certificate's rejection on the first read.
-        Ok(stream) => {
-            let (mut sender, connection) =
-                hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                    .await
-                    .unwrap();
-            tokio::spawn(connection);
-            let request = http::Request::get("/whoami")
-                .header(http::header::HOST, "localhost")
-                .body(Empty::<Bytes>::new())
-                .unwrap();
-            sender.send_request(request).await.is_err()
-        }
-    };
-    assert!(refused, "a certificate of an unknown CA is refused");
+
+    // The front proxy's CA rotates: its old certificate is refused from now on, on the
+    // same server, and the new one is trusted.
+    let rotated_ca = Ca::new("front-proxy-ca-2");
+    authentication.set_trust(Trust::new(&trusting(&rotated_ca)).unwrap());
+    let old = whoami(
+        addr,
+        &[&pki.ca_cert],
+        Some(front_ca.client("front-proxy-client")),
+        &aggregator,
+    )
+    .await;
+    assert_eq!(
+        old.map_err(|(code, _)| code),
+        Err(401),
+        "the old front proxy"
+    );
+    let new = whoami(
+        addr,
+        &[&pki.ca_cert],
+        Some(rotated_ca.client("front-proxy-client")),
+        &aggregator,
+    )
+    .await;
+    assert!(
+        new.as_deref().is_ok_and(|body| body.starts_with("alice|")),
+        "the new front proxy: {new:?}"
+    );
 }
 
 type Identity = (

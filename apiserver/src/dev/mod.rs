@@ -18,7 +18,7 @@ use tower::ServiceExt;
 use crate::api::UserInfo;
 use crate::battery::BatteryClient;
 use crate::config::DevArgs;
-use crate::http::authn::Authentication;
+use crate::http::authn::{Authentication, Trust, TrustConfig};
 use crate::http::authz::LocalPolicy;
 use crate::serve::{self, TlsFiles};
 use crate::serve_command::{open_store, shutdown_signal};
@@ -63,11 +63,13 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             bind_wait: args.bind_wait,
             cluster: None,
             limits: Default::default(),
-            authentication: Arc::new(Authentication {
-                client_ca: Some(serve::client_verifier(&pki.ca_cert)?),
-                front_proxy: None,
-                tokens: None,
-            }),
+            authentication: Arc::new(Authentication::new(
+                Trust::new(&TrustConfig {
+                    client_ca: Some(std::fs::read(&pki.ca_cert)?),
+                    request_header: None,
+                })?,
+                None,
+            )),
             authorizer: Some(Arc::new(LocalPolicy {
                 user: pki::DEV_USER.to_owned(),
             })),
@@ -79,7 +81,6 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let (acceptor, _reloader) = serve::acceptor(&TlsFiles {
         cert: pki.serving_cert.clone(),
         key: pki.serving_key.clone(),
-        client_cas: vec![pki.ca_cert.clone()],
     })?;
     let listener = TcpListener::bind(args.listen).await.with_context(|| {
         format!(
@@ -111,8 +112,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
 }
 
 /// Creates the Pool `default/dev` through the API itself, as the dev user.
-async fn create_dev_pool(router: &axum::Router, size: i32) -> anyhow::Result<()> {
-    let pool = serde_json::json!({
+/// The Pool `default/dev` of `size` MicroVMs, as a manifest: `dev` makes it at start, and
+/// the e2e suite makes the same one behind the aggregator stand-in.
+pub fn dev_pool(size: i32) -> serde_json::Value {
+    serde_json::json!({
         "apiVersion": battery_types::API_VERSION,
         "kind": "Pool",
         "metadata": {"name": DEV_POOL, "namespace": "default"},
@@ -126,7 +129,11 @@ async fn create_dev_pool(router: &axum::Router, size: i32) -> anyhow::Result<()>
                 "interfaces": [{"deviceId": "eth1", "type": "Tap"}]
             }
         }
-    });
+    })
+}
+
+async fn create_dev_pool(router: &axum::Router, size: i32) -> anyhow::Result<()> {
+    let pool = dev_pool(size);
     let mut request = Request::post(format!(
         "/apis/{}/namespaces/default/pools?fieldManager=battery-apiserver-dev",
         battery_types::API_VERSION

@@ -48,6 +48,39 @@ fn generate(what: &'static str) -> impl Fn(rcgen::Error) -> PkiError {
     move |source| PkiError::Generate { what, source }
 }
 
+/// A serving certificate's parameters for loopback: `localhost`, 127.0.0.1 and ::1.
+pub fn loopback_serving_params(cn: &str) -> Result<CertificateParams, rcgen::Error> {
+    let mut params = CertificateParams::new(vec!["localhost".to_owned()])?;
+    params.subject_alt_names.extend([
+        SanType::IpAddress([127, 0, 0, 1].into()),
+        SanType::IpAddress(std::net::Ipv6Addr::LOCALHOST.into()),
+    ]);
+    params.distinguished_name.push(DnType::CommonName, cn);
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    Ok(params)
+}
+
+/// A client certificate's parameters as Kubernetes reads one: CN the user, one O per
+/// group. rcgen keeps one value per attribute type, so the second group goes in as the
+/// same organizationName OID under another key, and a third has no key left: at most two.
+pub fn client_params(user: &str, groups: &[&str]) -> Result<CertificateParams, rcgen::Error> {
+    if groups.len() > 2 {
+        return Err(rcgen::Error::UnsupportedExtension);
+    }
+    let mut params = CertificateParams::default();
+    params.distinguished_name.push(DnType::CommonName, user);
+    for (i, group) in groups.iter().enumerate() {
+        let attribute = if i == 0 {
+            DnType::OrganizationName
+        } else {
+            DnType::CustomDnType(vec![2, 5, 4, 10])
+        };
+        params.distinguished_name.push(attribute, *group);
+    }
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    Ok(params)
+}
+
 /// Makes a new CA and the certificates it signs, and writes them into `dir`.
 pub fn write_dev_pki(dir: &Path) -> Result<DevPki, PkiError> {
     let ca_key = KeyPair::generate().map_err(generate("CA key"))?;
@@ -63,36 +96,14 @@ pub fn write_dev_pki(dir: &Path) -> Result<DevPki, PkiError> {
     let ca = Issuer::new(ca_params, ca_key);
 
     let serving_key = KeyPair::generate().map_err(generate("serving key"))?;
-    let mut serving = CertificateParams::new(vec!["localhost".to_owned()])
-        .map_err(generate("serving certificate"))?;
-    serving.subject_alt_names.extend([
-        SanType::IpAddress([127, 0, 0, 1].into()),
-        SanType::IpAddress(std::net::Ipv6Addr::LOCALHOST.into()),
-    ]);
-    serving
-        .distinguished_name
-        .push(DnType::CommonName, "battery-apiserver");
-    serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let serving_cert = serving
+    let serving_cert = loopback_serving_params("battery-apiserver")
+        .map_err(generate("serving certificate"))?
         .signed_by(&serving_key, &ca)
         .map_err(generate("serving certificate"))?;
 
     let client_key = KeyPair::generate().map_err(generate("client key"))?;
-    let mut client = CertificateParams::default();
-    client.distinguished_name.push(DnType::CommonName, DEV_USER);
-    // rcgen keeps one value per attribute type, so each group after the first goes in as
-    // the same organizationName OID under another key: the certificate carries one O per
-    // group, as Kubernetes reads groups.
-    for (i, group) in DEV_GROUPS.iter().enumerate() {
-        let attribute = if i == 0 {
-            DnType::OrganizationName
-        } else {
-            DnType::CustomDnType(vec![2, 5, 4, 10])
-        };
-        client.distinguished_name.push(attribute, *group);
-    }
-    client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let client_cert = client
+    let client_cert = client_params(DEV_USER, DEV_GROUPS)
+        .map_err(generate("client certificate"))?
         .signed_by(&client_key, &ca)
         .map_err(generate("client certificate"))?;
 

@@ -6,5 +6,6 @@ pub mod authn;
 pub mod authz;
 pub mod metrics;
 mod nonresource;
+pub mod recover;
 
 pub use nonresource::{NonResource, router as nonresource_router};

@@ -1,0 +1,124 @@
+//! Client certificates: verifying a chain against one CA bundle, and the user a
+//! certificate names (`CommonNameUserConversion`).
+
+use std::sync::Arc;
+
+use rustls::RootCertStore;
+use rustls::pki_types::{CertificateDer, UnixTime, pem::PemObject as _};
+use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::ClientCertVerifier;
+use sha2::Digest as _;
+use x509_parser::prelude::{FromDer as _, X509Certificate};
+
+use crate::api::UserInfo;
+
+/// The extra key Kubernetes records a credential's fingerprint under.
+const CREDENTIAL_ID: &str = "authentication.kubernetes.io/credential-id";
+
+/// Verifies a client certificate chain against one CA bundle: signature, validity
+/// period and the client-auth usage.
+pub type Verifier = Arc<dyn ClientCertVerifier>;
+
+/// A CA bundle that cannot verify anything.
+#[derive(Debug, thiserror::Error)]
+pub enum CaBundleError {
+    #[error("{what}: not a PEM certificate bundle: {source}")]
+    Pem {
+        what: String,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("{what}: holds no certificate")]
+    Empty { what: String },
+    #[error("{what}: {source}")]
+    Invalid {
+        what: String,
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("{what}: {source}")]
+    Verifier {
+        what: String,
+        #[source]
+        source: rustls::server::VerifierBuilderError,
+    },
+}
+
+/// A verifier of chains against the PEM bundle `pem`; `what` names the bundle in errors.
+pub fn verifier(pem: &[u8], what: &str) -> Result<Verifier, CaBundleError> {
+    let mut roots = RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(pem) {
+        let ca = ca.map_err(|source| CaBundleError::Pem {
+            what: what.to_owned(),
+            source,
+        })?;
+        roots.add(ca).map_err(|source| CaBundleError::Invalid {
+            what: what.to_owned(),
+            source,
+        })?;
+    }
+    if roots.is_empty() {
+        return Err(CaBundleError::Empty {
+            what: what.to_owned(),
+        });
+    }
+    WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::new(rustls::crypto::ring::default_provider()),
+    )
+    .build()
+    .map_err(|source| CaBundleError::Verifier {
+        what: what.to_owned(),
+        source,
+    })
+}
+
+/// Whether `chain` (leaf first) verifies against `verifier` now.
+pub fn verify(verifier: &Verifier, chain: &[CertificateDer<'static>]) -> Result<(), String> {
+    let (leaf, intermediates) = chain
+        .split_first()
+        .ok_or_else(|| "no certificate".to_owned())?;
+    verifier
+        .verify_client_cert(leaf, intermediates, UnixTime::now())
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+pub fn common_name(der: &[u8]) -> Option<String> {
+    let (_, cert) = X509Certificate::from_der(der).ok()?;
+    let cn = cert.subject().iter_common_name().next()?.as_str().ok()?;
+    Some(cn.to_owned())
+}
+
+/// The user a verified client certificate names (CN the user, O the groups, its
+/// fingerprint as the credential id), or `None` if it names none.
+pub fn user_from_certificate(der: &[u8]) -> Option<UserInfo> {
+    let (_, cert) = X509Certificate::from_der(der).ok()?;
+    let subject = cert.subject();
+    let name = subject
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())?
+        .to_owned();
+    if name.is_empty() {
+        return None;
+    }
+    let groups = subject
+        .iter_organization()
+        .filter_map(|o| o.as_str().ok().map(str::to_owned))
+        .collect();
+    let fingerprint: String = sha2::Sha256::digest(der)
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    Some(UserInfo {
+        name,
+        groups,
+        extra: [(
+            CREDENTIAL_ID.to_owned(),
+            vec![format!("X509SHA256={fingerprint}")],
+        )]
+        .into(),
+        ..UserInfo::default()
+    })
+}
