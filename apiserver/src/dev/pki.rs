@@ -36,6 +36,8 @@ pub enum PkiError {
         #[source]
         source: rcgen::Error,
     },
+    #[error("a client certificate carries at most two groups, not {0}")]
+    Groups(usize),
     #[error("writing {path}")]
     Write {
         path: PathBuf,
@@ -63,9 +65,9 @@ pub fn loopback_serving_params(cn: &str) -> Result<CertificateParams, rcgen::Err
 /// A client certificate's parameters as Kubernetes reads one: CN the user, one O per
 /// group. rcgen keeps one value per attribute type, so the second group goes in as the
 /// same organizationName OID under another key, and a third has no key left: at most two.
-pub fn client_params(user: &str, groups: &[&str]) -> Result<CertificateParams, rcgen::Error> {
+pub fn client_params(user: &str, groups: &[&str]) -> Result<CertificateParams, PkiError> {
     if groups.len() > 2 {
-        return Err(rcgen::Error::UnsupportedExtension);
+        return Err(PkiError::Groups(groups.len()));
     }
     let mut params = CertificateParams::default();
     params.distinguished_name.push(DnType::CommonName, user);
@@ -102,8 +104,7 @@ pub fn write_dev_pki(dir: &Path) -> Result<DevPki, PkiError> {
         .map_err(generate("serving certificate"))?;
 
     let client_key = KeyPair::generate().map_err(generate("client key"))?;
-    let client_cert = client_params(DEV_USER, DEV_GROUPS)
-        .map_err(generate("client certificate"))?
+    let client_cert = client_params(DEV_USER, DEV_GROUPS)?
         .signed_by(&client_key, &ca)
         .map_err(generate("client certificate"))?;
 
