@@ -7,6 +7,7 @@ mod etag;
 pub mod negotiate;
 pub mod openapi;
 pub mod params;
+pub mod patch;
 pub mod request_info;
 pub mod selectors;
 pub mod status;

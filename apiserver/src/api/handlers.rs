@@ -9,6 +9,8 @@ use battery_api_machinery::params::{
     CreateOptions, DeleteOptions, FieldValidation, ListOptions, PatchOptions, PropagationPolicy,
     TableOptions, UpdateOptions,
 };
+// Re-exported for the subresources' patch path.
+pub(super) use battery_api_machinery::patch::apply_patch;
 use battery_api_machinery::status::ApiError;
 use battery_types::HasResourceInfo;
 use battery_types::validation::FieldError;
@@ -22,8 +24,6 @@ use super::apply;
 use super::respond::{self, Warnings};
 use super::storage::{Deleted, Storage, server_now};
 
-/// Go caps JSON patches at this many operations (`patch.go` `maxJSONPatchOperations`).
-const MAX_JSON_PATCH_OPERATIONS: usize = 10_000;
 /// A patch or apply that loses an optimistic-concurrency race is retried this often,
 /// as Go's `GuaranteedUpdate` does, when the client did not pin a resourceVersion.
 const PATCH_ATTEMPTS: usize = 5;
@@ -604,42 +604,6 @@ pub async fn patch<S: Storage>(
         }
     }
     Err(ApiError::optimistic_lock(info::<S>(), name))
-}
-
-pub(super) fn apply_patch(
-    kind: PatchType,
-    document: &mut Value,
-    patch: &Value,
-) -> Result<(), ApiError> {
-    match kind {
-        PatchType::MergePatch => {
-            if !patch.is_object() {
-                return Err(ApiError::bad_request("a merge patch must be a JSON object"));
-            }
-            json_patch::merge(document, patch);
-            Ok(())
-        }
-        PatchType::JsonPatch => {
-            let operations: json_patch::Patch = serde_json::from_value(patch.clone())
-                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
-            if operations.0.len() > MAX_JSON_PATCH_OPERATIONS {
-                return Err(ApiError::request_entity_too_large(format!(
-                    "The allowed maximum operations in a JSON patch is {MAX_JSON_PATCH_OPERATIONS}, got {}",
-                    operations.0.len()
-                )));
-            }
-            json_patch::patch(document, &operations).map_err(|e| {
-                ApiError::new(
-                    battery_api_machinery::status::Reason::Invalid,
-                    format!("the server rejected our request due to an error in our request: {e}"),
-                )
-            })
-        }
-        // `patch` hands apply patches to `apply::apply` before any document is patched.
-        PatchType::Apply => Err(ApiError::internal(std::io::Error::other(
-            "an apply patch reached the JSON patch path",
-        ))),
-    }
 }
 
 pub async fn delete<S: Storage>(
