@@ -1,59 +1,123 @@
 //! The harness of the kubectl suite (`tests/kubectl/`): the real `battery-apiserver`
-//! binary driven by the real kubectl.
+//! binary driven by the real kubectl, by either [`Route`]:
 //!
-//! - [`ApiServer`]: one `battery-apiserver dev` (loopback, a free port, the embedded
-//!   battery with the Pool `default/dev`, self-made certificates) in its own temporary
-//!   directory, killed when dropped. Every test starts its own, so tests never see each
-//!   other's objects.
-//! - [`Kubectl`]: one installed kubectl release pointed at that server, with a private
-//!   `HOME` and discovery cache. [`ApiServer::kubectls`] gives one per release the suite
-//!   covers, so a test runs the same steps with each.
+//! - [`Route::Direct`]: one `battery-apiserver dev` (loopback, the embedded battery with
+//!   the Pool `default/dev`, self-made certificates, dev's local policy);
+//! - [`Route::Aggregated`]: as in a cluster. The [`StandIn`] for kube-apiserver's
+//!   aggregator sits in front; behind it run `battery-apiserver serve` and, in its own
+//!   process, `battery-apiserver embedded-battery`. `serve` reads its CAs from the stand-in's
+//!   ConfigMap and asks it TokenReviews and SubjectAccessReviews. kubectl reaches `serve`
+//!   only through the stand-in, which adds the front-proxy certificate and the `X-Remote-*`
+//!   headers. The same Pool `default/dev` is made through it.
 //!
-//! The binary is the one in the target directory; it is built (once) only when missing,
-//! so after changing the server run `cargo build -p battery-apiserver` before the suite.
+//! Each [`ApiServer`] is one of these, in its own temporary directory, killed when
+//! dropped. Every test starts its own, so tests never see each other's objects.
+//! [`Kubectl`] is one installed kubectl release pointed at it;
+//! [`ApiServer::kubectls`] gives one per release the suite covers, so a test runs the
+//! same steps with each.
+//!
+//! The binaries are the ones in the target directory. Each is built (once) only when
+//! missing, so after changing the server run `cargo build -p battery-apiserver` before
+//! the suite.
 
 mod kubectl;
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use tempfile::TempDir;
-use tokio::io::{AsyncBufReadExt as _, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio::sync::{Semaphore, SemaphorePermit};
+
+use crate::process::Process;
+use crate::stand_in::StandIn;
 
 pub use kubectl::{Background, Invocation, Kubectl, Output, Stream};
 
 /// The binary under test, as cargo names it.
 const BINARY: &str = "battery-apiserver";
 /// What `battery-apiserver dev` prints once it accepts connections, before the URL.
-const SERVING_PREFIX: &str = "battery-apiserver dev: serving ";
-/// How long a server may take to start: a debug build on a loaded 2-core CI machine.
-const START_TIMEOUT: Duration = Duration::from_secs(60);
+const DEV_SERVING_PREFIX: &str = "battery-apiserver dev: serving ";
+/// What `battery-apiserver serve` prints once it accepts connections, before the URL.
+const SERVE_SERVING_PREFIX: &str = "battery-apiserver serve: serving ";
+/// What `battery-apiserver embedded-battery` prints once it serves, before the address.
+const BATTERY_SERVING_PREFIX: &str = "embedded battery serving battery's gRPC API on ";
+/// The dev Pool's size, as `battery-apiserver dev` makes it by default.
+const DEV_POOL_SIZE: i32 = 3;
+/// How often the embedded battery sweeps expired leases: `dev`'s, so that both routes
+/// expire a lease as fast.
+const SWEEP_INTERVAL: &str = "2s";
 /// How many servers run at once. Each test keeps one busy with a stream of kubectl
 /// processes, so more than this only makes every test slower on a 2-core CI machine.
 const MAX_SERVERS: usize = 2;
-/// How much of the server's log a failing test prints.
-const LOG_TAIL_LINES: usize = 60;
 
 static SERVERS: Semaphore = Semaphore::const_new(MAX_SERVERS);
 
-/// A running `battery-apiserver dev`, killed when dropped.
+/// How kubectl reaches battery-apiserver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Straight to `battery-apiserver dev`.
+    Direct,
+    /// Through the aggregator stand-in to `battery-apiserver serve`, as in a cluster.
+    Aggregated,
+}
+
+/// A running battery-apiserver (and what it needs), reached by one [`Route`], killed when
+/// dropped.
 pub struct ApiServer {
-    /// Held only so that dropping the server kills it (`kill_on_drop`).
-    _child: Child,
-    url: String,
+    /// `dev`; or the embedded battery and `serve`. Held so that dropping the server
+    /// stops them, and their logs show when a test fails.
+    _processes: Vec<Process>,
+    stand_in: Option<StandIn>,
+    /// battery-apiserver's own URL.
+    backend: String,
+    kubeconfig: PathBuf,
     dir: TempDir,
     _slot: SemaphorePermit<'static>,
 }
 
 impl ApiServer {
-    /// Starts a server and waits until it serves. Panics with the server's log if it
-    /// exits or does not announce itself within [`START_TIMEOUT`].
-    pub async fn start() -> Self {
+    /// Starts a server reached by `route` and waits until it serves. Panics with the
+    /// logs if anything exits or does not announce itself in time.
+    pub async fn start(route: Route) -> Self {
+        let (dir, slot) = Self::prepare().await;
+        let server = match route {
+            Route::Direct => Self::start_dev(dir, slot).await,
+            Route::Aggregated => Self::start_aggregated(dir, slot, &[]).await,
+        };
+        assert!(
+            server.kubeconfig.is_file(),
+            "battery-apiserver serves {} but there is no {}",
+            server.backend,
+            server.kubeconfig.display()
+        );
+        server
+    }
+
+    async fn start_dev(dir: TempDir, slot: SemaphorePermit<'static>) -> Self {
+        let mut command = Command::new(binary());
+        command
+            .args(["dev", "--listen", "127.0.0.1:0", "--dir"])
+            .arg(dir.path().join("dev"));
+        let (dev, url) =
+            Process::start(command, &dir.path().join("server.log"), DEV_SERVING_PREFIX).await;
+        Self {
+            _processes: vec![dev],
+            stand_in: None,
+            backend: url,
+            kubeconfig: dir.path().join("dev").join("kubeconfig"),
+            dir,
+            _slot: slot,
+        }
+    }
+
+    /// [`Route::Aggregated`], with more flags for `battery-apiserver serve` (limits).
+    pub async fn aggregated_with(serve_args: &[&str]) -> Self {
+        let (dir, slot) = Self::prepare().await;
+        Self::start_aggregated(dir, slot, serve_args).await
+    }
+
+    async fn prepare() -> (TempDir, SemaphorePermit<'static>) {
         let slot = SERVERS
             .acquire()
             .await
@@ -62,56 +126,67 @@ impl ApiServer {
             .prefix("battery-apiserver-e2e-")
             .tempdir()
             .expect("create the server's temporary directory");
-        let log = File::create(dir.path().join("server.log")).expect("create the server log");
-        let mut child = Command::new(binary())
-            .args(["dev", "--listen", "127.0.0.1:0", "--dir"])
-            .arg(dir.path().join("dev"))
-            // The log is read by people when a test fails; colour codes only get in the way.
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {}: {e}", binary().display()));
+        (dir, slot)
+    }
 
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout is piped")).lines();
-        let announced = tokio::time::timeout(START_TIMEOUT, async {
-            while let Some(line) = lines.next_line().await.expect("read the server's stdout") {
-                if let Some(url) = line.strip_prefix(SERVING_PREFIX) {
-                    return Some(url.trim().to_owned());
-                }
-            }
-            None
-        })
+    async fn start_aggregated(
+        dir: TempDir,
+        slot: SemaphorePermit<'static>,
+        serve_args: &[&str],
+    ) -> Self {
+        let stand_in = StandIn::start(&dir.path().join("stand-in"), None).await;
+        let mut command = Command::new(binary());
+        command.args([
+            "embedded-battery",
+            "--listen",
+            "127.0.0.1:0",
+            "--sweep-interval",
+            SWEEP_INTERVAL,
+        ]);
+        let (battery, battery_address) = Process::start(
+            command,
+            &dir.path().join("battery.log"),
+            BATTERY_SERVING_PREFIX,
+        )
         .await;
-        let url = match announced {
-            Ok(Some(url)) => url,
-            Ok(None) => panic!(
-                "battery-apiserver dev exited before serving; its log:\n{}",
-                log_tail(dir.path())
-            ),
-            Err(_) => panic!(
-                "battery-apiserver dev did not serve within {START_TIMEOUT:?}; its log:\n{}",
-                log_tail(dir.path())
-            ),
-        };
-        // Keep reading stdout so that a later line never meets a closed pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-
+        let mut command = Command::new(binary());
+        command
+            .args(["serve", "--listen", "127.0.0.1:0", "--battery-address"])
+            .arg(format!("http://{battery_address}"))
+            .arg("--tls-cert-file")
+            .arg(stand_in.apiserver_cert())
+            .arg("--tls-private-key-file")
+            .arg(stand_in.apiserver_key())
+            .arg("--kubeconfig")
+            .arg(stand_in.apiserver_kubeconfig())
+            .args(serve_args);
+        let (serve, url) = Process::start(
+            command,
+            &dir.path().join("server.log"),
+            SERVE_SERVING_PREFIX,
+        )
+        .await;
+        stand_in.set_backend(&url).await;
         let server = Self {
-            _child: child,
-            url,
+            _processes: vec![battery, serve],
+            kubeconfig: stand_in.kubeconfig(),
+            stand_in: Some(stand_in),
+            backend: url,
             dir,
             _slot: slot,
         };
-        assert!(
-            server.kubeconfig().is_file(),
-            "battery-apiserver dev serves {} but wrote no {}",
-            server.url,
-            server.kubeconfig().display()
-        );
+        server.create_dev_pool().await;
         server
+    }
+
+    /// Makes the Pool `default/dev` through the stand-in, as `dev` makes it at start.
+    async fn create_dev_pool(&self) {
+        let kubectl = self.kubectls_quietly().next().expect("a kubectl release");
+        kubectl
+            .cmd(&["create", "-f", "-"])
+            .stdin(battery_apiserver::dev::dev_pool(DEV_POOL_SIZE).to_string())
+            .ok()
+            .await;
     }
 
     /// One [`Kubectl`] per kubectl release the suite covers, oldest first, each with its
@@ -119,81 +194,85 @@ impl ApiServer {
     /// says which release it is on the test's output when it is taken, so that a
     /// failure's output names the release it happened with.
     pub fn kubectls(&self) -> impl Iterator<Item = Kubectl> + '_ {
+        self.kubectls_quietly()
+            .inspect(|kubectl| eprintln!("--- with {kubectl}"))
+    }
+
+    fn kubectls_quietly(&self) -> impl Iterator<Item = Kubectl> + '_ {
         kubectl::releases().iter().map(|release| {
-            let kubectl = Kubectl::new(
+            Kubectl::new(
                 release,
-                self.kubeconfig(),
+                self.kubeconfig.clone(),
                 self.dir.path().join(format!("kubectl-{}", release.tag())),
-            );
-            eprintln!("--- with {kubectl}");
-            kubectl
+            )
         })
+    }
+
+    /// The aggregator stand-in in front, on [`Route::Aggregated`].
+    pub fn stand_in(&self) -> Option<&StandIn> {
+        self.stand_in.as_ref()
+    }
+
+    /// battery-apiserver's own URL, not the stand-in's.
+    pub fn backend(&self) -> &str {
+        &self.backend
     }
 
     /// A scratch directory for files a test hands to kubectl (manifests, editor scripts).
     pub fn scratch(&self) -> &Path {
         self.dir.path()
     }
-
-    fn kubeconfig(&self) -> PathBuf {
-        self.dir.path().join("dev").join("kubeconfig")
-    }
 }
 
-impl Drop for ApiServer {
-    fn drop(&mut self) {
-        // The log goes with the temporary directory: show it while it is still there.
-        if std::thread::panicking() {
-            eprintln!(
-                "--- the last lines of the log of battery-apiserver at {} ---\n{}",
-                self.url,
-                log_tail(self.dir.path())
-            );
-        }
-    }
-}
-
-fn log_tail(dir: &Path) -> String {
-    let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
-    let lines: Vec<&str> = log.lines().collect();
-    lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
-}
-
-/// The `battery-apiserver` binary of this build: it sits beside the test binary's
-/// `deps/` directory (`target/<profile>/`), wherever the target directory is. Built with
-/// cargo, once, when it is missing.
+/// The `battery-apiserver` binary of this build (see [`target_binary`]).
 fn binary() -> &'static Path {
     static BINARY_PATH: OnceLock<PathBuf> = OnceLock::new();
-    BINARY_PATH.get_or_init(|| {
-        let test_binary = std::env::current_exe().expect("the test binary's path");
-        let profile_dir = test_binary
-            .parent()
-            .and_then(Path::parent)
-            .expect("the test binary lives in target/<profile>/deps");
-        let path = profile_dir.join(BINARY);
-        if !path.is_file() {
-            build(profile_dir);
-        }
-        assert!(
-            path.is_file(),
-            "cargo built {BINARY} but {} is missing",
-            path.display()
-        );
-        path
-    })
+    BINARY_PATH.get_or_init(|| target_binary(BINARY, BINARY))
 }
 
-fn build(profile_dir: &Path) {
+/// The binary `name` (of the cargo package `package`) of this build: it sits beside the
+/// test binary's `deps/` directory (`target/<profile>/`), wherever the target directory
+/// is. Built with cargo when it is missing; one build at a time, so that tests starting
+/// together do not all run cargo.
+pub(crate) fn target_binary(package: &str, name: &str) -> PathBuf {
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let test_binary = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = test_binary
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test binary lives in target/<profile>/deps");
+    let path = profile_dir.join(name);
+    if !path.is_file() {
+        // A panic elsewhere while building poisons nothing worth keeping.
+        let _building = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
+        if !path.is_file() {
+            build(profile_dir, package, name);
+        }
+    }
+    assert!(
+        path.is_file(),
+        "cargo built {name} but {} is missing",
+        path.display()
+    );
+    path
+}
+
+fn build(profile_dir: &Path, package: &str, name: &str) {
     // cargo's directory for the `dev` profile is `debug`; every other profile's is its name.
     let profile = match profile_dir.file_name().and_then(|name| name.to_str()) {
         Some("debug") | None => "dev",
         Some(other) => other,
     };
-    eprintln!("{BINARY} is not built: running cargo build -p {BINARY} --profile {profile}");
+    eprintln!(
+        "{name} is not built: running cargo build -p {package} --bin {name} --profile {profile}"
+    );
     let status = std::process::Command::new(env!("CARGO"))
-        .args(["build", "-p", BINARY, "--profile", profile])
+        .args(["build", "-p", package, "--bin", name, "--profile", profile])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .status()
         .expect("run cargo");
-    assert!(status.success(), "cargo build -p {BINARY} failed");
+    assert!(
+        status.success(),
+        "cargo build -p {package} --bin {name} failed"
+    );
 }

@@ -1,6 +1,13 @@
-//! The battery conformance suite's shared harness.
+//! The end-to-end suites' shared harness.
 //!
-//! The tests in `tests/battery_conformance/` check battery's gRPC API
+//! - [`apiserver`]: the real `battery-apiserver` reached by the real kubectl, straight
+//!   (`dev`) or through the aggregator stand-in (`serve`), for `tests/kubectl/` and
+//!   `tests/attacks/`;
+//! - [`stand_in`]: `aggregator-stand-in`, a test stand-in for kube-apiserver's aggregator
+//!   and its authentication/authorization webhooks;
+//! - [`https`]: a client that sends exactly the certificate and headers a test chooses.
+//!
+//! The rest serves the battery conformance suite. The tests in `tests/battery_conformance/` check battery's gRPC API
 //! (`poolmgr.v1alpha1`, see `reference/battery-api.md`) against either a real poolmgrd
 //! (`BATTERY_CONFORMANCE_ADDRESS` set) or the embedded battery started in-process through
 //! [`battery_embedded::local::LocalBattery`]. Everything a test needs lives here so the
@@ -21,8 +28,11 @@ mod env;
 mod events;
 pub mod flintlock;
 mod gate;
+pub mod https;
 mod ops;
+mod process;
 mod spec;
+pub mod stand_in;
 mod suite;
 mod wait;
 

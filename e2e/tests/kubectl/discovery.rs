@@ -4,10 +4,19 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use battery_e2e::apiserver::{ApiServer, Kubectl};
+use battery_e2e::apiserver::{ApiServer, Kubectl, Route};
 use serde_json::Value;
 
 use crate::{GROUP, GROUP_VERSION, assert_contains_all, create_claim, table, text};
+
+crate::on_both_routes!(
+    api_resources_lists_pools_claims_and_hosts,
+    api_versions_lists_the_group_version,
+    raw_discovery_documents_describe_the_group,
+    raw_openapi_documents_describe_the_kinds,
+    explain_shows_the_claim_spec_docs,
+    get_battery_lists_every_kind_in_the_category,
+);
 
 const ALL_VERBS: &str = "create,delete,deletecollection,get,list,patch,update,watch";
 
@@ -56,9 +65,8 @@ const PATCH_TYPES: &[&str] = &[
     "application/merge-patch+json",
 ];
 
-#[tokio::test]
-async fn api_resources_lists_pools_claims_and_hosts() {
-    let server = ApiServer::start().await;
+async fn api_resources_lists_pools_claims_and_hosts(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let output = kubectl
             .ok(&["api-resources", "-o", "wide", "--api-group", GROUP])
@@ -101,28 +109,40 @@ async fn api_resources_lists_pools_claims_and_hosts() {
     }
 }
 
-#[tokio::test]
-async fn api_versions_lists_the_group_version() {
-    let server = ApiServer::start().await;
+/// The core group's versions kubectl sees: an aggregated server serves none, so straight
+/// to it there are none, and through the aggregator there are kube-apiserver's own.
+fn core_versions(route: Route) -> &'static [&'static str] {
+    match route {
+        Route::Direct => &[],
+        Route::Aggregated => &["v1"],
+    }
+}
+
+async fn api_versions_lists_the_group_version(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let output = kubectl.ok(&["api-versions"]).await;
-        // An aggregated server serves no core group: ours is its only group-version.
+        let mut expected = vec![GROUP_VERSION];
+        expected.extend(core_versions(route));
         assert_eq!(
             output.lines().collect::<Vec<_>>(),
-            [GROUP_VERSION],
+            expected,
             "kubectl {}: api-versions",
             kubectl.version()
         );
     }
 }
 
-#[tokio::test]
-async fn raw_discovery_documents_describe_the_group() {
-    let server = ApiServer::start().await;
+async fn raw_discovery_documents_describe_the_group(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let api = raw(&kubectl, "/api").await;
         assert_eq!(api["kind"], "APIVersions", "/api: {api:#}");
-        assert_eq!(api["versions"], serde_json::json!([]), "/api: {api:#}");
+        assert_eq!(
+            api["versions"],
+            serde_json::json!(core_versions(route)),
+            "/api: {api:#}"
+        );
 
         let groups = raw(&kubectl, "/apis").await;
         assert_eq!(groups["kind"], "APIGroupList", "/apis: {groups:#}");
@@ -198,9 +218,8 @@ async fn raw_discovery_documents_describe_the_group() {
     }
 }
 
-#[tokio::test]
-async fn raw_openapi_documents_describe_the_kinds() {
-    let server = ApiServer::start().await;
+async fn raw_openapi_documents_describe_the_kinds(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let v2 = raw(&kubectl, "/openapi/v2").await;
         assert_eq!(v2["swagger"], "2.0", "/openapi/v2");
@@ -253,9 +272,8 @@ async fn raw_openapi_documents_describe_the_kinds() {
     }
 }
 
-#[tokio::test]
-async fn explain_shows_the_claim_spec_docs() {
-    let server = ApiServer::start().await;
+async fn explain_shows_the_claim_spec_docs(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let output = kubectl.ok(&["explain", "microvmclaim.spec"]).await;
         assert_contains_all(
@@ -275,9 +293,8 @@ async fn explain_shows_the_claim_spec_docs() {
     }
 }
 
-#[tokio::test]
-async fn get_battery_lists_every_kind_in_the_category() {
-    let server = ApiServer::start().await;
+async fn get_battery_lists_every_kind_in_the_category(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let claim = kubectl.unique("category");
         create_claim(&kubectl, &claim).await;

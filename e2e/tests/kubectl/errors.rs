@@ -2,13 +2,15 @@
 //! it printed, and that nothing changed (no claim appeared, the target claim kept its
 //! resourceVersion, labels and spec).
 
-use battery_e2e::apiserver::{ApiServer, Kubectl};
+use battery_e2e::apiserver::{ApiServer, Kubectl, Route};
 use serde_json::{Value, json};
 
 use crate::{
     CLAIMS_PATH, GROUP, assert_contains_all, claim_manifest, create_claim, get_claim, list_claims,
     names,
 };
+
+crate::on_both_routes!(malformed_requests_fail_clearly_and_change_nothing,);
 
 /// One request that must fail.
 struct Case<'a> {
@@ -48,9 +50,8 @@ impl State {
     }
 }
 
-#[tokio::test]
-async fn malformed_requests_fail_clearly_and_change_nothing() {
-    let server = ApiServer::start().await;
+async fn malformed_requests_fail_clearly_and_change_nothing(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let target = kubectl.unique("target");
         let rejected = kubectl.unique("rejected");

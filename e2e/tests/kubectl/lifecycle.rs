@@ -8,11 +8,19 @@
 use std::str::FromStr as _;
 use std::time::Duration;
 
-use battery_e2e::apiserver::{ApiServer, Kubectl, Stream};
+use battery_e2e::apiserver::{ApiServer, Kubectl, Route, Stream};
 use battery_e2e::ts_nanos;
 use serde_json::{Value, json};
 
 use crate::{DEV_ACCOUNT, GROUP, GROUP_VERSION, assert_contains_all, table, text};
+
+crate::on_both_routes!(
+    create_prints_a_bound_claim_and_get_shows_its_lease,
+    renewing_through_the_lease_subresource_moves_the_expiry,
+    an_unrenewed_claim_expires_and_cannot_be_renewed,
+    deleting_a_claim_releases_its_microvm,
+    deleting_a_pool_waits_for_its_bound_claim,
+);
 
 /// kubectl wait's `--timeout` for every change a test waits for: far above what any
 /// needs (an expiry is due within `expiryThreshold` plus battery's 2 s sweep).
@@ -44,9 +52,8 @@ const SHORT_LEASE: LeaseTiming = LeaseTiming {
     expiry_threshold: 2,
 };
 
-#[tokio::test]
-async fn create_prints_a_bound_claim_and_get_shows_its_lease() {
-    let server = ApiServer::start().await;
+async fn create_prints_a_bound_claim_and_get_shows_its_lease(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let pool = TestPool::create(&kubectl, "binding", LONG_LEASE).await;
         let name = kubectl.unique("bound");
@@ -104,9 +111,8 @@ async fn create_prints_a_bound_claim_and_get_shows_its_lease() {
     }
 }
 
-#[tokio::test]
-async fn renewing_through_the_lease_subresource_moves_the_expiry() {
-    let server = ApiServer::start().await;
+async fn renewing_through_the_lease_subresource_moves_the_expiry(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let pool = TestPool::create(&kubectl, "renewing", RENEWABLE_LEASE).await;
         let name = kubectl.unique("renewed");
@@ -198,9 +204,8 @@ async fn renewing_through_the_lease_subresource_moves_the_expiry() {
     }
 }
 
-#[tokio::test]
-async fn an_unrenewed_claim_expires_and_cannot_be_renewed() {
-    let server = ApiServer::start().await;
+async fn an_unrenewed_claim_expires_and_cannot_be_renewed(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let pool = TestPool::create(&kubectl, "expiring", SHORT_LEASE).await;
         let name = kubectl.unique("expired");
@@ -259,9 +264,8 @@ async fn an_unrenewed_claim_expires_and_cannot_be_renewed() {
     }
 }
 
-#[tokio::test]
-async fn deleting_a_claim_releases_its_microvm() {
-    let server = ApiServer::start().await;
+async fn deleting_a_claim_releases_its_microvm(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let pool = TestPool::create(&kubectl, "releasing", LONG_LEASE).await;
         let name = kubectl.unique("released");
@@ -277,9 +281,8 @@ async fn deleting_a_claim_releases_its_microvm() {
     }
 }
 
-#[tokio::test]
-async fn deleting_a_pool_waits_for_its_bound_claim() {
-    let server = ApiServer::start().await;
+async fn deleting_a_pool_waits_for_its_bound_claim(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let pool = TestPool::create(&kubectl, "doomed", LONG_LEASE).await;
         let holder = kubectl.unique("holder");

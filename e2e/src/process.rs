@@ -1,0 +1,158 @@
+//! [`Process`]: one of our binaries started for a test, killed when dropped, whose
+//! stdout announcements (the lines a binary prints when it is ready, such as
+//! `…: serving https://127.0.0.1:PORT`) a test can wait for, and whose log (stderr, in a
+//! file) a failing test prints.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::watch;
+
+/// How long a binary may take to announce something: a debug build on a loaded 2-core CI
+/// machine.
+pub const ANNOUNCE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How much of a log a failing test prints.
+const LOG_TAIL_LINES: usize = 60;
+
+/// A running binary, killed when dropped.
+pub struct Process {
+    /// Held so that dropping the process kills it (`kill_on_drop`).
+    _child: Child,
+    stdin: tokio::sync::Mutex<ChildStdin>,
+    name: String,
+    log: PathBuf,
+    /// Every line it printed on stdout, in order.
+    lines: Arc<Mutex<Vec<String>>>,
+    printed: watch::Receiver<usize>,
+}
+
+impl Process {
+    /// Spawns `command` (stdout piped and collected, stderr to `log`, stdin piped) and
+    /// waits for a stdout line starting with `prefix`; returns the process and the rest
+    /// of that line. Panics with the log if it exits first or takes too long.
+    pub async fn start(mut command: Command, log: &Path, prefix: &str) -> (Self, String) {
+        let name = command
+            .as_std()
+            .get_program()
+            .to_string_lossy()
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        let file =
+            std::fs::File::create(log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
+        let mut child = command
+            // The log is read by people when a test fails; colour codes only get in the way.
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {name}: {e}"));
+        let stdin = child.stdin.take().expect("stdin is piped");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (count, printed) = watch::channel(0);
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout is piped")).lines();
+        let collected = lines.clone();
+        // Keeps reading, so that a later line never meets a closed pipe.
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = stdout.next_line().await {
+                let mut all = collected.lock().unwrap_or_else(|e| e.into_inner());
+                all.push(line);
+                count.send_replace(all.len());
+            }
+        });
+        let process = Self {
+            _child: child,
+            stdin: tokio::sync::Mutex::new(stdin),
+            name,
+            log: log.to_owned(),
+            lines,
+            printed,
+        };
+        let rest = process.announced(prefix, 0).await;
+        (process, rest)
+    }
+
+    /// How many lines it has printed so far: pass it to [`Self::announced`] to wait for
+    /// a line printed after now.
+    pub fn printed(&self) -> usize {
+        self.lines.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// The rest of the first stdout line from line `from` on that starts with `prefix`,
+    /// waiting for it. Panics with the log if the process exits first or takes too long.
+    pub async fn announced(&self, prefix: &str, from: usize) -> String {
+        let mut printed = self.printed.clone();
+        let found = tokio::time::timeout(ANNOUNCE_TIMEOUT, async {
+            loop {
+                if let Some(rest) = self
+                    .lines
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .skip(from)
+                    .find_map(|line| line.strip_prefix(prefix))
+                {
+                    return Some(rest.trim().to_owned());
+                }
+                if printed.changed().await.is_err() {
+                    return None;
+                }
+            }
+        })
+        .await;
+        match found {
+            Ok(Some(rest)) => rest,
+            Ok(None) => panic!(
+                "{} exited before printing {prefix:?}; its log:\n{}",
+                self.name,
+                self.log_tail()
+            ),
+            Err(_) => panic!(
+                "{} did not print {prefix:?} within {ANNOUNCE_TIMEOUT:?}; its log:\n{}",
+                self.name,
+                self.log_tail()
+            ),
+        }
+    }
+
+    /// Writes `line` to its stdin, for a binary that reads instructions there.
+    pub async fn write_line(&self, line: &str) {
+        use tokio::io::AsyncWriteExt as _;
+        let mut stdin = self.stdin.lock().await;
+        stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap_or_else(|e| panic!("write to the stdin of {}: {e}", self.name));
+        stdin
+            .flush()
+            .await
+            .unwrap_or_else(|e| panic!("flush the stdin of {}: {e}", self.name));
+    }
+
+    /// The last lines of its log.
+    pub fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        // The log may go with a temporary directory: show it while it is still there.
+        if std::thread::panicking() {
+            eprintln!(
+                "--- the last lines of the log of {} ---\n{}",
+                self.name,
+                self.log_tail()
+            );
+        }
+    }
+}
