@@ -318,6 +318,17 @@ async fn unsupported_patches_and_unknown_paths_answer_status() {
     let (status, body) = h.json(get("/no/such/path")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(body["reason"], "NotFound");
+    // The deprecated `/watch/` prefix serves GET only, as Go's routes do.
+    for method in ["POST", "DELETE", "PATCH", "OPTIONS"] {
+        let request = Request::builder()
+            .method(method)
+            .uri("/apis/battery.liquidmetal-x.dev/v1alpha1/watch/namespaces/default/pools")
+            .body(Body::empty())
+            .unwrap();
+        let (status, body) = h.json(request).await;
+        assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{method}: {body}");
+        assert_eq!(body["reason"], "MethodNotAllowed", "{method}");
+    }
 }
 
 #[tokio::test]

@@ -263,7 +263,7 @@ async fn route(resources: &Resources, request: Request) -> Result<Response, ApiE
         .ok_or_else(|| not_found(&info))?;
     let resource = endpoint.info();
     check_scope(resource, &info)?;
-    check_verb(resource, &info)?;
+    check_verb(resource, &info, &parts.method)?;
     let body = axum::body::to_bytes(Body::new(body), MAX_BODY_BYTES)
         .await
         .map_err(|_| {
@@ -329,10 +329,22 @@ fn check_scope(resource: &ResourceInfo, info: &RequestInfo) -> Result<(), ApiErr
 }
 
 /// The verb must be one the resource (or its subresource) serves: 405 otherwise.
-fn check_verb(resource: &ResourceInfo, info: &RequestInfo) -> Result<(), ApiError> {
+fn check_verb(
+    resource: &ResourceInfo,
+    info: &RequestInfo,
+    method: &http::Method,
+) -> Result<(), ApiError> {
     let Some(verb) = info.resource_verb() else {
         return Err(ApiError::method_not_allowed(resource, &info.verb));
     };
+    // The `/watch/` prefix makes any method a watch in request info; Go serves only GET
+    // there, so another method is refused rather than opening a watch.
+    if verb == Verb::Watch && method != http::Method::GET {
+        return Err(ApiError::method_not_allowed(
+            resource,
+            &format!("{method} on a watch"),
+        ));
+    }
     let verbs: &[Verb] = if info.subresource.is_empty() {
         resource.verbs
     } else {
