@@ -2,6 +2,8 @@
 //! expiry, release, renewal through the `lease` subresource, and pool deletion while a
 //! claim is bound.
 
+mod common;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,14 +14,12 @@ use battery_apiserver::api::UserInfo;
 use battery_apiserver::battery::BatteryClient;
 use battery_apiserver::meta_store::MetaStore;
 use battery_apiserver::server::{self, Settings};
-use battery_embedded::BatteryConfig;
-use battery_embedded::local::{LocalBattery, LocalBatteryConfig};
+use battery_embedded::local::LocalBattery;
+use common::{CLAIMS, POOLS};
 use http::{Request, StatusCode, header};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-const POOLS: &str = "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/default/pools";
-const CLAIMS: &str = "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/default/microvmclaims";
 /// Generous: provisioning 100 simulated MicroVMs on a loaded 2-core machine is slow.
 const DEADLINE: Duration = Duration::from_secs(90);
 
@@ -46,19 +46,7 @@ impl Harness {
     }
 
     async fn start_with(settings: Settings) -> Self {
-        let local = LocalBattery::start(LocalBatteryConfig {
-            hosts: 2,
-            provisioning_delay: Duration::from_millis(10),
-            battery: BatteryConfig {
-                sweep_interval: Duration::from_millis(100),
-                create_poll_interval: Duration::from_millis(20),
-                guest_agent_interval: Duration::from_millis(200),
-                ..BatteryConfig::default()
-            },
-            ..LocalBatteryConfig::default()
-        })
-        .await
-        .expect("embedded battery");
+        let local = common::fast_battery().await;
         let client = BatteryClient::connect_lazy(&format!("http://{}", local.address())).unwrap();
         let store = Arc::new(MetaStore::in_memory().unwrap());
         let app = server::build(client, store, &settings).unwrap();

@@ -4,6 +4,8 @@
 //! battery's leases and the claims must agree — no MicroVM leased twice, no lease without
 //! a claim, no Bound claim without a lease.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -11,8 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use battery_apiserver::battery::BatteryClient;
-use battery_embedded::BatteryConfig;
-use battery_embedded::local::{LocalBattery, LocalBatteryConfig};
+use battery_embedded::local::LocalBattery;
 use battery_types::{MicroVMClaim, Pool};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -41,19 +42,7 @@ struct World {
 
 impl World {
     async fn new() -> Self {
-        let battery = LocalBattery::start(LocalBatteryConfig {
-            hosts: 2,
-            provisioning_delay: Duration::from_millis(10),
-            battery: BatteryConfig {
-                sweep_interval: Duration::from_millis(200),
-                create_poll_interval: Duration::from_millis(20),
-                guest_agent_interval: Duration::from_millis(200),
-                ..BatteryConfig::default()
-            },
-            ..LocalBatteryConfig::default()
-        })
-        .await
-        .expect("embedded battery");
+        let battery = common::fast_battery().await;
         let dir = tempfile::tempdir().unwrap();
         let pki = battery_apiserver::dev::pki::write_dev_pki(dir.path()).unwrap();
         Self { battery, dir, pki }

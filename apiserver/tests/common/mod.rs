@@ -52,19 +52,7 @@ impl Harness {
     }
 
     async fn build(store: MetaStore, settings: Settings) -> Self {
-        let battery = LocalBattery::start(LocalBatteryConfig {
-            hosts: 2,
-            provisioning_delay: Duration::from_millis(20),
-            battery: BatteryConfig {
-                sweep_interval: Duration::from_millis(200),
-                create_poll_interval: Duration::from_millis(50),
-                guest_agent_interval: Duration::from_millis(200),
-                ..BatteryConfig::default()
-            },
-            ..LocalBatteryConfig::default()
-        })
-        .await
-        .expect("embedded battery");
+        let battery = fast_battery().await;
         let client = BatteryClient::connect_lazy(&format!("http://{}", battery.address())).unwrap();
         let app = server::build(client, std::sync::Arc::new(store), &settings).unwrap();
         Self {
@@ -91,6 +79,24 @@ impl Harness {
         let (status, _, body) = self.send(request).await;
         (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
     }
+}
+
+/// An embedded battery with two simulated Hosts, timed for tests: MicroVMs provision,
+/// leases expire and sweeps run in milliseconds.
+pub async fn fast_battery() -> LocalBattery {
+    LocalBattery::start(LocalBatteryConfig {
+        hosts: 2,
+        provisioning_delay: Duration::from_millis(10),
+        battery: BatteryConfig {
+            sweep_interval: Duration::from_millis(100),
+            create_poll_interval: Duration::from_millis(20),
+            guest_agent_interval: Duration::from_millis(200),
+            ..BatteryConfig::default()
+        },
+        ..LocalBatteryConfig::default()
+    })
+    .await
+    .expect("embedded battery")
 }
 
 /// The request as the dev policy's user sends it, past authentication.
