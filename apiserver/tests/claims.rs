@@ -850,4 +850,31 @@ async fn bearer_tokens_are_reviewed_and_only_the_holder_renews() {
         "a token the cluster refuses is a 401: {refused}"
     );
     assert_eq!(refused["kind"], "Status");
+
+    // A WebSocket carries its token as a sub-protocol (browsers cannot set Authorization).
+    let websocket = |token: &str| {
+        use base64::Engine as _;
+        let encoded = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token);
+        Request::get(format!("{CLAIMS}/held"))
+            .header(header::CONNECTION, "Upgrade")
+            .header(header::UPGRADE, "websocket")
+            .header(
+                header::SEC_WEBSOCKET_PROTOCOL,
+                format!("v5.channel.k8s.io, base64url.bearer.authorization.k8s.io.{encoded}"),
+            )
+            .body(Body::empty())
+            .unwrap()
+    };
+    let (status, _, claim) = h.send(websocket("sa-token")).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a sub-protocol token is reviewed: {claim}"
+    );
+    let (status, _, refused) = h.send(websocket("deleted-sa-token")).await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "and refused like any other: {refused}"
+    );
 }

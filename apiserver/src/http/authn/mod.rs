@@ -7,7 +7,8 @@
 //!    allowed name;
 //! 2. **client certificate** signed by the client CA ([`x509`]): CN is the user, O the
 //!    groups;
-//! 3. **bearer token**, through the cluster's TokenReview ([`tokens`]), cached briefly;
+//! 3. **bearer token** (`Authorization`, or a WebSocket's token sub-protocol), through the
+//!    cluster's TokenReview ([`tokens`]), cached briefly;
 //! 4. otherwise `system:anonymous`.
 //!
 //! They combine as Go's union does: the first that names a user wins, and when none does
@@ -107,12 +108,14 @@ impl Authentication {
                 }
             }
         }
-        if let Some(tokens) = &self.tokens
-            && let Some(token) = tokens::bearer(headers)
-        {
-            match tokens.review(token).await? {
-                Some(user) => return Ok(with_authenticated(user)),
-                None => failures.push("the cluster refused the bearer token".to_owned()),
+        if let Some(tokens) = &self.tokens {
+            match tokens::bearer(headers) {
+                Ok(Some(token)) => match tokens.review(&token).await? {
+                    Some(user) => return Ok(with_authenticated(user)),
+                    None => failures.push("the cluster refused the bearer token".to_owned()),
+                },
+                Ok(None) => {}
+                Err(why) => failures.push(why),
             }
         }
         if !failures.is_empty() {
@@ -126,10 +129,14 @@ impl Authentication {
         })
     }
 
+    /// Removes what vouched for the request (identity headers, the bearer token), as Go
+    /// does, so that nothing behind this layer can read or pass on a credential.
     fn clear(&self, headers: &mut HeaderMap) {
         if let Some(front) = &self.trust().front_proxy {
             front.clear(headers);
         }
+        headers.remove(http::header::AUTHORIZATION);
+        tokens::clear_websocket_token(headers);
     }
 }
 
