@@ -162,6 +162,10 @@ impl TrustSources {
             sources: self,
             config,
             trust: Some(trust),
+            config_map: ConfigMapView {
+                current: config_map,
+                relisted: None,
+            },
         })
     }
 }
@@ -171,6 +175,45 @@ pub struct TrustKeeper {
     sources: TrustSources,
     config: TrustConfig,
     trust: Option<Trust>,
+    config_map: ConfigMapView,
+}
+
+/// The ConfigMap as the watch last settled it. A re-list (after a broken watch) replaces
+/// it only once complete, so a tick in between still sees the old one, and a re-list that
+/// no longer finds it means it was deleted meanwhile.
+#[derive(Default)]
+struct ConfigMapView {
+    current: Option<ConfigMap>,
+    /// During a re-list: what it has found so far.
+    relisted: Option<Option<ConfigMap>>,
+}
+
+impl ConfigMapView {
+    /// Takes one watch event; true when `current` may have changed.
+    fn apply(&mut self, event: watcher::Event<ConfigMap>) -> bool {
+        match event {
+            watcher::Event::Init => {
+                self.relisted = Some(None);
+                false
+            }
+            watcher::Event::InitApply(config_map) => {
+                self.relisted = Some(Some(config_map));
+                false
+            }
+            watcher::Event::InitDone => {
+                self.current = self.relisted.take().flatten();
+                true
+            }
+            watcher::Event::Apply(config_map) => {
+                self.current = Some(config_map);
+                true
+            }
+            watcher::Event::Delete(_) => {
+                self.current = None;
+                true
+            }
+        }
+    }
 }
 
 impl TrustKeeper {
@@ -183,31 +226,14 @@ impl TrustKeeper {
     pub async fn run(mut self, authentication: Arc<Authentication>) {
         let mut config_maps = pin!(self.config_map_events());
         let mut tick = tokio::time::interval(FILE_CHECK_INTERVAL);
-        let mut latest: Option<ConfigMap> = None;
-        let mut relisting = false;
-        let mut seen_in_relist = false;
         loop {
             tokio::select! {
                 event = config_maps.next() => match event {
-                    Some(Ok(watcher::Event::Init)) => {
-                        relisting = true;
-                        seen_in_relist = false;
-                        continue;
-                    }
-                    Some(Ok(watcher::Event::InitApply(cm) | watcher::Event::Apply(cm))) => {
-                        seen_in_relist = true;
-                        latest = Some(cm);
-                        if relisting {
+                    Some(Ok(event)) => {
+                        if !self.config_map.apply(event) {
                             continue;
                         }
                     }
-                    Some(Ok(watcher::Event::InitDone)) => {
-                        relisting = false;
-                        if !seen_in_relist {
-                            latest = None;
-                        }
-                    }
-                    Some(Ok(watcher::Event::Delete(_))) => latest = None,
                     Some(Err(err)) => {
                         tracing::warn!(error = %err, "watching ConfigMap {CONFIG_MAP_NAMESPACE}/{CONFIG_MAP_NAME}");
                         continue;
@@ -216,7 +242,8 @@ impl TrustKeeper {
                 },
                 _ = tick.tick() => {}
             }
-            self.refresh(latest.as_ref(), &authentication);
+            let config_map = self.config_map.current.clone();
+            self.refresh(config_map.as_ref(), &authentication);
         }
     }
 
@@ -365,6 +392,31 @@ mod tests {
         ]);
         let err = no_flags().resolve(Some(&cm)).unwrap_err().to_string();
         assert!(err.contains("requestheader-allowed-names"), "{err}");
+    }
+
+    #[test]
+    fn the_watch_settles_the_config_map_only_when_a_relist_is_complete() {
+        let cm = |v: &str| config_map(&[("client-ca-file", v)]);
+        let mut view = ConfigMapView {
+            current: Some(cm("start")),
+            relisted: None,
+        };
+        // A re-list in progress leaves what ticks see as it was.
+        assert!(!view.apply(watcher::Event::Init));
+        assert!(!view.apply(watcher::Event::InitApply(cm("relisted"))));
+        assert_eq!(view.current, Some(cm("start")));
+        assert!(view.apply(watcher::Event::InitDone));
+        assert_eq!(view.current, Some(cm("relisted")));
+        // Changes and deletion apply at once.
+        assert!(view.apply(watcher::Event::Apply(cm("rotated"))));
+        assert_eq!(view.current, Some(cm("rotated")));
+        assert!(view.apply(watcher::Event::Delete(cm("rotated"))));
+        assert_eq!(view.current, None);
+        // A re-list that finds nothing: it was deleted while the watch was down.
+        view.current = Some(cm("again"));
+        view.apply(watcher::Event::Init);
+        assert!(view.apply(watcher::Event::InitDone));
+        assert_eq!(view.current, None);
     }
 
     #[test]
