@@ -624,7 +624,12 @@ async fn fake_kube_apiserver() -> (kube::Client, Arc<std::sync::Mutex<Vec<Value>
     }
     /// Tokens: `sa-token` is the dev ServiceAccount's, `bob-token` bob's; any other (a
     /// deleted ServiceAccount's) is not authenticated.
-    async fn token_review(axum::Json(mut review): axum::Json<Value>) -> axum::Json<Value> {
+    async fn token_review(
+        axum::Json(mut review): axum::Json<Value>,
+    ) -> Result<axum::Json<Value>, StatusCode> {
+        if review["spec"]["token"] == "breaks-the-webhook" {
+            return Err(StatusCode::INTERNAL_SERVER_ERROR);
+        }
         let user = match review["spec"]["token"].as_str() {
             Some("sa-token") => Some("system:serviceaccount:default:dev"),
             Some("bob-token") => Some("bob"),
@@ -636,7 +641,7 @@ async fn fake_kube_apiserver() -> (kube::Client, Arc<std::sync::Mutex<Vec<Value>
             }
             None => json!({"authenticated": false, "error": "token has been invalidated"}),
         };
-        axum::Json(review)
+        Ok(axum::Json(review))
     }
     let events: Events = Arc::default();
     let app = Router::new()
@@ -850,6 +855,12 @@ async fn bearer_tokens_are_reviewed_and_only_the_holder_renews() {
         "a token the cluster refuses is a 401: {refused}"
     );
     assert_eq!(refused["kind"], "Status");
+    // Go answers a TokenReview that fails with 401 too, telling the caller nothing more.
+    let (status, _, refused) = h
+        .call_with_token("breaks-the-webhook", "PATCH", &lease, Some(json!({})))
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{refused}");
+    assert_eq!(refused["message"], "Unauthorized", "{refused}");
 
     // A WebSocket carries its token as a sub-protocol (browsers cannot set Authorization).
     let websocket = |token: &str| {

@@ -110,9 +110,11 @@ impl Authentication {
         }
         if let Some(tokens) = &self.tokens {
             match tokens::bearer(headers) {
-                Ok(Some(token)) => match tokens.review(&token).await? {
-                    Some(user) => return Ok(with_authenticated(user)),
-                    None => failures.push("the cluster refused the bearer token".to_owned()),
+                // Go answers a review that failed, too, with 401.
+                Ok(Some(token)) => match tokens.review(&token).await {
+                    Ok(Some(user)) => return Ok(with_authenticated(user)),
+                    Ok(None) => failures.push("the cluster refused the bearer token".to_owned()),
+                    Err(error) => failures.push(error.to_string()),
                 },
                 Ok(None) => {}
                 Err(why) => failures.push(why),

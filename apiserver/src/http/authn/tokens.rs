@@ -4,12 +4,12 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use battery_api_machinery::status::ApiError;
 use http::HeaderMap;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use sha2::Digest as _;
 
 use crate::api::UserInfo;
+use crate::http::ReviewError;
 
 /// Go caches TokenReview answers, both kinds, for this long (`CacheTTL`).
 const TOKEN_TTL: Duration = Duration::from_secs(10);
@@ -33,8 +33,8 @@ impl TokenReviewer {
     }
 
     /// The user the token belongs to; `None` when the cluster says it is not valid (a
-    /// deleted ServiceAccount's, an expired one).
-    pub(super) async fn review(&self, token: &str) -> Result<Option<UserInfo>, ApiError> {
+    /// deleted ServiceAccount's, an expired one). A failed review is not cached.
+    pub(super) async fn review(&self, token: &str) -> Result<Option<UserInfo>, ReviewError> {
         let digest: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
         if let Some((at, user)) = self
             .cache
@@ -53,10 +53,7 @@ impl TokenReviewer {
             ..TokenReview::default()
         };
         let api: kube::Api<TokenReview> = kube::Api::all(self.client.clone());
-        let answered = api
-            .create(&kube::api::PostParams::default(), &review)
-            .await
-            .map_err(ApiError::internal)?;
+        let answered = super::super::review(api, &review, "TokenReview").await?;
         let status = answered.status.unwrap_or_default();
         let user = match (status.authenticated, status.user) {
             (Some(true), Some(user)) => Some(UserInfo {
