@@ -1,7 +1,8 @@
-//! A panic while answering a request becomes a 500 `Status`, logged with the request,
-//! instead of a connection cut mid-response: Go's `WithPanicRecovery`. No panic should be
-//! reachable from a request (the fuzz targets look for them); this keeps one that is from
-//! costing more than that request.
+//! A panic while a handler makes its response becomes a 500 `Status`, logged with the
+//! request, instead of a dropped connection: Go's `WithPanicRecovery`. (A panic while a
+//! body streams, a watch's, still ends that one connection: its head is already sent.)
+//! No panic should be reachable from a request (the fuzz targets look for them); this
+//! keeps one that is from costing more than that request.
 
 use std::panic::AssertUnwindSafe;
 

@@ -49,15 +49,31 @@ impl FrontProxy {
         Ok(self.user(headers))
     }
 
-    /// The user the identity headers name, if the first username header has a value.
-    fn user(&self, headers: &HeaderMap) -> Option<UserInfo> {
+    /// The user the identity headers name, as Go's `requestheader.go` reads them: the
+    /// first value of the first username header that has a non-empty one; every non-empty
+    /// value of every group header; every value of every extra header.
+    pub(super) fn user(&self, headers: &HeaderMap) -> Option<UserInfo> {
         let names = &self.names;
-        let name = values(headers, &names.username_headers).find(|v| !v.is_empty())?;
-        let uid = values(headers, &names.uid_headers)
-            .find(|v| !v.is_empty())
-            .unwrap_or_default();
-        // Every value of every group header: the aggregator sends one line per group.
-        let groups = values(headers, &names.group_headers).collect();
+        let first = |candidates: &[String]| {
+            candidates.iter().find_map(|name| {
+                headers
+                    .get(name.as_str())
+                    .and_then(|v| v.to_str().ok())
+                    .filter(|v| !v.is_empty())
+                    .map(str::to_owned)
+            })
+        };
+        let name = first(&names.username_headers)?;
+        let uid = first(&names.uid_headers).unwrap_or_default();
+        // One header line per group, as the aggregator sends them; never comma-split.
+        let groups = names
+            .group_headers
+            .iter()
+            .flat_map(|name| headers.get_all(name.as_str()))
+            .filter_map(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+            .collect();
         let mut extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (header, value) in headers {
             for prefix in &names.extra_prefixes {
@@ -78,31 +94,44 @@ impl FrontProxy {
             extra,
         })
     }
+}
 
-    /// Removes every identity header (`ClearAuthenticationHeaders`).
-    pub(super) fn clear(&self, headers: &mut HeaderMap) {
-        let names = &self.names;
-        for name in names
-            .username_headers
-            .iter()
-            .chain(&names.uid_headers)
-            .chain(&names.group_headers)
-        {
-            headers.remove(name.as_str());
-        }
-        let extra: Vec<http::HeaderName> = headers
-            .keys()
-            .filter(|k| {
-                names
-                    .extra_prefixes
-                    .iter()
-                    .any(|p| strip_prefix_ignore_case(k.as_str(), p).is_some())
-            })
-            .cloned()
-            .collect();
-        for name in extra {
-            headers.remove(name);
-        }
+/// The identity headers Kubernetes' aggregator sets: removed from every request even
+/// when no front proxy is trusted (or it uses other names), so a forged one never reaches
+/// a handler, or anything a handler forwards to.
+const STANDARD_HEADERS: [&str; 3] = ["x-remote-user", "x-remote-group", "x-remote-uid"];
+const STANDARD_EXTRA_PREFIX: &str = "x-remote-extra-";
+
+/// Removes every identity header: the standard ones, and those `names` configures
+/// (`ClearAuthenticationHeaders`).
+pub(super) fn clear(names: Option<&RequestHeaderNames>, headers: &mut HeaderMap) {
+    let configured = names.into_iter();
+    let singles: Vec<&str> = configured
+        .clone()
+        .flat_map(|n| [&n.username_headers, &n.uid_headers, &n.group_headers])
+        .flatten()
+        .map(String::as_str)
+        .chain(STANDARD_HEADERS)
+        .collect();
+    for name in singles {
+        headers.remove(name);
+    }
+    let prefixes: Vec<&str> = configured
+        .flat_map(|n| &n.extra_prefixes)
+        .map(String::as_str)
+        .chain([STANDARD_EXTRA_PREFIX])
+        .collect();
+    let extra: Vec<http::HeaderName> = headers
+        .keys()
+        .filter(|k| {
+            prefixes
+                .iter()
+                .any(|p| strip_prefix_ignore_case(k.as_str(), p).is_some())
+        })
+        .cloned()
+        .collect();
+    for name in extra {
+        headers.remove(name);
     }
 }
 
@@ -113,32 +142,27 @@ fn strip_prefix_ignore_case<'a>(header: &'a str, prefix: &str) -> Option<&'a str
         .then(|| &header[prefix.len()..])
 }
 
-fn values<'a>(headers: &'a HeaderMap, names: &'a [String]) -> impl Iterator<Item = String> + 'a {
-    names.iter().flat_map(move |name| {
-        headers
-            .get_all(name.as_str())
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .map(str::to_owned)
-    })
-}
-
-/// `url.PathUnescape` of an extra key; an undecodable key is kept as it came.
+/// `url.PathUnescape` of an extra key, all or nothing: a key with a malformed escape, or
+/// that decodes to something not UTF-8, is kept as it came.
 fn unescape(key: &str) -> String {
     let bytes = key.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%'
-            && let Some(hex) = key.get(i + 1..i + 3)
-            && let Ok(byte) = u8::from_str_radix(hex, 16)
-        {
+        if bytes[i] == b'%' {
+            let Some(byte) = key
+                .get(i + 1..i + 3)
+                .filter(|hex| hex.bytes().all(|b| b.is_ascii_hexdigit()))
+                .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+            else {
+                return key.to_owned();
+            };
             out.push(byte);
             i += 3;
-            continue;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
         }
-        out.push(bytes[i]);
-        i += 1;
     }
     String::from_utf8(out).unwrap_or_else(|_| key.to_owned())
 }
@@ -155,6 +179,9 @@ mod tests {
         );
         assert_eq!(unescape("bad%zzkey"), "bad%zzkey");
         assert_eq!(unescape("trailing%2"), "trailing%2");
+        // All or nothing, as Go: one bad escape keeps the good one encoded too.
+        assert_eq!(unescape("a%2Fb%zz"), "a%2Fb%zz");
+        assert_eq!(unescape("sign%2b"), "sign+");
     }
 
     #[test]

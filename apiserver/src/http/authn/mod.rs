@@ -79,15 +79,27 @@ impl Authentication {
             .clone()
     }
 
-    /// Who `headers` and `chain` say the request comes from. A 401 says only
-    /// "Unauthorized", as Go's does: why is logged, not told to the caller.
+    /// Who `headers` and `chain` say the request comes from; then removes from `headers`
+    /// what vouched for it, judged by the same trust. A 401 says only "Unauthorized", as
+    /// Go's does: why is logged, not told to the caller.
     pub async fn authenticate(
         &self,
+        chain: Option<&[CertificateDer<'static>]>,
+        headers: &mut HeaderMap,
+    ) -> Result<UserInfo, ApiError> {
+        let trust = self.trust();
+        let user = self.identify(&trust, chain, headers).await;
+        clear(&trust, headers);
+        user
+    }
+
+    async fn identify(
+        &self,
+        trust: &Trust,
         chain: Option<&[CertificateDer<'static>]>,
         headers: &HeaderMap,
     ) -> Result<UserInfo, ApiError> {
         let chain = chain.unwrap_or_default();
-        let trust = self.trust();
         let mut failures = Vec::new();
         if !chain.is_empty() {
             if let Some(front) = &trust.front_proxy {
@@ -130,21 +142,25 @@ impl Authentication {
             ..UserInfo::default()
         })
     }
-
-    /// Removes what vouched for the request (identity headers, the bearer token), as Go
-    /// does, so that nothing behind this layer can read or pass on a credential.
-    fn clear(&self, headers: &mut HeaderMap) {
-        if let Some(front) = &self.trust().front_proxy {
-            front.clear(headers);
-        }
-        headers.remove(http::header::AUTHORIZATION);
-        tokens::clear_websocket_token(headers);
-    }
 }
 
-/// Every authenticated user is in `system:authenticated` (`authenticated_group_adder.go`).
+/// Removes what vouched for the request (identity headers, the bearer token), as Go
+/// does, so that nothing behind this layer can read or pass on a credential.
+fn clear(trust: &Trust, headers: &mut HeaderMap) {
+    front_proxy::clear(trust.front_proxy.as_ref().map(|f| &f.names), headers);
+    headers.remove(http::header::AUTHORIZATION);
+    tokens::clear_websocket_token(headers);
+}
+
+/// Every authenticated user is in `system:authenticated` (`authenticated_group_adder.go`),
+/// but anonymous, or a user already in either of the two groups, as a front proxy may
+/// forward an anonymous request: that one must not gain what authenticated users have.
 fn with_authenticated(mut user: UserInfo) -> UserInfo {
-    if !user.groups.iter().any(|g| g == AUTHENTICATED) {
+    let grouped = user
+        .groups
+        .iter()
+        .any(|g| g == AUTHENTICATED || g == UNAUTHENTICATED);
+    if user.name != ANONYMOUS && !grouped {
         user.groups.push(AUTHENTICATED.to_owned());
     }
     user
@@ -164,14 +180,17 @@ pub async fn authenticate(
     let user = match request.extensions().get::<UserInfo>() {
         // Made inside this process (`dev` creating its Pool): no client can set an
         // extension, so it stands.
-        Some(user) => Ok(user.clone()),
+        Some(user) => {
+            let user = user.clone();
+            clear(&authentication.trust(), request.headers_mut());
+            Ok(user)
+        }
         None => {
             authentication
-                .authenticate(chain.as_deref().map(Vec::as_slice), request.headers())
+                .authenticate(chain.as_deref().map(Vec::as_slice), request.headers_mut())
                 .await
         }
     };
-    authentication.clear(request.headers_mut());
     match user {
         Ok(user) => {
             request.extensions_mut().insert(user);
@@ -184,6 +203,110 @@ pub async fn authenticate(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use proptest::prelude::*;
+
+    /// A verifier of a CA made once for these tests.
+    fn test_verifier() -> Verifier {
+        static CA: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut params = rcgen::CertificateParams::default();
+            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            params.self_signed(&key).unwrap().pem()
+        });
+        x509::verifier(CA.as_bytes(), "a test CA").unwrap()
+    }
+
+    /// Header names a request controls that authentication reads or must remove, and a
+    /// few it must leave alone.
+    fn header_name() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("x-remote-user".to_owned()),
+            Just("x-remote-group".to_owned()),
+            Just("x-remote-uid".to_owned()),
+            "x-remote-extra-[a-z0-9%.-]{0,12}",
+            Just("x-proxy-user".to_owned()),
+            "x-proxy-extra-[a-z0-9%.-]{0,12}",
+            Just("authorization".to_owned()),
+            Just("sec-websocket-protocol".to_owned()),
+            Just("connection".to_owned()),
+            Just("upgrade".to_owned()),
+            Just("accept".to_owned()),
+        ]
+    }
+
+    fn header_value() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..40),
+            "(Bearer |bearer |Basic )?[ -~]{0,30}".prop_map(String::into_bytes),
+            (
+                "(v5.channel.k8s.io, )?base64url.bearer.authorization.k8s.io.[A-Za-z0-9_=-]{0,20}",
+                proptest::collection::vec(any::<u8>(), 0..3),
+            )
+                .prop_map(|(protocols, tail)| [protocols.into_bytes(), tail].concat()),
+            Just(b"Upgrade".to_vec()),
+            Just(b"websocket".to_vec()),
+        ]
+    }
+
+    proptest! {
+        /// Whatever identity and credential headers a request carries, reading them never
+        /// panics, and none is left for what comes after authentication.
+        #[test]
+        fn credential_headers_never_panic_and_never_get_through(
+            pairs in proptest::collection::vec((header_name(), header_value()), 0..12),
+        ) {
+            let mut headers = HeaderMap::new();
+            for (name, value) in &pairs {
+                if let (Ok(name), Ok(value)) = (
+                    http::HeaderName::from_bytes(name.as_bytes()),
+                    http::HeaderValue::from_bytes(value),
+                ) {
+                    headers.append(name, value);
+                }
+            }
+            let names = RequestHeaderNames {
+                allowed_names: Vec::new(),
+                username_headers: vec!["X-Proxy-User".to_owned(), "X-Remote-User".to_owned()],
+                uid_headers: vec!["X-Remote-Uid".to_owned()],
+                group_headers: vec!["X-Remote-Group".to_owned()],
+                extra_prefixes: vec!["X-Proxy-Extra-".to_owned()],
+            };
+            let front = FrontProxy { verifier: test_verifier(), names };
+            let _ = front.user(&headers);
+            let _ = tokens::bearer(&headers);
+            let trust = Trust { client_ca: None, front_proxy: Some(front) };
+            clear(&trust, &mut headers);
+            for (name, value) in &headers {
+                let name = name.as_str();
+                prop_assert!(!name.starts_with("x-remote-") && !name.starts_with("x-proxy-"), "{name} got through");
+                prop_assert!(name != "authorization");
+                let value = String::from_utf8_lossy(value.as_bytes());
+                prop_assert!(!value.contains("base64url.bearer.authorization.k8s.io."), "{value}");
+            }
+        }
+    }
+
+    #[test]
+    fn anonymous_forwarded_by_a_front_proxy_does_not_become_authenticated() {
+        let anonymous = UserInfo {
+            name: ANONYMOUS.to_owned(),
+            groups: vec![UNAUTHENTICATED.to_owned()],
+            ..UserInfo::default()
+        };
+        assert_eq!(
+            with_authenticated(anonymous.clone()).groups,
+            [UNAUTHENTICATED]
+        );
+        let unauthenticated_group = UserInfo {
+            name: "someone".to_owned(),
+            ..anonymous
+        };
+        assert_eq!(
+            with_authenticated(unauthenticated_group).groups,
+            [UNAUTHENTICATED]
+        );
+    }
 
     #[test]
     fn the_dev_certificate_names_the_dev_service_account_and_its_groups() {

@@ -13,6 +13,9 @@ use crate::http::ReviewError;
 
 /// Go caches TokenReview answers, both kinds, for this long (`CacheTTL`).
 const TOKEN_TTL: Duration = Duration::from_secs(10);
+/// Answers kept at most, so that a flood of made-up tokens cannot grow memory without
+/// bound; past it, answers are not cached until old ones expire.
+const TOKEN_CACHE_ENTRIES: usize = 4096;
 
 /// When the cluster answered, and the user it named (none for an invalid token).
 type CachedReview = (Instant, Option<UserInfo>);
@@ -65,8 +68,12 @@ impl TokenReviewer {
             _ => None,
         };
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        cache.retain(|_, (at, _)| at.elapsed() < TOKEN_TTL);
-        cache.insert(digest, (Instant::now(), user.clone()));
+        if cache.len() >= TOKEN_CACHE_ENTRIES {
+            cache.retain(|_, (at, _)| at.elapsed() < TOKEN_TTL);
+        }
+        if cache.len() < TOKEN_CACHE_ENTRIES {
+            cache.insert(digest, (Instant::now(), user.clone()));
+        }
         Ok(user)
     }
 }
@@ -112,7 +119,13 @@ pub(super) fn bearer(headers: &HeaderMap) -> Result<Option<String>, String> {
 
 /// Removes the token sub-protocol, so that no handler (and no upstream) sees the token.
 pub(super) fn clear_websocket_token(headers: &mut HeaderMap) {
-    if !websocket_protocols(headers).any(|p| p.starts_with(WEBSOCKET_TOKEN_PREFIX)) {
+    // By bytes: a value that is not UTF-8 is no protocol list, but must not carry a token on.
+    let prefix = WEBSOCKET_TOKEN_PREFIX.as_bytes();
+    let carries_token = headers
+        .get_all(http::header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .any(|v| v.as_bytes().windows(prefix.len()).any(|w| w == prefix));
+    if !carries_token {
         return;
     }
     let kept: Vec<String> = websocket_protocols(headers)

@@ -5,7 +5,8 @@
 //! each part comes from its flag when given, otherwise from the ConfigMap
 //! `kube-system/extension-apiserver-authentication` that kube-apiserver maintains. Both
 //! rotate: the ConfigMap is watched and the flags' files re-read, and a change swaps the
-//! whole [`Trust`] at once. A broken new value is logged and the old one kept.
+//! whole [`Trust`] at once. A broken new value is logged and the old one kept, and so is
+//! a CA the ConfigMap loses, as in Go.
 
 use std::path::PathBuf;
 use std::pin::pin;
@@ -180,7 +181,8 @@ pub struct TrustKeeper {
 
 /// The ConfigMap as the watch last settled it. A re-list (after a broken watch) replaces
 /// it only once complete, so a tick in between still sees the old one, and a re-list that
-/// no longer finds it means it was deleted meanwhile.
+/// no longer finds it means it was deleted meanwhile (what it gave is then kept:
+/// [`keep_withdrawn`]).
 #[derive(Default)]
 struct ConfigMapView {
     current: Option<ConfigMap>,
@@ -249,13 +251,15 @@ impl TrustKeeper {
 
     fn refresh(&mut self, config_map: Option<&ConfigMap>, authentication: &Authentication) {
         let config = match self.sources.resolve(config_map) {
-            Ok(config) if config == self.config => return,
-            Ok(config) => config,
+            Ok(config) => keep_withdrawn(&self.config, config),
             Err(err) => {
                 tracing::warn!(error = %err, "keeping the authentication trust as it was");
                 return;
             }
         };
+        if config == self.config {
+            return;
+        }
         match Trust::new(&config) {
             Ok(trust) => {
                 authentication.set_trust(trust);
@@ -282,6 +286,25 @@ impl TrustKeeper {
             None => futures::stream::pending().right_stream(),
         }
     }
+}
+
+/// `new`, but with what `old` trusted where `new` has nothing: Go keeps the last CA bundle
+/// it loaded when the ConfigMap loses it (deleted, or a key emptied), so that a delete
+/// and re-create or a bad edit does not lock every client out in between.
+fn keep_withdrawn(old: &TrustConfig, mut new: TrustConfig) -> TrustConfig {
+    if new.client_ca.is_none() && old.client_ca.is_some() {
+        tracing::warn!(
+            "the client CA is gone from ConfigMap {CONFIG_MAP_NAMESPACE}/{CONFIG_MAP_NAME}: keeping the last one"
+        );
+        new.client_ca.clone_from(&old.client_ca);
+    }
+    if new.request_header.is_none() && old.request_header.is_some() {
+        tracing::warn!(
+            "the requestheader CA is gone from ConfigMap {CONFIG_MAP_NAMESPACE}/{CONFIG_MAP_NAME}: keeping the last one"
+        );
+        new.request_header.clone_from(&old.request_header);
+    }
+    new
 }
 
 fn read(path: &std::path::Path) -> Result<Vec<u8>, TrustError> {
@@ -417,6 +440,28 @@ mod tests {
         view.apply(watcher::Event::Init);
         assert!(view.apply(watcher::Event::InitDone));
         assert_eq!(view.current, None);
+    }
+
+    #[test]
+    fn a_ca_the_config_map_loses_is_kept_and_one_it_changes_is_taken() {
+        let sources = no_flags();
+        let old = sources
+            .resolve(Some(&config_map(&[
+                ("client-ca-file", "CLIENT"),
+                ("requestheader-client-ca-file", "FRONT"),
+            ])))
+            .unwrap();
+        let deleted = keep_withdrawn(&old, sources.resolve(None).unwrap());
+        assert_eq!(deleted, old);
+        let rotated = sources
+            .resolve(Some(&config_map(&[(
+                "requestheader-client-ca-file",
+                "FRONT-2",
+            )])))
+            .unwrap();
+        let rotated = keep_withdrawn(&old, rotated);
+        assert_eq!(rotated.request_header.unwrap().ca, b"FRONT-2");
+        assert_eq!(rotated.client_ca.as_deref(), Some(&b"CLIENT"[..]));
     }
 
     #[test]

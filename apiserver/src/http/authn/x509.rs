@@ -84,26 +84,22 @@ pub fn verify(verifier: &Verifier, chain: &[CertificateDer<'static>]) -> Result<
         .map_err(|e| e.to_string())
 }
 
+/// The subject's common name. With several, the last counts, as in Go (`pkix.Name`
+/// keeps overwriting `CommonName`), so that this server and kube-apiserver see the same
+/// user in the same certificate.
 pub fn common_name(der: &[u8]) -> Option<String> {
     let (_, cert) = X509Certificate::from_der(der).ok()?;
-    let cn = cert.subject().iter_common_name().next()?.as_str().ok()?;
+    let cn = cert.subject().iter_common_name().last()?.as_str().ok()?;
     Some(cn.to_owned())
 }
 
 /// The user a verified client certificate names (CN the user, O the groups, its
 /// fingerprint as the credential id), or `None` if it names none.
 pub fn user_from_certificate(der: &[u8]) -> Option<UserInfo> {
+    let name = common_name(der).filter(|name| !name.is_empty())?;
     let (_, cert) = X509Certificate::from_der(der).ok()?;
-    let subject = cert.subject();
-    let name = subject
-        .iter_common_name()
-        .next()
-        .and_then(|cn| cn.as_str().ok())?
-        .to_owned();
-    if name.is_empty() {
-        return None;
-    }
-    let groups = subject
+    let groups = cert
+        .subject()
         .iter_organization()
         .filter_map(|o| o.as_str().ok().map(str::to_owned))
         .collect();
