@@ -31,8 +31,6 @@ use super::status;
 pub const ROTATE_PATH: &str = "/stand-in/rotate-front-proxy";
 /// How long a client may take to finish its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// The extra kube-apiserver gives x509 users (`authentication.kubernetes.io/credential-id`).
-const CREDENTIAL_ID: &str = "authentication.kubernetes.io/credential-id";
 
 /// What the TLS handshake of a connection said about its client.
 #[derive(Clone)]
@@ -182,15 +180,17 @@ impl Front {
                 }
             }
         }
-        if let Some(value) = headers.get(header::AUTHORIZATION) {
-            presented = true;
-            let token = value.to_str().ok().and_then(|v| {
-                let (scheme, token) = v.split_once(' ')?;
-                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-            });
-            if let Some(user) = token.and_then(|t| self.policy.current().token_user(t).cloned()) {
-                return Some(user.authenticated());
+        // `Authorization: Bearer`, or a WebSocket's token sub-protocol, as kube-apiserver
+        // reads them.
+        match battery_apiserver::http::authn::bearer(headers) {
+            Ok(Some(token)) => {
+                presented = true;
+                if let Some(user) = self.policy.current().token_user(&token).cloned() {
+                    return Some(user.authenticated());
+                }
             }
+            Ok(None) => presented |= headers.contains_key(header::AUTHORIZATION),
+            Err(_) => presented = true,
         }
         (!presented).then(User::anonymous)
     }
@@ -348,33 +348,21 @@ fn forbidden(action: &Action, user: &User) -> Response<Body> {
 /// The user of a verified client certificate: CN the name, O the groups, and the
 /// credential id kube-apiserver adds.
 fn certificate_user(der: &CertificateDer<'_>) -> Option<User> {
-    use sha2::Digest as _;
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let subject = cert.subject();
-    let username = subject.iter_common_name().next()?.as_str().ok()?.to_owned();
-    let groups = subject
-        .iter_organization()
-        .filter_map(|o| o.as_str().ok().map(str::to_owned))
-        .collect();
-    let digest: String = sha2::Sha256::digest(der.as_ref())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    // The same reading as battery-apiserver's, which is Go's: the last CN, the O's, the
+    // fingerprint as the credential id; no user for an empty CN.
+    let user = battery_apiserver::http::authn::user_from_certificate(der)?;
     Some(User {
-        username,
-        uid: String::new(),
-        groups,
-        extra: [(
-            CREDENTIAL_ID.to_owned(),
-            vec![format!("X509SHA256={digest}")],
-        )]
-        .into(),
+        username: user.name,
+        uid: user.uid,
+        groups: user.groups,
+        extra: user.extra,
     })
 }
 
 /// Deletes the credentials and every identity header the client sent.
 fn strip_identity(headers: &mut HeaderMap) {
     headers.remove(header::AUTHORIZATION);
+    battery_apiserver::http::authn::clear_websocket_token(headers);
     let forged: Vec<HeaderName> = headers
         .keys()
         .filter(|name| name.as_str().starts_with("x-remote-"))

@@ -61,9 +61,13 @@ impl User {
     }
 
     /// Adds `system:authenticated`, as kube-apiserver's authenticated-group adder does
-    /// for every user but the anonymous one.
+    /// for every user but the anonymous one and one already in either group.
     pub fn authenticated(mut self) -> Self {
-        if self.username != ANONYMOUS && !self.groups.iter().any(|g| g == AUTHENTICATED) {
+        let grouped = self
+            .groups
+            .iter()
+            .any(|g| g == AUTHENTICATED || g == UNAUTHENTICATED);
+        if self.username != ANONYMOUS && !grouped {
             self.groups.push(AUTHENTICATED.to_owned());
         }
         self

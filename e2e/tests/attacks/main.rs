@@ -71,6 +71,14 @@ fn attack_policy(policy: &mut Value) {
             "verbs": ["get"],
             "nonResourceURLs": ["/apis", "/apis/*"],
         }),
+        // What anonymous must not gain by being passed on by a front proxy.
+        json!({
+            "groups": ["system:authenticated"],
+            "verbs": ["list"],
+            "apiGroups": ["battery.liquidmetal-x.dev"],
+            "resources": ["microvmclaims"],
+            "namespaces": ["default"],
+        }),
     ]);
 }
 
@@ -125,6 +133,8 @@ struct Row {
     body: Option<Value>,
     code: StatusCode,
     reason: &'static str,
+    /// What the Status message must say, to show the refusal's cause.
+    says: &'static str,
 }
 
 /// `X-Remote-*` headers claiming the cluster's most powerful identity.
@@ -160,16 +170,18 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
     let (front_cert, front_key) = stand_in.front_proxy_client();
     let stranger_ca = Ca::new("someone-else").expect("a CA");
     let lease = format!("{CLAIMS}/{HELD}/lease");
-    let create = |proves, client, headers: &[(&'static str, &'static str)], code, reason| Row {
-        proves,
-        client,
-        method: "POST",
-        path: CLAIMS.to_owned(),
-        headers: headers.to_vec(),
-        body: Some(claim("stolen")),
-        code,
-        reason,
-    };
+    let create =
+        |proves, client, headers: &[(&'static str, &'static str)], code, reason, says| Row {
+            proves,
+            client,
+            method: "POST",
+            path: CLAIMS.to_owned(),
+            headers: headers.to_vec(),
+            body: Some(claim("stolen")),
+            code,
+            reason,
+            says,
+        };
     let renew = |proves, client| Row {
         proves,
         client,
@@ -179,6 +191,7 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
         body: Some(json!({})),
         code: StatusCode::FORBIDDEN,
         reason: "Forbidden",
+        says: "only its Holder system:serviceaccount:default:dev may",
     };
     let rows = vec![
         create(
@@ -187,6 +200,7 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
             &FORGED,
             StatusCode::FORBIDDEN,
             "Forbidden",
+            r#"User "system:anonymous""#,
         ),
         create(
             "a certificate of a CA the server does not trust cannot vouch for headers, nor fall back to anonymous",
@@ -198,6 +212,7 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
             )),
             &FORGED,
             StatusCode::UNAUTHORIZED,
+            "Unauthorized",
             "Unauthorized",
         ),
         create(
@@ -211,6 +226,7 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
             &FORGED,
             StatusCode::UNAUTHORIZED,
             "Unauthorized",
+            "Unauthorized",
         ),
         create(
             "an expired front-proxy certificate cannot vouch for headers",
@@ -223,6 +239,7 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
             &FORGED,
             StatusCode::UNAUTHORIZED,
             "Unauthorized",
+            "Unauthorized",
         ),
         create(
             "anonymous is refused by the cluster",
@@ -230,6 +247,7 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
             &[],
             StatusCode::FORBIDDEN,
             "Forbidden",
+            r#"User "system:anonymous""#,
         ),
         create(
             "anonymous is refused by battery-apiserver itself",
@@ -237,6 +255,7 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
             &[],
             StatusCode::FORBIDDEN,
             "Forbidden",
+            r#"User "system:anonymous""#,
         ),
         create(
             "a user without RBAC is refused by the cluster",
@@ -244,6 +263,7 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
             &[],
             StatusCode::FORBIDDEN,
             "Forbidden",
+            r#"User "system:serviceaccount:default:nobody""#,
         ),
         create(
             "battery-apiserver authorizes again: a user without RBAC, vouched for by the real front proxy, is refused",
@@ -254,7 +274,22 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
             ],
             StatusCode::FORBIDDEN,
             "Forbidden",
+            r#"User "system:serviceaccount:default:nobody""#,
         ),
+        Row {
+            proves: "anonymous forwarded by the real front proxy does not become system:authenticated, so gets nothing granted to it",
+            client: straight(Identity::Cert(front_cert.clone(), front_key.clone())),
+            method: "GET",
+            path: CLAIMS.to_owned(),
+            headers: vec![
+                ("X-Remote-User", "system:anonymous"),
+                ("X-Remote-Group", "system:unauthenticated"),
+            ],
+            body: None,
+            code: StatusCode::FORBIDDEN,
+            reason: "Forbidden",
+            says: r#"User "system:anonymous" cannot list"#,
+        },
         renew(
             "the Holder's namespace mate, with RBAC on microvmclaims/lease, may not renew",
             through(Identity::Token("mate".to_owned())),
@@ -272,6 +307,7 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
             body: Some(json!({"metadata": {"name": "big"}, "padding": "x".repeat(4 << 20)})),
             code: StatusCode::PAYLOAD_TOO_LARGE,
             reason: "RequestEntityTooLarge",
+            says: "too large",
         },
     ];
     for row in rows {
@@ -288,6 +324,14 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
             "{}: {status}",
             row.proves
         );
+        assert!(
+            status["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(row.says)),
+            "{}: the message should say {:?}: {status}",
+            row.proves,
+            row.says
+        );
         assert_eq!(
             world(&admin).await,
             before,
@@ -300,8 +344,24 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
     deleted_service_account_token(&server, &admin, &before).await;
     too_many_watches(&admin, &before).await;
 
-    // The control: the Holder itself renews through the same path, so the refusals above
-    // were the Holder rule's and the limits', not a broken route.
+    // The controls. A user the front proxy names, in no group, lists claims: battery-apiserver
+    // adds system:authenticated, so anonymous was refused for being anonymous.
+    let vouched = straight(Identity::Cert(front_cert, front_key));
+    let (code, list) = vouched
+        .call(
+            "GET",
+            CLAIMS,
+            &[("X-Remote-User", "system:serviceaccount:default:nobody")],
+            None,
+        )
+        .await;
+    assert_eq!(
+        code,
+        StatusCode::OK,
+        "an authenticated user may list: {list}"
+    );
+    // The Holder itself renews through the same path, so the refusals above were the
+    // Holder rule's and the limits', not a broken route.
     let (code, renewed) = admin
         .call("PATCH", &lease, &[MERGE_PATCH], Some(json!({})))
         .await;
@@ -391,13 +451,32 @@ async fn too_many_watches(admin: &Client, before: &World) {
         );
         open.push(response);
     }
-    let (code, status) = admin.call("GET", &watch, &[], None).await;
+    let refused = admin.open("GET", &watch, &[], None).await;
     assert_eq!(
-        code,
+        refused.status(),
         StatusCode::TOO_MANY_REQUESTS,
-        "one watch too many: {status}"
+        "one watch too many"
     );
+    let retry_after = refused
+        .headers()
+        .get(http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    assert!(
+        retry_after.is_some_and(|s| s > 0),
+        "a Retry-After in seconds"
+    );
+    let body = http_body_util::BodyExt::collect(refused.into_body())
+        .await
+        .expect("the refusal's body")
+        .to_bytes();
+    let status: Value = serde_json::from_slice(&body).expect("a Status");
     assert_eq!(status["reason"], "TooManyRequests", "{status}");
+    assert_eq!(
+        status["details"]["retryAfterSeconds"].as_u64(),
+        retry_after,
+        "{status}"
+    );
     drop(open.pop());
     let _reopened = eventually(
         Duration::from_secs(10),

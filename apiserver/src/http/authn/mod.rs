@@ -27,7 +27,7 @@ mod trust;
 mod x509;
 
 pub use front_proxy::{FrontProxy, RequestHeaderNames};
-pub use tokens::TokenReviewer;
+pub use tokens::{TokenReviewer, bearer, clear_websocket_token};
 pub use trust::{
     CONFIG_MAP_NAME, CONFIG_MAP_NAMESPACE, RequestHeaderConfig, RequestHeaderFlags, Trust,
     TrustConfig, TrustError, TrustKeeper, TrustSources,

@@ -86,7 +86,7 @@ const WEBSOCKET_TOKEN_PREFIX: &str = "base64url.bearer.authorization.k8s.io.";
 /// The request's bearer token: from `Authorization: Bearer <token>`, or, on a WebSocket
 /// upgrade, from the token sub-protocol. `Err` for a sub-protocol token that does not
 /// decode or comes twice, which Go refuses too.
-pub(super) fn bearer(headers: &HeaderMap) -> Result<Option<String>, String> {
+pub fn bearer(headers: &HeaderMap) -> Result<Option<String>, String> {
     let header = headers
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -118,7 +118,7 @@ pub(super) fn bearer(headers: &HeaderMap) -> Result<Option<String>, String> {
 }
 
 /// Removes the token sub-protocol, so that no handler (and no upstream) sees the token.
-pub(super) fn clear_websocket_token(headers: &mut HeaderMap) {
+pub fn clear_websocket_token(headers: &mut HeaderMap) {
     // By bytes: a value that is not UTF-8 is no protocol list, but must not carry a token on.
     let prefix = WEBSOCKET_TOKEN_PREFIX.as_bytes();
     let carries_token = headers
