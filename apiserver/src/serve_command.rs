@@ -12,7 +12,7 @@ use crate::config::ServeArgs;
 use crate::http::authn::{
     Authentication, RequestHeaderFlags, RequestHeaderNames, TokenReviewer, TrustSources,
 };
-use crate::http::authz::{Authorizer, SubjectAccessReviewer};
+use crate::http::authz::{AuthenticatedOnly, Authorizer, SubjectAccessReviewer};
 use crate::meta_store::MetaStore;
 use crate::serve::{self, TlsFiles};
 use crate::server::{self, Settings};
@@ -33,7 +33,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let cluster_client = cluster(args.kubeconfig.as_deref()).await?;
     if cluster_client.is_none() {
         tracing::warn!(
-            "no cluster: every request is allowed; give --kubeconfig (or run in a pod) to authorize with SubjectAccessReview"
+            "no cluster: every authenticated request is allowed, anonymous ones refused; give --kubeconfig (or run in a pod) to authorize with SubjectAccessReview"
         );
     }
     let mut trust = TrustSources {
@@ -74,9 +74,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         store,
         &Settings {
             bind_wait: args.bind_wait,
-            authorizer: cluster_client
-                .clone()
-                .map(|client| Arc::new(SubjectAccessReviewer::new(client)) as Arc<dyn Authorizer>),
+            authorizer: Some(match cluster_client.clone() {
+                Some(client) => Arc::new(SubjectAccessReviewer::new(client)) as Arc<dyn Authorizer>,
+                None => Arc::new(AuthenticatedOnly),
+            }),
             cluster: cluster_client.map(|client| Arc::new(Cluster::new(client))),
             limits: Limits {
                 max_watches: args.max_watches,

@@ -78,6 +78,28 @@ impl Authorizer for LocalPolicy {
     }
 }
 
+/// `serve` without a cluster to ask: whoever a CA or the front proxy vouches for may do
+/// everything, anonymous nothing. Without a cluster there is no RBAC to consult, but an
+/// unauthenticated caller must still get nothing.
+pub struct AuthenticatedOnly;
+
+impl Authorizer for AuthenticatedOnly {
+    fn authorize<'a>(
+        &'a self,
+        user: &'a UserInfo,
+        _: &'a RequestInfo,
+    ) -> BoxFuture<'a, Result<Decision, ApiError>> {
+        let decision = if user.groups.iter().any(|g| g == super::authn::AUTHENTICATED) {
+            Decision::Allow
+        } else {
+            Decision::Deny(
+                "without a cluster to ask, only authenticated users are allowed".to_owned(),
+            )
+        };
+        Box::pin(async move { Ok(decision) })
+    }
+}
+
 /// The cluster's SubjectAccessReview, cached.
 pub struct SubjectAccessReviewer {
     client: kube::Client,
@@ -211,6 +233,29 @@ mod tests {
 
     fn info(method: Method, path: &str) -> RequestInfo {
         RequestInfo::parse(&method, path, None).unwrap()
+    }
+
+    #[tokio::test]
+    async fn without_a_cluster_authenticated_users_may_and_anonymous_may_not() {
+        let request = info(
+            Method::GET,
+            "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/default/pools",
+        );
+        let user = |name: &str, group: &str| UserInfo {
+            name: name.to_owned(),
+            groups: vec![group.to_owned()],
+            ..UserInfo::default()
+        };
+        let alice = user("alice", super::super::authn::AUTHENTICATED);
+        let anonymous = user("system:anonymous", "system:unauthenticated");
+        assert!(matches!(
+            AuthenticatedOnly.authorize(&alice, &request).await,
+            Ok(Decision::Allow)
+        ));
+        assert!(matches!(
+            AuthenticatedOnly.authorize(&anonymous, &request).await,
+            Ok(Decision::Deny(_))
+        ));
     }
 
     #[test]

@@ -46,7 +46,8 @@ use rustls::pki_types::CertificateDer;
 use crate::api::UserInfo;
 use crate::serve::PeerCertificates;
 
-const AUTHENTICATED: &str = "system:authenticated";
+/// The group of every authenticated user.
+pub const AUTHENTICATED: &str = "system:authenticated";
 const ANONYMOUS: &str = "system:anonymous";
 const UNAUTHENTICATED: &str = "system:unauthenticated";
 
