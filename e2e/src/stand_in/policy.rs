@@ -63,11 +63,7 @@ impl User {
     /// Adds `system:authenticated`, as kube-apiserver's authenticated-group adder does
     /// for every user but the anonymous one and one already in either group.
     pub fn authenticated(mut self) -> Self {
-        let grouped = self
-            .groups
-            .iter()
-            .any(|g| g == AUTHENTICATED || g == UNAUTHENTICATED);
-        if self.username != ANONYMOUS && !grouped {
+        if battery_apiserver::http::authn::joins_authenticated_group(&self.username, &self.groups) {
             self.groups.push(AUTHENTICATED.to_owned());
         }
         self

@@ -193,7 +193,7 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
         reason: "Forbidden",
         says: "only its Holder system:serviceaccount:default:dev may",
     };
-    let rows = vec![
+    let mut rows = vec![
         create(
             "identity headers without a client certificate are ignored: the caller is anonymous, and anonymous may not create",
             straight(Identity::Anonymous),
@@ -201,45 +201,6 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
             StatusCode::FORBIDDEN,
             "Forbidden",
             r#"User "system:anonymous""#,
-        ),
-        create(
-            "a certificate of a CA the server does not trust cannot vouch for headers, nor fall back to anonymous",
-            straight(cert(
-                &stranger_ca,
-                stand_in,
-                "front-proxy-client",
-                Validity::Current,
-            )),
-            &FORGED,
-            StatusCode::UNAUTHORIZED,
-            "Unauthorized",
-            "Unauthorized",
-        ),
-        create(
-            "a certificate of the front-proxy CA whose CN is not an allowed name cannot vouch for headers",
-            straight(cert(
-                &front_proxy_ca,
-                stand_in,
-                "intruder",
-                Validity::Current,
-            )),
-            &FORGED,
-            StatusCode::UNAUTHORIZED,
-            "Unauthorized",
-            "Unauthorized",
-        ),
-        create(
-            "an expired front-proxy certificate cannot vouch for headers",
-            straight(cert(
-                &front_proxy_ca,
-                stand_in,
-                "front-proxy-client",
-                Validity::Expired,
-            )),
-            &FORGED,
-            StatusCode::UNAUTHORIZED,
-            "Unauthorized",
-            "Unauthorized",
         ),
         create(
             "anonymous is refused by the cluster",
@@ -310,6 +271,41 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
             says: "too large",
         },
     ];
+    // Certificates that must not vouch for the forged headers, nor fall back to anonymous.
+    let refused_certificates = [
+        (
+            "a certificate of a CA the server does not trust cannot vouch for headers",
+            &stranger_ca,
+            "front-proxy-client",
+            Validity::Current,
+        ),
+        (
+            "a certificate of the front-proxy CA whose CN is not an allowed name cannot vouch for headers",
+            &front_proxy_ca,
+            "intruder",
+            Validity::Current,
+        ),
+        (
+            "an expired front-proxy certificate cannot vouch for headers",
+            &front_proxy_ca,
+            "front-proxy-client",
+            Validity::Expired,
+        ),
+    ];
+    rows.extend(
+        refused_certificates
+            .into_iter()
+            .map(|(proves, ca, cn, validity)| {
+                create(
+                    proves,
+                    straight(cert(ca, stand_in, cn, validity)),
+                    &FORGED,
+                    StatusCode::UNAUTHORIZED,
+                    "Unauthorized",
+                    "Unauthorized",
+                )
+            }),
+    );
     for row in rows {
         let (code, status) = row
             .client

@@ -153,15 +153,19 @@ fn clear(trust: &Trust, headers: &mut HeaderMap) {
     tokens::clear_websocket_token(headers);
 }
 
-/// Every authenticated user is in `system:authenticated` (`authenticated_group_adder.go`),
-/// but anonymous, or a user already in either of the two groups, as a front proxy may
-/// forward an anonymous request: that one must not gain what authenticated users have.
+/// Whether an authenticated user of that name and groups joins `system:authenticated`
+/// (`authenticated_group_adder.go`): all do but anonymous, and a user already in either
+/// of the two groups, as a front proxy may forward an anonymous request: that one must
+/// not gain what authenticated users have.
+pub fn joins_authenticated_group(name: &str, groups: &[String]) -> bool {
+    name != ANONYMOUS
+        && !groups
+            .iter()
+            .any(|g| g == AUTHENTICATED || g == UNAUTHENTICATED)
+}
+
 fn with_authenticated(mut user: UserInfo) -> UserInfo {
-    let grouped = user
-        .groups
-        .iter()
-        .any(|g| g == AUTHENTICATED || g == UNAUTHENTICATED);
-    if user.name != ANONYMOUS && !grouped {
+    if joins_authenticated_group(&user.name, &user.groups) {
         user.groups.push(AUTHENTICATED.to_owned());
     }
     user
