@@ -22,7 +22,11 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
-use super::policy::{Action, PolicyFile, Query, ResourceAttributes, Target, User};
+use axum::response::IntoResponse as _;
+use battery_api_machinery::params::{ListOptions, QueryOptions as _};
+use battery_api_machinery::request_info::RequestInfo;
+
+use super::policy::{PolicyFile, User};
 use super::status;
 
 /// The ConfigMap kube-apiserver keeps for aggregated servers.
@@ -187,7 +191,13 @@ impl Cluster {
     pub async fn handle(&self, request: Request<Body>) -> Response<Body> {
         let (parts, body) = request.into_parts();
         let path = parts.uri.path();
-        let query = Query::parse(parts.uri.query());
+        let query = match ListOptions::from_request(
+            parts.uri.query().unwrap_or_default(),
+            &parts.headers,
+        ) {
+            Ok(options) => options,
+            Err(error) => return error.into_response(),
+        };
         let method = &parts.method;
         match path {
             "/api" => return self.api_versions(),
@@ -290,23 +300,22 @@ impl Cluster {
             groups: spec.groups.clone().unwrap_or_default(),
             extra: spec.extra.clone().unwrap_or_default(),
         };
-        let action = match (&spec.resource_attributes, &spec.non_resource_attributes) {
-            (Some(r), _) => Action {
+        let request = match (&spec.resource_attributes, &spec.non_resource_attributes) {
+            (Some(r), _) => RequestInfo {
+                is_resource_request: true,
                 verb: r.verb.clone().unwrap_or_default(),
-                target: Target::Resource(ResourceAttributes {
-                    namespace: r.namespace.clone().unwrap_or_default(),
-                    group: r.group.clone().unwrap_or_default(),
-                    version: r.version.clone().unwrap_or_default(),
-                    resource: r.resource.clone().unwrap_or_default(),
-                    subresource: r.subresource.clone().unwrap_or_default(),
-                    name: r.name.clone().unwrap_or_default(),
-                }),
+                namespace: r.namespace.clone().unwrap_or_default(),
+                api_group: r.group.clone().unwrap_or_default(),
+                api_version: r.version.clone().unwrap_or_default(),
+                resource: r.resource.clone().unwrap_or_default(),
+                subresource: r.subresource.clone().unwrap_or_default(),
+                name: r.name.clone().unwrap_or_default(),
+                ..RequestInfo::default()
             },
-            (None, Some(n)) => Action {
+            (None, Some(n)) => RequestInfo {
                 verb: n.verb.clone().unwrap_or_default(),
-                target: Target::NonResource {
-                    path: n.path.clone().unwrap_or_default(),
-                },
+                path: n.path.clone().unwrap_or_default(),
+                ..RequestInfo::default()
             },
             (None, None) => {
                 return status::failure(
@@ -316,8 +325,8 @@ impl Cluster {
                 );
             }
         };
-        let decision = self.policy.current().authorize(&user, &action);
-        tracing::debug!(user = %user.username, ?action, allowed = decision.allowed, "SubjectAccessReview");
+        let decision = self.policy.current().authorize(&user, &request);
+        tracing::debug!(user = %user.username, ?request, allowed = decision.allowed, "SubjectAccessReview");
         review.status = Some(SubjectAccessReviewStatus {
             allowed: decision.allowed,
             reason: Some(decision.reason).filter(|r| !r.is_empty()),
@@ -463,15 +472,11 @@ impl Cluster {
         &self,
         collection: Collection,
         namespace: Option<&str>,
-        query: &Query,
+        query: &ListOptions,
     ) -> Response<Body> {
-        let selector = query.field_selector();
-        let selected = move |o: &Stored| {
-            selector
-                .iter()
-                .all(|(field, value)| field_value(&o.object, field).as_deref() == Some(value))
-        };
-        if query.watch() {
+        let selector = query.field_selector.clone();
+        let selected = move |o: &Stored| selector.matches(|field| field_value(&o.object, field));
+        if query.watch {
             // Subscribe before reading, so that nothing changes unseen in between.
             let changes = self.changes.subscribe();
             let (objects, revision) = self.objects(collection, namespace);
@@ -508,18 +513,16 @@ fn watch(
     revision: u64,
     mut changes: broadcast::Receiver<Stored>,
     live: impl Fn(&Stored) -> bool + Send + 'static,
-    query: &Query,
+    query: &ListOptions,
 ) -> Response<Body> {
     let since = query
-        .get("resourceVersion")
+        .resource_version
+        .as_deref()
         .filter(|rv| !rv.is_empty() && *rv != "0")
         .and_then(|rv| rv.parse::<u64>().ok());
-    let initial_events = query.get("sendInitialEvents") == Some("true");
-    let bookmarks = query.get("allowWatchBookmarks") == Some("true");
-    let timeout = query
-        .get("timeoutSeconds")
-        .and_then(|s| s.parse().ok())
-        .map_or(DEFAULT_WATCH_TIMEOUT, Duration::from_secs);
+    let initial_events = query.send_initial_events == Some(true);
+    let bookmarks = query.allow_watch_bookmarks;
+    let timeout = query.timeout.unwrap_or(DEFAULT_WATCH_TIMEOUT);
     let mut first: Vec<Value> = Vec::new();
     for object in initial {
         match since {
@@ -616,15 +619,12 @@ fn bookmark<const N: usize>(
 }
 
 /// The value at a dotted field path (`involvedObject.name`), as a selector compares it.
-fn field_value(object: &Value, field: &str) -> Option<String> {
-    let value = field
+/// The string at `field` (`metadata.name`) of `object`, for a field selector.
+fn field_value<'a>(object: &'a Value, field: &str) -> Option<&'a str> {
+    field
         .split('.')
-        .try_fold(object, |value, key| value.get(key))?;
-    match value {
-        Value::String(s) => Some(s.clone()),
-        Value::Null => None,
-        other => Some(other.to_string()),
-    }
+        .try_fold(object, |value, key| value.get(key))?
+        .as_str()
 }
 
 fn namespace_object(name: &str, phase: &str) -> Namespace {

@@ -12,11 +12,13 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use axum::body::Body;
+use axum::response::IntoResponse as _;
+use battery_api_machinery::request_info::RequestInfo;
+use battery_api_machinery::status::ApiError;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::StatusDetails;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::danger::ClientCertVerifier;
 use tokio::net::{TcpListener, TcpStream};
@@ -24,7 +26,7 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use super::cluster::Cluster;
 use super::pki::{self, Layout};
-use super::policy::{Action, PolicyFile, Target, User};
+use super::policy::{PolicyFile, User};
 use super::status;
 
 /// The stand-in's own endpoint that rotates the front-proxy CA.
@@ -140,11 +142,15 @@ impl Front {
             tracing::info!(%method, %path, client = %peer.address, "401: not authenticated");
             return status::unauthorized();
         };
-        let action = Action::from_request(method.as_str(), &path, request.uri().query());
-        let decision = self.policy.current().authorize(&user, &action);
+        let info = match RequestInfo::parse(&method, &path, request.uri().query()) {
+            Ok(info) => info,
+            Err(error) => return error.into_response(),
+        };
+        let decision = self.policy.current().authorize(&user, &info);
         if !decision.allowed {
             tracing::info!(%method, %path, user = %user.username, "403: not allowed");
-            return forbidden(&action, &user);
+            // kube-apiserver's wording, which is battery-apiserver's too.
+            return ApiError::forbidden(&user.username, &info, "").into_response();
         }
         // What the client said about itself must never reach anyone.
         strip_identity(request.headers_mut());
@@ -324,25 +330,6 @@ impl Front {
             code.as_u16()
         ))
     }
-}
-
-/// The 403 Status of kube-apiserver.
-fn forbidden(action: &Action, user: &User) -> Response<Body> {
-    let details = match &action.target {
-        Target::Resource(r) => Some(StatusDetails {
-            group: Some(r.group.clone()),
-            kind: Some(r.resource.clone()),
-            name: Some(r.name.clone()).filter(|n| !n.is_empty()),
-            ..StatusDetails::default()
-        }),
-        Target::NonResource { .. } => None,
-    };
-    status::failure_with(
-        StatusCode::FORBIDDEN,
-        "Forbidden",
-        action.forbidden_message(&user.username),
-        details,
-    )
 }
 
 /// The user of a verified client certificate: CN the name, O the groups, and the

@@ -1,6 +1,7 @@
 //! Who is who and who may do what: the policy file (bearer tokens, RBAC-like rules,
-//! namespaces), the request attributes kube-apiserver derives from a request
-//! (`RequestInfo`), and the decision both the front side and SubjectAccessReview use.
+//! namespaces), and the decision both the front side and SubjectAccessReview use, on a
+//! request's attributes as battery-apiserver's `RequestInfo` (a port of kube-apiserver's)
+//! reads them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -8,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use anyhow::{Context as _, Result};
+use battery_api_machinery::request_info::RequestInfo;
 use serde::{Deserialize, Serialize};
 
 use super::pki::{APISERVER_USER, KUBECTL_USER};
@@ -103,232 +105,11 @@ pub struct NamespaceEntry {
     pub phase: Option<String>,
 }
 
-/// What a request asks to do, as kube-apiserver's `RequestInfo` and the authorizer's
-/// attributes describe it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Action {
-    pub verb: String,
-    pub target: Target,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
-    NonResource { path: String },
-    Resource(ResourceAttributes),
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ResourceAttributes {
-    pub namespace: String,
-    pub group: String,
-    pub version: String,
-    pub resource: String,
-    pub subresource: String,
-    pub name: String,
-}
-
 /// An authorization decision; `reason` says which rule allowed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     pub allowed: bool,
     pub reason: String,
-}
-
-impl Action {
-    /// The attributes of an HTTP request, following `NewRequestInfo`
-    /// (`k8s.io/apiserver/pkg/endpoints/request/requestinfo.go`).
-    pub fn from_request(method: &str, path: &str, query: Option<&str>) -> Self {
-        let non_resource = || Action {
-            verb: method.to_ascii_lowercase(),
-            target: Target::NonResource {
-                path: path.to_owned(),
-            },
-        };
-        let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-        if parts.len() < 3 || !matches!(parts[0], "api" | "apis") {
-            return non_resource();
-        }
-        let mut rest = &parts[1..];
-        let mut attributes = ResourceAttributes::default();
-        if parts[0] == "apis" {
-            if rest.len() < 3 {
-                return non_resource();
-            }
-            attributes.group = rest[0].to_owned();
-            rest = &rest[1..];
-        }
-        attributes.version = rest[0].to_owned();
-        rest = &rest[1..];
-        let query = Query::parse(query);
-        // `/watch/…` is the old way to say watch=true; it has no subresources.
-        let (mut verb, special) = if rest[0] == "watch" && rest.len() > 1 {
-            rest = &rest[1..];
-            ("watch", true)
-        } else {
-            let verb = match method {
-                "POST" => "create",
-                "GET" | "HEAD" => "get",
-                "PUT" => "update",
-                "PATCH" => "patch",
-                "DELETE" => "delete",
-                _ => "",
-            };
-            (verb, false)
-        };
-        if rest[0] == "namespaces" && rest.len() > 1 {
-            attributes.namespace = rest[1].to_owned();
-            // `namespaces/{ns}/status` and `/finalize` are subresources of the Namespace.
-            if rest.len() > 2 && !matches!(rest[2], "status" | "finalize") {
-                rest = &rest[2..];
-            }
-        }
-        attributes.resource = rest[0].to_owned();
-        if let Some(name) = rest.get(1) {
-            attributes.name = (*name).to_owned();
-        }
-        if let Some(subresource) = rest.get(2).filter(|_| !special) {
-            attributes.subresource = (*subresource).to_owned();
-        }
-        if attributes.name.is_empty() && verb == "get" {
-            verb = if query.watch() { "watch" } else { "list" };
-            if let Some(name) = query.field_selector_name() {
-                attributes.name = name;
-            }
-        }
-        if attributes.name.is_empty() && verb == "delete" {
-            verb = "deletecollection";
-        }
-        Action {
-            verb: verb.to_owned(),
-            target: Target::Resource(attributes),
-        }
-    }
-
-    /// kube-apiserver's 403 message for this action (`NewForbidden` around
-    /// `forbiddenMessage`), without a reason, as RBAC's denials have none.
-    pub fn forbidden_message(&self, user: &str) -> String {
-        match &self.target {
-            Target::NonResource { path } => format!(
-                "forbidden: User \"{user}\" cannot {} path \"{path}\"",
-                self.verb
-            ),
-            Target::Resource(r) => {
-                let mut resource = r.resource.clone();
-                if !r.subresource.is_empty() {
-                    resource = format!("{resource}/{}", r.subresource);
-                }
-                let scope = if r.namespace.is_empty() {
-                    "at the cluster scope".to_owned()
-                } else {
-                    format!("in the namespace \"{}\"", r.namespace)
-                };
-                let why = format!(
-                    "User \"{user}\" cannot {} resource \"{resource}\" in API group \"{}\" {scope}",
-                    self.verb, r.group
-                );
-                let qualified = if r.group.is_empty() {
-                    r.resource.clone()
-                } else {
-                    format!("{}.{}", r.resource, r.group)
-                };
-                if r.name.is_empty() {
-                    format!("{qualified} is forbidden: {why}")
-                } else {
-                    format!("{qualified} \"{}\" is forbidden: {why}", r.name)
-                }
-            }
-        }
-    }
-}
-
-/// The query parameters the attributes depend on.
-pub struct Query(Vec<(String, String)>);
-
-impl Query {
-    pub fn parse(query: Option<&str>) -> Self {
-        Self(
-            query
-                .map(|q| {
-                    url_pairs(q)
-                        .map(|(k, v)| (k.into_owned(), v.into_owned()))
-                        .collect()
-                })
-                .unwrap_or_default(),
-        )
-    }
-
-    pub fn get(&self, key: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// `watch=true` or `watch=1`, as the parameter codec reads a bool.
-    pub fn watch(&self) -> bool {
-        matches!(self.get("watch"), Some("true" | "1"))
-    }
-
-    /// The name a `fieldSelector` requires exactly (`metadata.name=X` or `==X`).
-    pub fn field_selector_name(&self) -> Option<String> {
-        self.field_selector()
-            .into_iter()
-            .find(|(field, _)| field == "metadata.name")
-            .map(|(_, value)| value)
-    }
-
-    /// The `field=value` terms of `fieldSelector` (`!=` terms are not understood and dropped).
-    pub fn field_selector(&self) -> Vec<(String, String)> {
-        let Some(selector) = self.get("fieldSelector") else {
-            return Vec::new();
-        };
-        selector
-            .split(',')
-            .filter(|term| !term.contains("!="))
-            .filter_map(|term| {
-                let (field, value) = term.split_once('=')?;
-                let value = value.strip_prefix('=').unwrap_or(value);
-                Some((field.trim().to_owned(), value.trim().to_owned()))
-            })
-            .collect()
-    }
-}
-
-/// `application/x-www-form-urlencoded` pairs; `+` is a space.
-fn url_pairs(
-    query: &str,
-) -> impl Iterator<Item = (std::borrow::Cow<'_, str>, std::borrow::Cow<'_, str>)> {
-    query.split('&').filter(|p| !p.is_empty()).map(|pair| {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        (percent_decode(k), percent_decode(v))
-    })
-}
-
-pub(crate) fn percent_decode(text: &str) -> std::borrow::Cow<'_, str> {
-    if !text.contains(['%', '+']) {
-        return text.into();
-    }
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
-                match hex.and_then(|hex| u8::from_str_radix(hex, 16).ok()) {
-                    Some(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned().into()
 }
 
 impl Policy {
@@ -433,9 +214,11 @@ impl Policy {
             .map(|n| n.phase.as_deref().unwrap_or("Active"))
     }
 
-    /// May `user` do `action`? `system:masters` may do everything; otherwise the first
-    /// rule that matches allows, and nothing matching denies.
-    pub fn authorize(&self, user: &User, action: &Action) -> Decision {
+    /// May `user` do what `request` asks (its attributes as kube-apiserver's
+    /// `RequestInfo` gives them, battery-apiserver's own reading)? `system:masters` may do
+    /// everything; otherwise the first rule that matches allows, and nothing matching
+    /// denies.
+    pub fn authorize(&self, user: &User, request: &RequestInfo) -> Decision {
         if user.groups.iter().any(|g| g == MASTERS) {
             return Decision {
                 allowed: true,
@@ -445,7 +228,7 @@ impl Policy {
         match self
             .rules
             .iter()
-            .position(|rule| rule.applies_to(user) && rule.allows(action))
+            .position(|rule| rule.applies_to(user) && rule.allows(request))
         {
             Some(index) => Decision {
                 allowed: true,
@@ -469,38 +252,36 @@ impl Rule {
     }
 
     /// RBAC's `RuleAllows` (`plugin/pkg/auth/authorizer/rbac/rbac.go`).
-    fn allows(&self, action: &Action) -> bool {
-        if !listed(&self.verbs, &action.verb) {
+    fn allows(&self, r: &RequestInfo) -> bool {
+        if !listed(&self.verbs, &r.verb) {
             return false;
         }
-        match &action.target {
-            Target::NonResource { path } => self.non_resource_urls.iter().any(|rule| {
+        if !r.is_resource_request {
+            return self.non_resource_urls.iter().any(|rule| {
                 rule == "*"
-                    || rule == path
+                    || *rule == r.path
                     || rule
                         .strip_suffix('*')
-                        .is_some_and(|prefix| path.starts_with(prefix))
-            }),
-            Target::Resource(r) => {
-                let combined = if r.subresource.is_empty() {
-                    r.resource.clone()
-                } else {
-                    format!("{}/{}", r.resource, r.subresource)
-                };
-                listed(&self.api_groups, &r.group)
-                    && self.resources.iter().any(|rule| {
-                        rule == "*"
-                            || *rule == combined
-                            || (!r.subresource.is_empty()
-                                && rule.strip_prefix("*/") == Some(r.subresource.as_str()))
-                    })
-                    && (self.resource_names.is_empty() || listed(&self.resource_names, &r.name))
-                    && self
-                        .namespaces
-                        .as_ref()
-                        .is_none_or(|namespaces| listed(namespaces, &r.namespace))
-            }
+                        .is_some_and(|prefix| r.path.starts_with(prefix))
+            });
         }
+        let combined = if r.subresource.is_empty() {
+            r.resource.clone()
+        } else {
+            format!("{}/{}", r.resource, r.subresource)
+        };
+        listed(&self.api_groups, &r.api_group)
+            && self.resources.iter().any(|rule| {
+                rule == "*"
+                    || *rule == combined
+                    || (!r.subresource.is_empty()
+                        && rule.strip_prefix("*/") == Some(r.subresource.as_str()))
+            })
+            && (self.resource_names.is_empty() || listed(&self.resource_names, &r.name))
+            && self
+                .namespaces
+                .as_ref()
+                .is_none_or(|namespaces| listed(namespaces, &r.namespace))
     }
 }
 
@@ -562,75 +343,4 @@ type Stamp = (SystemTime, u64);
 fn stamp(path: &Path) -> Option<Stamp> {
     let metadata = std::fs::metadata(path).ok()?;
     Some((metadata.modified().ok()?, metadata.len()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn action(method: &str, path: &str, query: Option<&str>) -> (String, ResourceAttributes) {
-        let action = Action::from_request(method, path, query);
-        match action.target {
-            Target::Resource(r) => (action.verb, r),
-            Target::NonResource { path } => (
-                action.verb,
-                ResourceAttributes {
-                    name: path,
-                    ..Default::default()
-                },
-            ),
-        }
-    }
-
-    #[test]
-    fn request_info_follows_kube_apiserver() {
-        let claims = "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/default/microvmclaims";
-        let (verb, r) = action("GET", claims, None);
-        assert_eq!(
-            (verb.as_str(), r.resource.as_str(), r.namespace.as_str()),
-            ("list", "microvmclaims", "default")
-        );
-        let (verb, r) = action(
-            "GET",
-            claims,
-            Some("watch=1&fieldSelector=metadata.name%3Dc"),
-        );
-        assert_eq!((verb.as_str(), r.name.as_str()), ("watch", "c"));
-        let (verb, r) = action("POST", &format!("{claims}/c/exec"), None);
-        assert_eq!(
-            (verb.as_str(), r.name.as_str(), r.subresource.as_str()),
-            ("create", "c", "exec")
-        );
-        let (verb, _) = action("DELETE", claims, None);
-        assert_eq!(verb, "deletecollection");
-        let (verb, r) = action("GET", "/api/v1/namespaces/default", None);
-        assert_eq!(
-            (
-                verb.as_str(),
-                r.resource.as_str(),
-                r.name.as_str(),
-                r.namespace.as_str()
-            ),
-            ("get", "namespaces", "default", "default")
-        );
-        for path in [
-            "/apis",
-            "/apis/battery.liquidmetal-x.dev/v1alpha1",
-            "/api/v1",
-            "/openapi/v2",
-        ] {
-            assert_eq!(
-                Action::from_request("GET", path, None).target,
-                Target::NonResource {
-                    path: path.to_owned()
-                }
-            );
-        }
-    }
-
-    #[test]
-    fn percent_decoding() {
-        assert_eq!(percent_decode("a%3Db+c"), "a=b c");
-        assert_eq!(percent_decode("100%"), "100%");
-    }
 }
