@@ -36,7 +36,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             "no cluster: every authenticated request is allowed, anonymous ones refused; give --kubeconfig (or run in a pod) to authorize with SubjectAccessReview"
         );
     }
-    let mut trust = TrustSources {
+    let (trust, keeper) = TrustSources {
         client_ca_file: args.client_ca_file.clone(),
         request_header: args.requestheader_client_ca_file.clone().map(|ca_file| {
             RequestHeaderFlags {
@@ -56,11 +56,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .load()
     .await?;
     let authentication = Arc::new(Authentication::new(
-        trust.initial(),
+        trust,
         cluster_client.clone().map(TokenReviewer::new),
     ));
     // The trust follows its sources for as long as the process serves.
-    tokio::spawn(trust.run(authentication.clone()));
+    tokio::spawn(keeper.run(authentication.clone()));
     let tls = TlsFiles {
         cert: args.tls_cert_file,
         key: args.tls_private_key_file,

@@ -136,9 +136,10 @@ impl TrustSources {
         })
     }
 
-    /// Reads every source once; errors when a file or the ConfigMap cannot be read (a
-    /// missing ConfigMap is not an error: the cluster publishes none).
-    pub async fn load(self) -> Result<TrustKeeper, TrustError> {
+    /// Reads every source once: the trust to start with, and what keeps it current.
+    /// Errors when a file or the ConfigMap cannot be read (a missing ConfigMap is not an
+    /// error: the cluster publishes none).
+    pub async fn load(self) -> Result<(Trust, TrustKeeper), TrustError> {
         let config_map = match self.config_map_api() {
             Some(api) => match api.get_opt(CONFIG_MAP_NAME).await {
                 Ok(found) => {
@@ -159,23 +160,23 @@ impl TrustSources {
         };
         let config = self.resolve(config_map.as_ref())?;
         let trust = Trust::new(&config)?;
-        Ok(TrustKeeper {
+        let keeper = TrustKeeper {
             sources: self,
             config,
-            trust: Some(trust),
             config_map: ConfigMapView {
                 current: config_map,
                 relisted: None,
             },
-        })
+        };
+        Ok((trust, keeper))
     }
 }
 
-/// The trust loaded at start, and what keeps it current.
+/// What keeps the trust loaded at start current.
 pub struct TrustKeeper {
     sources: TrustSources,
+    /// What the trust in use was built from.
     config: TrustConfig,
-    trust: Option<Trust>,
     config_map: ConfigMapView,
 }
 
@@ -219,11 +220,6 @@ impl ConfigMapView {
 }
 
 impl TrustKeeper {
-    /// The trust loaded at start, for [`Authentication::new`].
-    pub fn initial(&mut self) -> Trust {
-        self.trust.take().unwrap_or_default()
-    }
-
     /// Swaps `authentication`'s trust whenever a source changes; runs until dropped.
     pub async fn run(mut self, authentication: Arc<Authentication>) {
         let mut config_maps = pin!(self.config_map_events());
