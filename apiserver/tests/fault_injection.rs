@@ -54,11 +54,17 @@ impl World {
 
     /// Starts the server, armed to crash at `crash_at` if given.
     async fn start(&self, crash_at: Option<&str>) -> Server {
+        self.start_on(&format!("http://{}", self.battery.address()), crash_at)
+            .await
+    }
+
+    /// As [`World::start`], on the battery at `battery` (a proxy in front of ours).
+    async fn start_on(&self, battery: &str, crash_at: Option<&str>) -> Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_battery-apiserver"));
         command
             .args(["serve", "--listen", "127.0.0.1:0", "--bind-wait", "300ms"])
             .arg("--battery-address")
-            .arg(format!("http://{}", self.battery.address()))
+            .arg(battery)
             .arg("--tls-cert-file")
             .arg(&self.pki.serving_cert)
             .arg("--tls-private-key-file")
@@ -230,6 +236,69 @@ async fn a_crash_at_each_bind_step_is_settled_on_restart() {
             Some("Bound"),
             "{point}"
         );
+    }
+}
+
+/// issue 9: a restart's replay of a bind whose answer is lost again (battery leased, the
+/// API server heard no definitive answer) must keep the intent, so that a later replay
+/// finishes the bind instead of forgetting the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue_9_a_replay_without_a_definitive_answer_keeps_the_intent() {
+    use tonic::Code;
+    let non_definitive = [
+        Code::Unavailable,
+        Code::DeadlineExceeded,
+        Code::Cancelled,
+        Code::Unknown,
+        Code::Internal,
+    ];
+    for code in non_definitive {
+        let world = World::new().await;
+        let proxy = common::faults::FaultyBattery::start(world.battery.address()).await;
+        let server = world.start_on(&proxy.url(), None).await;
+        pools(&server)
+            .create(&PostParams::default(), &pool("p", 2))
+            .await
+            .unwrap();
+        wait_available(&server, "p", 2).await;
+        drop(server);
+
+        // The intent is recorded, then the process dies before ClaimVM.
+        let mut crashing = world
+            .start_on(&proxy.url(), Some("bind:intent-recorded"))
+            .await;
+        let result = claims(&crashing)
+            .create(&PostParams::default(), &claim("c", "p"))
+            .await;
+        assert!(result.is_err(), "{code:?}: the create never answered");
+        wait_exit(&mut crashing).await;
+
+        // The restart replays ClaimVM; battery leases, and the answer is lost as `code`.
+        proxy.lose_claim_answers_as(code);
+        let server = world.start_on(&proxy.url(), None).await;
+        eventually(|| async { proxy.lost_claim_answers() >= 1 }).await;
+        assert!(
+            claims(&server).get_opt("c").await.unwrap().is_none(),
+            "{code:?}: nothing is Bound without an answer"
+        );
+        drop(server);
+
+        // A later replay, answered, settles it: the claim is Bound with battery's lease.
+        proxy.heal();
+        let server = world.start_on(&proxy.url(), None).await;
+        eventually(|| async { claims(&server).get_opt("c").await.is_ok_and(|c| c.is_some()) })
+            .await;
+        assert_consistent(&world, &server).await;
+        let got = claims(&server).get("c").await.unwrap();
+        assert_eq!(
+            got.status
+                .and_then(|s| s.phase)
+                .map(|p| p.as_str().to_owned())
+                .as_deref(),
+            Some("Bound"),
+            "{code:?}"
+        );
+        eprintln!("{code:?}: the intent outlived the lost answer and the bind finished");
     }
 }
 

@@ -12,6 +12,7 @@ use pb::pool_admin_client::PoolAdminClient;
 use tonic::transport::{Channel, Endpoint};
 
 use super::convert;
+use super::errors::{BatteryError, Rpc};
 use battery_types::{HostSpec, HostStatus, NetworkInterfaceStatus, PoolSpec, PoolStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 
@@ -136,6 +137,16 @@ fn call<T>(message: T) -> tonic::Request<T> {
     request
 }
 
+/// The one place a call's answer is read: battery's status becomes a [`BatteryError`].
+async fn answer<T>(
+    rpc: Rpc,
+    call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, BatteryError> {
+    call.await
+        .map(tonic::Response::into_inner)
+        .map_err(|status| BatteryError::from_status(rpc, status))
+}
+
 impl BatteryClient {
     /// A client of the battery at `address` (`http://host:port`). It connects on first
     /// use and reconnects after failures, so the server starts while battery is down.
@@ -165,32 +176,21 @@ impl BatteryClient {
         )
     }
 
-    pub async fn pool(&self, namespace: &str, name: &str) -> Result<BatteryPool, tonic::Status> {
+    pub async fn pool(&self, namespace: &str, name: &str) -> Result<BatteryPool, BatteryError> {
         let request = pb::GetPoolRequest {
             r#ref: Some(pool_ref(namespace, name)),
         };
-        let pool = self
-            .pools
-            .clone()
-            .get_pool(call(request))
-            .await?
-            .into_inner();
+        let pool = answer(Rpc::GetPool, self.pools.clone().get_pool(call(request))).await?;
         Ok(BatteryPool::from_pb(pool))
     }
 
     /// Pools in `namespace`, or in all namespaces.
-    pub async fn pools(&self, namespace: Option<&str>) -> Result<Vec<BatteryPool>, tonic::Status> {
+    pub async fn pools(&self, namespace: Option<&str>) -> Result<Vec<BatteryPool>, BatteryError> {
         let request = pb::ListPoolsRequest {
             namespace: namespace.map(str::to_owned),
         };
-        let pools = self
-            .pools
-            .clone()
-            .list_pools(call(request))
-            .await?
-            .into_inner()
-            .pools;
-        Ok(pools.into_iter().map(BatteryPool::from_pb).collect())
+        let listed = answer(Rpc::ListPools, self.pools.clone().list_pools(call(request))).await?;
+        Ok(listed.pools.into_iter().map(BatteryPool::from_pb).collect())
     }
 
     /// Creates the pool `namespace/name` placed on `hosts`.
@@ -200,16 +200,11 @@ impl BatteryClient {
         name: &str,
         spec: &PoolSpec,
         hosts: Vec<String>,
-    ) -> Result<BatteryPool, tonic::Status> {
+    ) -> Result<BatteryPool, BatteryError> {
         let request = pb::CreatePoolRequest {
             spec: Some(convert::pool_spec_to_battery(namespace, name, spec, hosts)),
         };
-        let pool = self
-            .pools
-            .clone()
-            .create_pool(call(request))
-            .await?
-            .into_inner();
+        let pool = answer(Rpc::CreatePool, self.pools.clone().create_pool(call(request))).await?;
         Ok(BatteryPool::from_pb(pool))
     }
 
@@ -220,27 +215,22 @@ impl BatteryClient {
         name: &str,
         spec: &PoolSpec,
         hosts: Vec<String>,
-    ) -> Result<BatteryPool, tonic::Status> {
+    ) -> Result<BatteryPool, BatteryError> {
         let request = pb::UpdatePoolRequest {
             spec: Some(convert::pool_spec_to_battery(namespace, name, spec, hosts)),
         };
-        let pool = self
-            .pools
-            .clone()
-            .update_pool(call(request))
-            .await?
-            .into_inner();
+        let pool = answer(Rpc::UpdatePool, self.pools.clone().update_pool(call(request))).await?;
         Ok(BatteryPool::from_pb(pool))
     }
 
-    /// Deletes the pool; battery refuses with FAILED_PRECONDITION while a MicroVM of it is
-    /// leased (we never force: that would end a Holder's lease under it).
-    pub async fn delete_pool(&self, namespace: &str, name: &str) -> Result<(), tonic::Status> {
+    /// Deletes the pool; battery refuses ([`super::Failure::PoolHasLeases`]) while a
+    /// MicroVM of it is leased (we never force: that would end a Holder's lease under it).
+    pub async fn delete_pool(&self, namespace: &str, name: &str) -> Result<(), BatteryError> {
         let request = pb::DeletePoolRequest {
             r#ref: Some(pool_ref(namespace, name)),
             force: false,
         };
-        self.pools.clone().delete_pool(call(request)).await?;
+        answer(Rpc::DeletePool, self.pools.clone().delete_pool(call(request))).await?;
         Ok(())
     }
 
@@ -252,13 +242,13 @@ impl BatteryClient {
         namespace: &str,
         pool: &str,
         request_id: &str,
-    ) -> Result<Lease, tonic::Status> {
+    ) -> Result<Lease, BatteryError> {
         let mut request = tonic::Request::new(pb::ClaimVmRequest {
             pool: Some(pool_ref(namespace, pool)),
             request_id: request_id.to_owned(),
         });
         request.set_timeout(CLAIM_TIMEOUT);
-        let claimed = self.leases.clone().claim_vm(request).await?.into_inner();
+        let claimed = answer(Rpc::ClaimVm, self.leases.clone().claim_vm(request)).await?;
         let listed = self
             .leases_of(Some((namespace, pool)))
             .await?
@@ -276,50 +266,40 @@ impl BatteryClient {
     }
 
     /// Renews a lease; answers the new expiry.
-    pub async fn heartbeat(&self, lease: &LeaseId) -> Result<MicroTime, tonic::Status> {
+    pub async fn heartbeat(&self, lease: &LeaseId) -> Result<MicroTime, BatteryError> {
         let request = pb::HeartbeatRequest {
             lease_id: lease.expose().to_owned(),
         };
-        let response = self
-            .leases
-            .clone()
-            .heartbeat(call(request))
-            .await?
-            .into_inner();
-        response
+        let renewed = answer(Rpc::Heartbeat, self.leases.clone().heartbeat(call(request))).await?;
+        renewed
             .expires_at
             .as_ref()
             .and_then(convert::micro_time)
             .ok_or_else(|| {
-                tonic::Status::internal("battery answered a heartbeat without a valid expires_at")
+                BatteryError::malformed(Rpc::Heartbeat, "an answer without a valid expires_at")
             })
     }
 
-    pub async fn release_vm(&self, lease: &LeaseId) -> Result<(), tonic::Status> {
+    pub async fn release_vm(&self, lease: &LeaseId) -> Result<(), BatteryError> {
         let request = pb::ReleaseVmRequest {
             lease_id: lease.expose().to_owned(),
         };
-        self.leases.clone().release_vm(call(request)).await?;
+        answer(Rpc::ReleaseVm, self.leases.clone().release_vm(call(request))).await?;
         Ok(())
     }
 
     /// Every live lease, of all pools.
-    pub async fn leases(&self) -> Result<Vec<LeaseInfo>, tonic::Status> {
+    pub async fn leases(&self) -> Result<Vec<LeaseInfo>, BatteryError> {
         self.leases_of(None).await
     }
 
-    async fn leases_of(&self, pool: Option<(&str, &str)>) -> Result<Vec<LeaseInfo>, tonic::Status> {
+    async fn leases_of(&self, pool: Option<(&str, &str)>) -> Result<Vec<LeaseInfo>, BatteryError> {
         let request = pb::ListLeasesRequest {
             pool_ref: pool.map(|(ns, name)| pool_ref(ns, name)),
         };
-        let leases = self
+        let listed = answer(Rpc::ListLeases, self.leases.clone().list_leases(call(request))).await?;
+        Ok(listed
             .leases
-            .clone()
-            .list_leases(call(request))
-            .await?
-            .into_inner()
-            .leases;
-        Ok(leases
             .into_iter()
             .map(|l| LeaseInfo {
                 request_id: l.request_id,
@@ -331,36 +311,26 @@ impl BatteryClient {
     }
 
     /// battery's event stream: its whole history, then live events.
-    pub(super) async fn subscribe(&self) -> Result<tonic::Streaming<pb::Event>, tonic::Status> {
+    pub(super) async fn subscribe(&self) -> Result<tonic::Streaming<pb::Event>, BatteryError> {
         // No timeout: the stream lives as long as the server.
         let request = tonic::Request::new(pb::SubscribeRequest { pool: None });
-        Ok(self.events.clone().subscribe(request).await?.into_inner())
+        answer(Rpc::Subscribe, self.events.clone().subscribe(request)).await
     }
 
     /// Every host battery knows, in name order.
-    pub async fn hosts(&self) -> Result<Vec<BatteryHost>, tonic::Status> {
-        let hosts = self
-            .hosts
-            .clone()
-            .list_hosts(call(pb::ListHostsRequest {}))
-            .await?
-            .into_inner()
-            .hosts;
-        Ok(hosts.into_iter().filter_map(BatteryHost::from_pb).collect())
+    pub async fn hosts(&self) -> Result<Vec<BatteryHost>, BatteryError> {
+        let request = call(pb::ListHostsRequest {});
+        let listed = answer(Rpc::ListHosts, self.hosts.clone().list_hosts(request)).await?;
+        Ok(listed.hosts.into_iter().filter_map(BatteryHost::from_pb).collect())
     }
 
-    pub async fn host(&self, name: &str) -> Result<BatteryHost, tonic::Status> {
+    pub async fn host(&self, name: &str) -> Result<BatteryHost, BatteryError> {
         let request = pb::GetHostRequest {
             name: name.to_owned(),
         };
-        let status = self
-            .hosts
-            .clone()
-            .get_host(call(request))
-            .await?
-            .into_inner();
+        let status = answer(Rpc::GetHost, self.hosts.clone().get_host(call(request))).await?;
         BatteryHost::from_pb(status)
-            .ok_or_else(|| tonic::Status::internal("battery answered GetHost without a host"))
+            .ok_or_else(|| BatteryError::malformed(Rpc::GetHost, "an answer without a host"))
     }
 
     /// Registers a host; battery dials it and checks its flintlockd version first.
@@ -368,47 +338,47 @@ impl BatteryClient {
         &self,
         name: &str,
         spec: &HostSpec,
-    ) -> Result<BatteryHost, tonic::Status> {
+    ) -> Result<BatteryHost, BatteryError> {
         let request = pb::AddHostRequest {
             host: Some(convert::host_to_battery(name, spec)),
             skip_validation: false,
         };
-        self.hosts.clone().add_host(call(request)).await?;
+        answer(Rpc::AddHost, self.hosts.clone().add_host(call(request))).await?;
         self.host(name).await
     }
 
     /// Replaces a host's address and TLS files.
-    pub async fn update_host(&self, name: &str, spec: &HostSpec) -> Result<(), tonic::Status> {
+    pub async fn update_host(&self, name: &str, spec: &HostSpec) -> Result<(), BatteryError> {
         let request = pb::UpdateHostRequest {
             host: Some(convert::host_to_battery(name, spec)),
             skip_validation: false,
         };
-        self.hosts.clone().update_host(call(request)).await?;
+        answer(Rpc::UpdateHost, self.hosts.clone().update_host(call(request))).await?;
         Ok(())
     }
 
-    pub async fn remove_host(&self, name: &str) -> Result<(), tonic::Status> {
+    pub async fn remove_host(&self, name: &str) -> Result<(), BatteryError> {
         let request = pb::RemoveHostRequest {
             name: name.to_owned(),
         };
-        self.hosts.clone().remove_host(call(request)).await?;
+        answer(Rpc::RemoveHost, self.hosts.clone().remove_host(call(request))).await?;
         Ok(())
     }
 
-    pub async fn cordon_host(&self, name: &str, reason: &str) -> Result<(), tonic::Status> {
+    pub async fn cordon_host(&self, name: &str, reason: &str) -> Result<(), BatteryError> {
         let request = pb::CordonHostRequest {
             name: name.to_owned(),
             reason: reason.to_owned(),
         };
-        self.hosts.clone().cordon_host(call(request)).await?;
+        answer(Rpc::CordonHost, self.hosts.clone().cordon_host(call(request))).await?;
         Ok(())
     }
 
-    pub async fn uncordon_host(&self, name: &str) -> Result<(), tonic::Status> {
+    pub async fn uncordon_host(&self, name: &str) -> Result<(), BatteryError> {
         let request = pb::UncordonHostRequest {
             name: name.to_owned(),
         };
-        self.hosts.clone().uncordon_host(call(request)).await?;
+        answer(Rpc::UncordonHost, self.hosts.clone().uncordon_host(call(request))).await?;
         Ok(())
     }
 }

@@ -5,6 +5,7 @@ use battery_proto::poolmgr::v1alpha1 as pb;
 use futures::{Stream, StreamExt};
 
 use super::BatteryClient;
+use super::errors::{BatteryError, Rpc};
 
 /// What happened, for the events we act on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,11 +61,13 @@ impl BatteryClient {
     /// battery's events from the start of its history, then live ones.
     pub async fn events(
         &self,
-    ) -> Result<impl Stream<Item = Result<BatteryEvent, tonic::Status>> + Send + use<>, tonic::Status>
+    ) -> Result<impl Stream<Item = Result<BatteryEvent, BatteryError>> + Send + use<>, BatteryError>
     {
         let stream = self.subscribe().await?;
         Ok(stream.map(|event| {
-            event.map(|e| BatteryEvent {
+            event
+                .map_err(|status| BatteryError::from_status(Rpc::Subscribe, status))
+                .map(|e| BatteryEvent {
                 // Ids start at 1; a negative one would be a battery bug, read as 0 and so
                 // skipped as already seen.
                 id: u64::try_from(e.id).unwrap_or_default(),

@@ -1,6 +1,8 @@
-//! Everything that speaks to battery: the gRPC client, the mapping of battery's status
-//! codes to Kubernetes `Status` errors, and the conversion of specs both ways. Only this
-//! module imports `battery-proto`.
+//! The battery boundary: the only module that knows gRPC. Its client hands the rest of
+//! the server typed answers ([`BatteryPool`], [`Lease`], [`BatteryHost`], [`BatteryEvent`])
+//! and one typed error ([`BatteryError`], whose [`Failure`] says what battery decided);
+//! `objects` turns battery's answers into Kubernetes objects. Only this module imports
+//! `battery-proto` or `tonic`.
 
 mod client;
 mod convert;
@@ -10,5 +12,5 @@ mod events;
 pub use client::{
     BatteryClient, BatteryHost, BatteryPool, CLAIM_TIMEOUT, Lease, LeaseId, LeaseInfo,
 };
-pub use errors::{RETRY_AFTER_SECONDS, to_api_error};
+pub use errors::{BatteryError, Failure, RETRY_AFTER_SECONDS, Rpc};
 pub use events::{BatteryEvent, EventKind};

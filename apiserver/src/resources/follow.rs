@@ -13,15 +13,24 @@ use tokio::sync::broadcast;
 
 use super::microvmclaims::ClaimStorage;
 use super::pools::PoolStorage;
-use crate::battery::{BatteryClient, BatteryEvent, EventKind};
+use crate::battery::{BatteryClient, BatteryError, BatteryEvent, EventKind};
 use crate::cluster::Cluster;
-use crate::meta_store::MetaStore;
+use crate::meta_store::{MetaStore, StoreError};
 
 /// Events applied per batch: during a replay, a pool named by many events is re-read
 /// once per batch instead of once per event.
 const BATCH: usize = 256;
 /// Pause before resubscribing after the stream failed.
 const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(1);
+
+/// Why following stopped: the stream broke, or the last event id could not be kept.
+#[derive(Debug, thiserror::Error)]
+enum FollowError {
+    #[error(transparent)]
+    Battery(#[from] BatteryError),
+    #[error("keeping the last battery event applied")]
+    Store(#[from] StoreError),
+}
 
 pub struct Follower {
     pub battery: BatteryClient,
@@ -44,8 +53,8 @@ impl Follower {
                         tracing::warn!(error = %err, "battery's event stream ended; resubscribing");
                     }
                 }
-                Err(status) => {
-                    tracing::warn!(code = ?status.code(), message = status.message(), "subscribing to battery's events");
+                Err(err) => {
+                    tracing::warn!(error = %err, "subscribing to battery's events");
                 }
             }
             tokio::time::sleep(RESUBSCRIBE_AFTER).await;
@@ -54,13 +63,10 @@ impl Follower {
 
     async fn follow(
         &self,
-        stream: impl futures::Stream<Item = Result<BatteryEvent, tonic::Status>>,
-    ) -> Result<(), tonic::Status> {
+        stream: impl futures::Stream<Item = Result<BatteryEvent, BatteryError>>,
+    ) -> Result<(), FollowError> {
         futures::pin_mut!(stream);
-        let mut last = self
-            .store
-            .last_battery_event_id()
-            .map_err(|e| tonic::Status::internal(e.to_string()))?;
+        let mut last = self.store.last_battery_event_id()?;
         while let Some(first) = stream.next().await {
             let mut batch = vec![first?];
             while batch.len() < BATCH {
@@ -75,8 +81,7 @@ impl Follower {
             };
             self.apply(&fresh).await;
             self.store
-                .transact(|tx| tx.set_last_battery_event_id(newest))
-                .map_err(|e| tonic::Status::internal(e.to_string()))?;
+                .transact(|tx| tx.set_last_battery_event_id(newest))?;
             last = newest;
         }
         Ok(())

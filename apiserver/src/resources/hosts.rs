@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 
 use super::{KeyLocks, check_resource_version, commit};
 use crate::api::{Deleted, RequestContext, Storage};
-use crate::battery::{BatteryClient, BatteryHost, to_api_error};
+use crate::battery::{BatteryClient, BatteryHost, Failure};
 use crate::meta_store::{Key, MetaStore};
 use crate::watch::ChangeType;
 
@@ -82,7 +82,7 @@ impl HostDirectory {
             .battery
             .hosts()
             .await
-            .map_err(|s| to_api_error(s, info(), ""))?;
+            .map_err(|e| e.into_api_error(info(), ""))?;
         let mut names = Vec::new();
         for host in hosts {
             let labels = self
@@ -144,7 +144,7 @@ impl HostStorage {
             .battery()
             .host(name)
             .await
-            .map_err(|s| to_api_error(s, info(), name))?;
+            .map_err(|e| e.into_api_error(info(), name))?;
         let record = self.store().get::<HostRecord>(&key(name))?;
         Ok(self.assemble(record, host))
     }
@@ -172,7 +172,7 @@ impl HostStorage {
             .battery()
             .hosts()
             .await
-            .map_err(|s| to_api_error(s, info(), ""))?;
+            .map_err(|e| e.into_api_error(info(), ""))?;
         for host in hosts {
             let key = key(&host.name);
             let _guard = self.locks.lock(&key).await;
@@ -194,7 +194,7 @@ impl HostStorage {
         } else {
             self.battery().uncordon_host(name).await
         };
-        result.map_err(|s| to_api_error(s, info(), name))
+        result.map_err(|e| e.into_api_error(info(), name))
     }
 }
 
@@ -263,7 +263,7 @@ impl Storage for HostStorage {
             .battery()
             .hosts()
             .await
-            .map_err(|s| to_api_error(s, info(), ""))?;
+            .map_err(|e| e.into_api_error(info(), ""))?;
         let items = hosts
             .into_iter()
             .map(|h| {
@@ -281,7 +281,7 @@ impl Storage for HostStorage {
             .battery()
             .add_host(&name, &host.spec)
             .await
-            .map_err(|s| to_api_error(s, info(), &name))?;
+            .map_err(|e| e.into_api_error(info(), &name))?;
         if host.spec.unschedulable {
             self.set_cordon(&name, true).await?;
         }
@@ -306,7 +306,7 @@ impl Storage for HostStorage {
             self.battery()
                 .update_host(&name, &new.spec)
                 .await
-                .map_err(|s| to_api_error(s, info(), &name))?;
+                .map_err(|e| e.into_api_error(info(), &name))?;
         }
         if current.spec.unschedulable != new.spec.unschedulable {
             self.set_cordon(&name, new.spec.unschedulable).await?;
@@ -315,7 +315,7 @@ impl Storage for HostStorage {
             .battery()
             .host(&name)
             .await
-            .map_err(|s| to_api_error(s, info(), &name))?;
+            .map_err(|e| e.into_api_error(info(), &name))?;
         let mut status = refreshed.status;
         status.conditions = current.status.map(|s| s.conditions).unwrap_or_default();
         new.status = Some(status);
@@ -332,8 +332,8 @@ impl Storage for HostStorage {
         let _guard = self.locks.lock(&key(&name)).await;
         match self.battery().remove_host(&name).await {
             Ok(()) => {}
-            Err(status) if status.code() == tonic::Code::NotFound => {}
-            Err(status) if status.code() == tonic::Code::FailedPrecondition => {
+            Err(err) if err.failure() == Failure::NotFound => {}
+            Err(err) if err.failure() == Failure::HostInUse => {
                 let count = host.status.as_ref().map_or(0, |s| s.vm_count);
                 return Err(ApiError::conflict(
                     info(),
@@ -343,7 +343,7 @@ impl Storage for HostStorage {
                     ),
                 ));
             }
-            Err(status) => return Err(to_api_error(status, info(), &name)),
+            Err(err) => return Err(err.into_api_error(info(), &name)),
         }
         self.commit(&mut host, ChangeType::Deleted)?;
         Ok(Deleted::Gone(host))

@@ -16,7 +16,7 @@ use serde_json::Value;
 use super::hosts::HostDirectory;
 use super::{KeyLocks, check_resource_version, commit};
 use crate::api::{Deleted, RequestContext, Storage, server_now};
-use crate::battery::{BatteryClient, BatteryPool, to_api_error};
+use crate::battery::{BatteryClient, BatteryPool, Failure};
 use crate::meta_store::{Key, MetaStore};
 use crate::watch::ChangeType;
 
@@ -218,7 +218,7 @@ impl PoolStorage {
             .battery
             .pool(namespace, name)
             .await
-            .map_err(|s| to_api_error(s, info(), name))?;
+            .map_err(|e| e.into_api_error(info(), name))?;
         let record = self.store.get::<PoolRecord>(&key(namespace, name))?;
         Ok(self.assemble(record, pool))
     }
@@ -266,7 +266,7 @@ impl PoolStorage {
         let record = self.store.get::<PoolRecord>(&key)?;
         let pool = match self.battery.pool(namespace, name).await {
             Ok(pool) => pool,
-            Err(status) if status.code() == tonic::Code::NotFound => {
+            Err(err) if err.failure() == Failure::NotFound => {
                 if let Some(record) = record {
                     let mut object = Pool::new(name, PoolSpec::default());
                     object.metadata = record.metadata;
@@ -274,7 +274,7 @@ impl PoolStorage {
                 }
                 return Ok(());
             }
-            Err(status) => return Err(to_api_error(status, info(), name)),
+            Err(err) => return Err(err.into_api_error(info(), name)),
         };
         let blocked = record.as_ref().is_some_and(|r| {
             r.metadata.deletion_timestamp.is_some()
@@ -301,7 +301,7 @@ impl PoolStorage {
             .battery
             .pools(None)
             .await
-            .map_err(|s| to_api_error(s, info(), ""))?;
+            .map_err(|e| e.into_api_error(info(), ""))?;
         for pool in pools {
             if self
                 .store
@@ -368,7 +368,7 @@ impl Storage for PoolStorage {
             .battery
             .pools(namespace)
             .await
-            .map_err(|s| to_api_error(s, info(), ""))?;
+            .map_err(|e| e.into_api_error(info(), ""))?;
         let mut by_key: std::collections::HashMap<(String, String), PoolRecord> = records
             .into_iter()
             .map(|r| {
@@ -404,7 +404,7 @@ impl Storage for PoolStorage {
             .battery
             .create_pool(&namespace, &name, &pool.spec, hosts.clone())
             .await
-            .map_err(|s| to_api_error(s, info(), &name))?;
+            .map_err(|e| e.into_api_error(info(), &name))?;
         let mut status = created.counts;
         status.conditions = conditions_for(&[], None, &pool.metadata, &pool.spec, &hosts, &status);
         pool.status = Some(status);
@@ -427,7 +427,7 @@ impl Storage for PoolStorage {
             .battery
             .pool(&namespace, &name)
             .await
-            .map_err(|s| to_api_error(s, info(), &name))?;
+            .map_err(|e| e.into_api_error(info(), &name))?;
         let record = self
             .store
             .get::<PoolRecord>(&key)?
@@ -441,7 +441,7 @@ impl Storage for PoolStorage {
             self.battery
                 .update_pool(&namespace, &name, &new.spec, hosts.clone())
                 .await
-                .map_err(|s| to_api_error(s, info(), &name))?
+                .map_err(|e| e.into_api_error(info(), &name))?
         } else {
             battery_now
         };
@@ -469,8 +469,8 @@ impl Storage for PoolStorage {
         let _guard = self.locks.lock(&key(&namespace, &name)).await;
         match self.battery.delete_pool(&namespace, &name).await {
             Ok(()) => {}
-            Err(status) if status.code() == tonic::Code::NotFound => {}
-            Err(status) if status.code() == tonic::Code::FailedPrecondition => {
+            Err(err) if err.failure() == Failure::NotFound => {}
+            Err(err) if err.failure() == Failure::PoolHasLeases => {
                 // MicroVMs are still leased: battery refuses until they go. Stop it
                 // provisioning, mark the Pool, and finish when the last one is released
                 // or expires (`observe`).
@@ -481,7 +481,7 @@ impl Storage for PoolStorage {
                     .battery
                     .update_pool(&namespace, &name, &drained, hosts.clone())
                     .await
-                    .map_err(|s| to_api_error(s, info(), &name))?
+                    .map_err(|e| e.into_api_error(info(), &name))?
                     .counts;
                 pool.spec.size = Some(0);
                 if pool.metadata.deletion_timestamp.is_none() {
@@ -496,7 +496,12 @@ impl Storage for PoolStorage {
                 self.commit(&mut pool, ChangeType::Modified, None)?;
                 return Ok(Deleted::Pending(pool));
             }
-            Err(status) => return Err(to_api_error(status, info(), &name)),
+            // battery may have deleted it without our hearing: ask before answering.
+            Err(err) if !err.is_definitive() => match self.battery.pool(&namespace, &name).await {
+                Err(gone) if gone.failure() == Failure::NotFound => {}
+                _ => return Err(err.into_api_error(info(), &name)),
+            },
+            Err(err) => return Err(err.into_api_error(info(), &name)),
         }
         crate::failpoint::crash_point("pool-delete:deleted");
         self.commit(&mut pool, ChangeType::Deleted, None)?;
@@ -512,7 +517,7 @@ impl PoolStorage {
             .battery
             .pools(None)
             .await
-            .map_err(|s| to_api_error(s, info(), ""))?;
+            .map_err(|e| e.into_api_error(info(), ""))?;
         for pool in pools {
             let key = key(&pool.namespace, &pool.name);
             let _guard = self.locks.lock(&key).await;
@@ -532,21 +537,16 @@ impl PoolStorage {
                 .await
             {
                 Ok(_) => None,
-                Err(status)
-                    if matches!(
-                        status.code(),
-                        tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition
-                    ) =>
-                {
-                    Some(status.message().to_owned())
-                }
-                Err(status) => return Err(to_api_error(status, info(), &pool.name)),
+                Err(err) => match err.refusal() {
+                    Some(message) => Some(message.to_owned()),
+                    None => return Err(err.into_api_error(info(), &pool.name)),
+                },
             };
             let current = self
                 .battery
                 .pool(&pool.namespace, &pool.name)
                 .await
-                .map_err(|s| to_api_error(s, info(), &pool.name))?;
+                .map_err(|e| e.into_api_error(info(), &pool.name))?;
             let mut record =
                 record.unwrap_or_else(|| PoolRecord::adopted(&pool.namespace, &pool.name));
             record.rejected = rejected.clone();

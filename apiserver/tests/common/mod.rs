@@ -4,6 +4,8 @@
 // Each test crate that includes this module uses a different part of it.
 #![allow(dead_code)]
 
+pub mod faults;
+
 use std::time::Duration;
 
 use axum::Router;

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 
 use super::{ClaimRecord, ClaimStorage, expire, info, key};
 use crate::api::{RequestContext, Subresource};
-use crate::battery::to_api_error;
+use crate::battery::Failure;
 use crate::watch::ChangeType;
 
 /// Now, with the microseconds a `MicroTime` carries.
@@ -123,7 +123,7 @@ impl Subresource for ClaimLeases {
         }
         let expires_at = match self.0.battery.heartbeat(&lease).await {
             Ok(expires_at) => expires_at,
-            Err(status) if status.code() == tonic::Code::NotFound => {
+            Err(err) if err.failure() == Failure::NotFound => {
                 // battery already expired it: say so on the claim too.
                 let expired = expire(record);
                 let secrets = expired.lease_record();
@@ -137,7 +137,7 @@ impl Subresource for ClaimLeases {
                     ),
                 ));
             }
-            Err(status) => return Err(to_api_error(status, info(), name)),
+            Err(err) => return Err(err.into_api_error(info(), name)),
         };
         let mut renewed = record;
         renewed.status.renew_time = Some(micro_now());

@@ -24,7 +24,7 @@ use tokio::sync::broadcast;
 use super::pools::PoolStorage;
 use super::{KeyLocks, check_resource_version, commit};
 use crate::api::{Deleted, RequestContext, Storage, server_now};
-use crate::battery::{BatteryClient, BatteryEvent, EventKind, LeaseId, to_api_error};
+use crate::battery::{BatteryClient, BatteryEvent, EventKind, Failure, LeaseId};
 use crate::meta_store::{Key, MetaStore};
 use crate::watch::ChangeType;
 
@@ -209,7 +209,7 @@ impl ClaimStorage {
             .battery
             .leases()
             .await
-            .map_err(|s| to_api_error(s, info(), ""))?;
+            .map_err(|e| e.into_api_error(info(), ""))?;
         Ok(leases.into_iter().map(|l| l.request_id).collect())
     }
 
@@ -238,41 +238,34 @@ impl ClaimStorage {
             // Subscribe before asking, so a VM_AVAILABLE between the answer and the wait
             // is not missed.
             let mut events = self.events.subscribe();
-            match self.battery.claim_vm(namespace, pool, request_id).await {
+            let err = match self.battery.claim_vm(namespace, pool, request_id).await {
                 Ok(lease) => return Ok(lease),
-                Err(status) => match status.code() {
-                    tonic::Code::Aborted if aborted < ABORTED_RETRIES => {
-                        aborted += 1;
-                        tokio::time::sleep(Duration::from_millis(50 << aborted)).await;
-                    }
-                    tonic::Code::ResourceExhausted => {
-                        let available =
-                            wait_for_available(&mut events, namespace, pool, deadline).await;
-                        if !available {
-                            return Err(BindFailure::from(ApiError::too_many_requests(
-                                format!(
-                                    "pool {namespace}/{pool} has no MicroVM available; retry later"
-                                ),
-                                crate::battery::RETRY_AFTER_SECONDS,
-                            )));
-                        }
-                    }
-                    tonic::Code::NotFound => {
-                        return Err(ApiError::not_found(&battery_types::Pool::INFO, pool).into());
-                    }
-                    code => {
-                        return Err(BindFailure {
-                            ambiguous: matches!(
-                                code,
-                                tonic::Code::Unavailable
-                                    | tonic::Code::DeadlineExceeded
-                                    | tonic::Code::Cancelled
-                                    | tonic::Code::Unknown
+                Err(err) => err,
+            };
+            match err.failure() {
+                Failure::Aborted if aborted < ABORTED_RETRIES => {
+                    aborted += 1;
+                    tokio::time::sleep(Duration::from_millis(50 << aborted)).await;
+                }
+                Failure::Exhausted => {
+                    if !wait_for_available(&mut events, namespace, pool, deadline).await {
+                        return Err(BindFailure::from(ApiError::too_many_requests(
+                            format!(
+                                "pool {namespace}/{pool} has no MicroVM available; retry later"
                             ),
-                            error: to_api_error(status, info(), name),
-                        });
+                            crate::battery::RETRY_AFTER_SECONDS,
+                        )));
                     }
-                },
+                }
+                Failure::NotFound => {
+                    return Err(ApiError::not_found(&battery_types::Pool::INFO, pool).into());
+                }
+                _ => {
+                    return Err(BindFailure {
+                        ambiguous: !err.is_definitive(),
+                        error: err.into_api_error(info(), name),
+                    });
+                }
             }
         }
     }
@@ -302,17 +295,14 @@ impl ClaimStorage {
             .await
         {
             Ok(lease) => lease,
-            Err(status)
-                if matches!(
-                    status.code(),
-                    tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
-                ) =>
-            {
-                // battery cannot tell yet: keep the intent for the next attempt.
-                return Err(to_api_error(status, info(), &name));
+            Err(err) if !err.is_definitive() => {
+                // battery may hold a lease for this request id: keep the intent, so the
+                // next attempt replays it.
+                return Err(err.into_api_error(info(), &name));
             }
             Err(_) => {
-                // No pool or no MicroVM: nothing was leased for this intent.
+                // battery looked the request id up and leased nothing for it (no pool, no
+                // MicroVM, a lease already being released, a failed hook).
                 self.store.transact(|tx| tx.delete_intent(uid))?;
                 return Ok(());
             }
@@ -662,21 +652,21 @@ impl Storage for ClaimStorage {
     }
 }
 
-/// `ReleaseVM`, retrying while the Host cannot delete the MicroVM yet; NOT_FOUND means
+/// `ReleaseVM`, retrying while battery has not released for certain; NotFound means
 /// battery already let it go (expiry, a forced pool deletion, an earlier release).
 async fn release(battery: &BatteryClient, lease: &LeaseId, name: &str) -> Result<(), ApiError> {
     let mut attempt = 0;
     loop {
         match battery.release_vm(lease).await {
             Ok(()) => return Ok(()),
-            Err(status) if status.code() == tonic::Code::NotFound => return Ok(()),
-            Err(status)
-                if status.code() == tonic::Code::Unavailable && attempt < RELEASE_RETRIES =>
-            {
+            Err(err) if err.failure() == Failure::NotFound => return Ok(()),
+            // Not released for certain (the Host cannot delete the MicroVM yet, or no
+            // answer): the claim keeps its lease and asks again.
+            Err(err) if !err.is_definitive() && attempt < RELEASE_RETRIES => {
                 attempt += 1;
                 tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
             }
-            Err(status) => return Err(to_api_error(status, info(), name)),
+            Err(err) => return Err(err.into_api_error(info(), name)),
         }
     }
 }

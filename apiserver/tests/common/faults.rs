@@ -1,0 +1,147 @@
+//! A proxy in front of a battery that loses answers on purpose: ClaimVM is forwarded, so
+//! battery really leases, and then answered with a chosen gRPC code, as when an answer is
+//! lost to a timeout, a cut connection or a failure part way. Every other call passes
+//! through untouched, streams included.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use http::{Request, Response, Uri};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::{Bytes, Incoming};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+const CLAIM_VM: &str = "/poolmgr.v1alpha1.Lease/ClaimVM";
+
+#[derive(Default)]
+struct Faults {
+    lose_claims_as: Mutex<Option<tonic::Code>>,
+    lost: AtomicUsize,
+}
+
+pub struct FaultyBattery {
+    address: SocketAddr,
+    faults: Arc<Faults>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for FaultyBattery {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FaultyBattery {
+    pub async fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let faults = Arc::new(Faults::default());
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client: Client<HttpConnector, Incoming> = Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .build(connector);
+        let shared = faults.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let _ = stream.set_nodelay(true);
+                let (client, faults) = (client.clone(), shared.clone());
+                let service = hyper::service::service_fn(move |request| {
+                    forward(client.clone(), upstream, faults.clone(), request)
+                });
+                tokio::spawn(
+                    hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service),
+                );
+            }
+        });
+        Self {
+            address,
+            faults,
+            task,
+        }
+    }
+
+    /// `http://` and the proxy's address, for `--battery-address`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
+    /// From now on every ClaimVM reaches battery, and its answer is replaced by `code`.
+    pub fn lose_claim_answers_as(&self, code: tonic::Code) {
+        *self
+            .faults
+            .lose_claims_as
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(code);
+    }
+
+    /// Answers pass through again.
+    pub fn heal(&self) {
+        *self
+            .faults
+            .lose_claims_as
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// How many ClaimVM answers were lost so far.
+    pub fn lost_claim_answers(&self) -> usize {
+        self.faults.lost.load(Ordering::SeqCst)
+    }
+}
+
+async fn forward(
+    client: Client<HttpConnector, Incoming>,
+    upstream: SocketAddr,
+    faults: Arc<Faults>,
+    mut request: Request<Incoming>,
+) -> Result<Response<BoxBody<Bytes, hyper::Error>>, Infallible> {
+    let lose_as = (request.uri().path() == CLAIM_VM)
+        .then(|| {
+            *faults
+                .lose_claims_as
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+        })
+        .flatten();
+    let path = request.uri().path_and_query().cloned();
+    let mut uri = Uri::builder().scheme("http").authority(upstream.to_string());
+    if let Some(path) = path {
+        uri = uri.path_and_query(path);
+    }
+    *request.uri_mut() = uri.build().unwrap();
+    let response = match client.request(request).await {
+        Ok(response) => response,
+        Err(_) => return Ok(grpc_error(tonic::Code::Unavailable)),
+    };
+    match lose_as {
+        None => Ok(response.map(BodyExt::boxed)),
+        Some(code) => {
+            // Let battery finish its answer (the lease is committed), then lose it.
+            let _ = response.into_body().collect().await;
+            faults.lost.fetch_add(1, Ordering::SeqCst);
+            Ok(grpc_error(code))
+        }
+    }
+}
+
+/// A trailers-only gRPC answer: just the status, as a server that fails a call sends it.
+fn grpc_error(code: tonic::Code) -> Response<BoxBody<Bytes, hyper::Error>> {
+    Response::builder()
+        .header("content-type", "application/grpc")
+        .header("grpc-status", i32::from(code).to_string())
+        .header("grpc-message", "injected%20by%20the%20test%20proxy")
+        .body(Empty::new().map_err(|never| match never {}).boxed())
+        .unwrap()
+}
