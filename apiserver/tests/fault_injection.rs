@@ -286,8 +286,13 @@ async fn issue_9_a_replay_without_a_definitive_answer_keeps_the_intent() {
         // A later replay, answered, settles it: the claim is Bound with battery's lease.
         proxy.heal();
         let server = world.start_on(&proxy.url(), None).await;
-        eventually(|| async { claims(&server).get_opt("c").await.is_ok_and(|c| c.is_some()) })
-            .await;
+        eventually(|| async {
+            claims(&server)
+                .get_opt("c")
+                .await
+                .is_ok_and(|c| c.is_some())
+        })
+        .await;
         assert_consistent(&world, &server).await;
         let got = claims(&server).get("c").await.unwrap();
         assert_eq!(

@@ -204,7 +204,11 @@ impl BatteryClient {
         let request = pb::CreatePoolRequest {
             spec: Some(convert::pool_spec_to_battery(namespace, name, spec, hosts)),
         };
-        let pool = answer(Rpc::CreatePool, self.pools.clone().create_pool(call(request))).await?;
+        let pool = answer(
+            Rpc::CreatePool,
+            self.pools.clone().create_pool(call(request)),
+        )
+        .await?;
         Ok(BatteryPool::from_pb(pool))
     }
 
@@ -219,7 +223,11 @@ impl BatteryClient {
         let request = pb::UpdatePoolRequest {
             spec: Some(convert::pool_spec_to_battery(namespace, name, spec, hosts)),
         };
-        let pool = answer(Rpc::UpdatePool, self.pools.clone().update_pool(call(request))).await?;
+        let pool = answer(
+            Rpc::UpdatePool,
+            self.pools.clone().update_pool(call(request)),
+        )
+        .await?;
         Ok(BatteryPool::from_pb(pool))
     }
 
@@ -230,7 +238,11 @@ impl BatteryClient {
             r#ref: Some(pool_ref(namespace, name)),
             force: false,
         };
-        answer(Rpc::DeletePool, self.pools.clone().delete_pool(call(request))).await?;
+        answer(
+            Rpc::DeletePool,
+            self.pools.clone().delete_pool(call(request)),
+        )
+        .await?;
         Ok(())
     }
 
@@ -284,7 +296,11 @@ impl BatteryClient {
         let request = pb::ReleaseVmRequest {
             lease_id: lease.expose().to_owned(),
         };
-        answer(Rpc::ReleaseVm, self.leases.clone().release_vm(call(request))).await?;
+        answer(
+            Rpc::ReleaseVm,
+            self.leases.clone().release_vm(call(request)),
+        )
+        .await?;
         Ok(())
     }
 
@@ -297,7 +313,11 @@ impl BatteryClient {
         let request = pb::ListLeasesRequest {
             pool_ref: pool.map(|(ns, name)| pool_ref(ns, name)),
         };
-        let listed = answer(Rpc::ListLeases, self.leases.clone().list_leases(call(request))).await?;
+        let listed = answer(
+            Rpc::ListLeases,
+            self.leases.clone().list_leases(call(request)),
+        )
+        .await?;
         Ok(listed
             .leases
             .into_iter()
@@ -321,7 +341,11 @@ impl BatteryClient {
     pub async fn hosts(&self) -> Result<Vec<BatteryHost>, BatteryError> {
         let request = call(pb::ListHostsRequest {});
         let listed = answer(Rpc::ListHosts, self.hosts.clone().list_hosts(request)).await?;
-        Ok(listed.hosts.into_iter().filter_map(BatteryHost::from_pb).collect())
+        Ok(listed
+            .hosts
+            .into_iter()
+            .filter_map(BatteryHost::from_pb)
+            .collect())
     }
 
     pub async fn host(&self, name: &str) -> Result<BatteryHost, BatteryError> {
@@ -334,11 +358,7 @@ impl BatteryClient {
     }
 
     /// Registers a host; battery dials it and checks its flintlockd version first.
-    pub async fn add_host(
-        &self,
-        name: &str,
-        spec: &HostSpec,
-    ) -> Result<BatteryHost, BatteryError> {
+    pub async fn add_host(&self, name: &str, spec: &HostSpec) -> Result<BatteryHost, BatteryError> {
         let request = pb::AddHostRequest {
             host: Some(convert::host_to_battery(name, spec)),
             skip_validation: false,
@@ -353,7 +373,11 @@ impl BatteryClient {
             host: Some(convert::host_to_battery(name, spec)),
             skip_validation: false,
         };
-        answer(Rpc::UpdateHost, self.hosts.clone().update_host(call(request))).await?;
+        answer(
+            Rpc::UpdateHost,
+            self.hosts.clone().update_host(call(request)),
+        )
+        .await?;
         Ok(())
     }
 
@@ -361,7 +385,11 @@ impl BatteryClient {
         let request = pb::RemoveHostRequest {
             name: name.to_owned(),
         };
-        answer(Rpc::RemoveHost, self.hosts.clone().remove_host(call(request))).await?;
+        answer(
+            Rpc::RemoveHost,
+            self.hosts.clone().remove_host(call(request)),
+        )
+        .await?;
         Ok(())
     }
 
@@ -370,7 +398,11 @@ impl BatteryClient {
             name: name.to_owned(),
             reason: reason.to_owned(),
         };
-        answer(Rpc::CordonHost, self.hosts.clone().cordon_host(call(request))).await?;
+        answer(
+            Rpc::CordonHost,
+            self.hosts.clone().cordon_host(call(request)),
+        )
+        .await?;
         Ok(())
     }
 
@@ -378,7 +410,11 @@ impl BatteryClient {
         let request = pb::UncordonHostRequest {
             name: name.to_owned(),
         };
-        answer(Rpc::UncordonHost, self.hosts.clone().uncordon_host(call(request))).await?;
+        answer(
+            Rpc::UncordonHost,
+            self.hosts.clone().uncordon_host(call(request)),
+        )
+        .await?;
         Ok(())
     }
 }

@@ -332,7 +332,11 @@ mod tests {
             assert!(error(Rpc::ClaimVm, code, "no").is_definitive(), "{code:?}");
         }
         // A failed hook is battery's decision; any other INTERNAL is not.
-        let hook = error(Rpc::ClaimVm, Code::Internal, "pre-lease hook: exit status 1");
+        let hook = error(
+            Rpc::ClaimVm,
+            Code::Internal,
+            "pre-lease hook: exit status 1",
+        );
         assert_eq!(hook.failure(), Failure::HookFailed);
         assert!(hook.is_definitive());
         assert!(!error(Rpc::ClaimVm, Code::Internal, "database is locked").is_definitive());
@@ -358,7 +362,8 @@ mod tests {
     #[test]
     fn not_found_names_our_object_and_retryable_failures_say_when() {
         let info = &Pool::INFO;
-        let error_for = |code, message| error(Rpc::GetPool, code, message).into_api_error(info, "p");
+        let error_for =
+            |code, message| error(Rpc::GetPool, code, message).into_api_error(info, "p");
         assert_eq!(
             error_for(Code::NotFound, "pool default/p not found").message(),
             "pools.battery.liquidmetal-x.dev \"p\" not found"
@@ -372,14 +377,25 @@ mod tests {
     #[test]
     fn battery_words_reach_the_client_only_when_meant_for_it() {
         let info = &Pool::INFO;
-        let internal = error(Rpc::ClaimVm, Code::Internal, "sqlite: disk I/O error at /var/lib")
-            .into_api_error(info, "p");
-        assert!(!internal.message().contains("sqlite"), "{}", internal.message());
-        let unknown =
-            error(Rpc::GetPool, Code::Unknown, "secret detail").into_api_error(info, "p");
-        assert!(!unknown.message().contains("secret"), "{}", unknown.message());
-        let unavailable = error(Rpc::GetPool, Code::Unavailable, "dns error: 10.0.0.7")
-            .into_api_error(info, "p");
+        let internal = error(
+            Rpc::ClaimVm,
+            Code::Internal,
+            "sqlite: disk I/O error at /var/lib",
+        )
+        .into_api_error(info, "p");
+        assert!(
+            !internal.message().contains("sqlite"),
+            "{}",
+            internal.message()
+        );
+        let unknown = error(Rpc::GetPool, Code::Unknown, "secret detail").into_api_error(info, "p");
+        assert!(
+            !unknown.message().contains("secret"),
+            "{}",
+            unknown.message()
+        );
+        let unavailable =
+            error(Rpc::GetPool, Code::Unavailable, "dns error: 10.0.0.7").into_api_error(info, "p");
         assert!(!unavailable.message().contains("10.0.0.7"));
         let invalid = error(
             Rpc::CreatePool,
@@ -387,6 +403,10 @@ mod tests {
             "unknown hosts [h9]; add them with HostAdmin.AddHost first",
         )
         .into_api_error(info, "p");
-        assert!(invalid.message().contains("unknown hosts [h9]"), "{}", invalid.message());
+        assert!(
+            invalid.message().contains("unknown hosts [h9]"),
+            "{}",
+            invalid.message()
+        );
     }
 }

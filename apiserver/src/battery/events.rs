@@ -68,14 +68,14 @@ impl BatteryClient {
             event
                 .map_err(|status| BatteryError::from_status(Rpc::Subscribe, status))
                 .map(|e| BatteryEvent {
-                // Ids start at 1; a negative one would be a battery bug, read as 0 and so
-                // skipped as already seen.
-                id: u64::try_from(e.id).unwrap_or_default(),
-                namespace: e.pool_namespace,
-                pool: e.pool_name,
-                vm_uid: e.vm_uid,
-                kind: EventKind::from_pb(e.r#type),
-            })
+                    // Ids start at 1; a negative one would be a battery bug, read as 0 and so
+                    // skipped as already seen.
+                    id: u64::try_from(e.id).unwrap_or_default(),
+                    namespace: e.pool_namespace,
+                    pool: e.pool_name,
+                    vm_uid: e.vm_uid,
+                    kind: EventKind::from_pb(e.r#type),
+                })
         }))
     }
 }

@@ -116,7 +116,9 @@ async fn forward(
         })
         .flatten();
     let path = request.uri().path_and_query().cloned();
-    let mut uri = Uri::builder().scheme("http").authority(upstream.to_string());
+    let mut uri = Uri::builder()
+        .scheme("http")
+        .authority(upstream.to_string());
     if let Some(path) = path {
         uri = uri.path_and_query(path);
     }
