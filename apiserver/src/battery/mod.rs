@@ -8,6 +8,7 @@ mod client;
 mod convert;
 mod errors;
 mod events;
+pub mod objects;
 
 pub use client::{
     BatteryClient, BatteryHost, BatteryPool, CLAIM_TIMEOUT, Lease, LeaseId, LeaseInfo,

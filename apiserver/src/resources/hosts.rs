@@ -18,6 +18,7 @@ use tokio::sync::Notify;
 
 use super::{KeyLocks, check_resource_version, commit};
 use crate::api::{Deleted, RequestContext, Storage};
+use crate::battery::objects::{self, HostMeta};
 use crate::battery::{BatteryClient, BatteryHost, Failure};
 use crate::meta_store::{Key, MetaStore};
 use crate::watch::ChangeType;
@@ -129,14 +130,12 @@ impl HostStorage {
             metadata: adopted_metadata(&host.name),
             ..HostRecord::default()
         });
-        let mut spec = host.spec;
-        spec.agent_address = record.agent_address;
-        let mut status = host.status;
-        status.conditions = record.conditions;
-        let mut object = Host::new(&host.name, spec);
-        object.metadata = record.metadata;
-        object.status = Some(status);
-        object
+        let meta = HostMeta {
+            metadata: record.metadata,
+            agent_address: record.agent_address,
+            conditions: record.conditions,
+        };
+        objects::host(meta, host)
     }
 
     async fn read(&self, name: &str) -> Result<Host, ApiError> {

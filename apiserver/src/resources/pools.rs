@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use battery_api_machinery::status::ApiError;
 use battery_api_machinery::table::TableColumnDefinition;
-use battery_types::conditions::{self, ConditionStatus, PoolExhaustedReason, PoolReadyReason};
+use battery_types::conditions;
 use battery_types::validation::FieldError;
-use battery_types::{HasResourceInfo, Placement, Pool, PoolSpec, PoolStatus};
+use battery_types::{HasResourceInfo, Placement, Pool, PoolSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -16,6 +16,7 @@ use serde_json::Value;
 use super::hosts::HostDirectory;
 use super::{KeyLocks, check_resource_version, commit};
 use crate::api::{Deleted, RequestContext, Storage, server_now};
+use crate::battery::objects::{self, PoolMeta};
 use crate::battery::{BatteryClient, BatteryPool, Failure};
 use crate::meta_store::{Key, MetaStore};
 use crate::watch::ChangeType;
@@ -78,112 +79,6 @@ fn adopted_metadata(namespace: &str, name: &str) -> ObjectMeta {
     }
 }
 
-fn condition(
-    type_: &str,
-    status: ConditionStatus,
-    reason: &str,
-    message: String,
-    generation: Option<i64>,
-) -> Condition {
-    Condition {
-        type_: type_.to_owned(),
-        status: status.as_str().to_owned(),
-        reason: reason.to_owned(),
-        message,
-        observed_generation: generation,
-        last_transition_time: server_now(),
-    }
-}
-
-/// `Ready` and `Exhausted` from battery's counts (`reference/battery-operator.md` §1.1).
-fn conditions_for(
-    previous: &[Condition],
-    rejected: Option<&str>,
-    metadata: &ObjectMeta,
-    spec: &PoolSpec,
-    hosts: &[String],
-    counts: &PoolStatus,
-) -> Vec<Condition> {
-    let generation = metadata.generation;
-    let size = spec.size.unwrap_or_default();
-    let ready = if metadata.deletion_timestamp.is_some() {
-        condition(
-            conditions::READY,
-            ConditionStatus::False,
-            PoolReadyReason::DeletionBlocked.as_str(),
-            format!(
-                "waiting for {} leased MicroVM(s) to be released or to expire",
-                counts.leased
-            ),
-            generation,
-        )
-    } else if let Some(message) = rejected {
-        condition(
-            conditions::READY,
-            ConditionStatus::False,
-            PoolReadyReason::Rejected.as_str(),
-            format!("battery refused the Pool: {message}"),
-            generation,
-        )
-    } else if hosts.is_empty() {
-        condition(
-            conditions::READY,
-            ConditionStatus::False,
-            PoolReadyReason::NoEligibleHost.as_str(),
-            "placement.nodeSelector matches no Host".to_owned(),
-            generation,
-        )
-    } else if counts.available + counts.leased + counts.provisioning >= size {
-        condition(
-            conditions::READY,
-            ConditionStatus::True,
-            PoolReadyReason::AtSize.as_str(),
-            format!("{size} MicroVM(s) available, leased or provisioning"),
-            generation,
-        )
-    } else {
-        condition(
-            conditions::READY,
-            ConditionStatus::False,
-            PoolReadyReason::BelowSize.as_str(),
-            format!(
-                "{} of {size} MicroVM(s) available, leased or provisioning",
-                counts.available + counts.leased + counts.provisioning
-            ),
-            generation,
-        )
-    };
-    let exhausted = if size == 0 {
-        condition(
-            conditions::EXHAUSTED,
-            ConditionStatus::False,
-            PoolExhaustedReason::SizeZero.as_str(),
-            "the Pool has size 0".to_owned(),
-            generation,
-        )
-    } else if counts.available == 0 {
-        condition(
-            conditions::EXHAUSTED,
-            ConditionStatus::True,
-            PoolExhaustedReason::NoneAvailable.as_str(),
-            "no MicroVM is available to claim".to_owned(),
-            generation,
-        )
-    } else {
-        condition(
-            conditions::EXHAUSTED,
-            ConditionStatus::False,
-            PoolExhaustedReason::Available.as_str(),
-            format!("{} MicroVM(s) available", counts.available),
-            generation,
-        )
-    };
-    let mut out = previous.to_vec();
-    conditions::set_status_condition(&mut out, ready);
-    conditions::set_status_condition(&mut out, exhausted);
-    out
-}
-
 impl PoolStorage {
     pub fn new(battery: BatteryClient, store: Arc<MetaStore>, hosts: Arc<HostDirectory>) -> Self {
         Self {
@@ -196,21 +91,13 @@ impl PoolStorage {
 
     fn assemble(&self, record: Option<PoolRecord>, pool: BatteryPool) -> Pool {
         let record = record.unwrap_or_else(|| PoolRecord::adopted(&pool.namespace, &pool.name));
-        let mut spec = pool.spec;
-        spec.placement = record.placement;
-        let mut status = pool.counts;
-        status.conditions = conditions_for(
-            &record.conditions,
-            record.rejected.as_deref(),
-            &record.metadata,
-            &spec,
-            &pool.hosts,
-            &status,
-        );
-        let mut object = Pool::new(record.metadata.name.as_deref().unwrap_or(&pool.name), spec);
-        object.metadata = record.metadata;
-        object.status = Some(status);
-        object
+        let meta = PoolMeta {
+            metadata: record.metadata,
+            placement: record.placement,
+            previous: &record.conditions,
+            rejected: record.rejected.as_deref(),
+        };
+        objects::pool(meta, pool)
     }
 
     pub(crate) async fn read(&self, namespace: &str, name: &str) -> Result<Pool, ApiError> {
@@ -395,7 +282,7 @@ impl Storage for PoolStorage {
         Ok((items, rv))
     }
 
-    async fn create(&self, _ctx: &RequestContext, mut pool: Pool) -> Result<Pool, ApiError> {
+    async fn create(&self, _ctx: &RequestContext, pool: Pool) -> Result<Pool, ApiError> {
         let namespace = pool.metadata.namespace.clone().unwrap_or_default();
         let name = pool.metadata.name.clone().unwrap_or_default();
         let _guard = self.locks.lock(&key(&namespace, &name)).await;
@@ -405,19 +292,18 @@ impl Storage for PoolStorage {
             .create_pool(&namespace, &name, &pool.spec, hosts.clone())
             .await
             .map_err(|e| e.into_api_error(info(), &name))?;
-        let mut status = created.counts;
-        status.conditions = conditions_for(&[], None, &pool.metadata, &pool.spec, &hosts, &status);
-        pool.status = Some(status);
+        let meta = PoolMeta {
+            metadata: pool.metadata,
+            placement: pool.spec.placement,
+            previous: &[],
+            rejected: None,
+        };
+        let mut pool = objects::pool(meta, created);
         self.commit(&mut pool, ChangeType::Added, None)?;
         Ok(pool)
     }
 
-    async fn update(
-        &self,
-        _ctx: &RequestContext,
-        _old: Pool,
-        mut new: Pool,
-    ) -> Result<Pool, ApiError> {
+    async fn update(&self, _ctx: &RequestContext, _old: Pool, new: Pool) -> Result<Pool, ApiError> {
         let namespace = new.metadata.namespace.clone().unwrap_or_default();
         let name = new.metadata.name.clone().unwrap_or_default();
         let key = key(&namespace, &name);
@@ -445,18 +331,15 @@ impl Storage for PoolStorage {
         } else {
             battery_now
         };
-        let mut status = pool.counts;
-        status.conditions = conditions_for(
-            &record.conditions,
-            None,
-            &new.metadata,
-            &new.spec,
-            &hosts,
-            &status,
-        );
-        new.status = Some(status);
-        self.commit(&mut new, ChangeType::Modified, None)?;
-        Ok(new)
+        let meta = PoolMeta {
+            metadata: new.metadata,
+            placement: new.spec.placement,
+            previous: &record.conditions,
+            rejected: None,
+        };
+        let mut updated = objects::pool(meta, pool);
+        self.commit(&mut updated, ChangeType::Modified, None)?;
+        Ok(updated)
     }
 
     async fn delete(
@@ -477,22 +360,23 @@ impl Storage for PoolStorage {
                 let mut drained = pool.spec.clone();
                 drained.size = Some(0);
                 let hosts = self.resolve_hosts(&pool.spec).await?;
-                let counts = self
+                let draining = self
                     .battery
-                    .update_pool(&namespace, &name, &drained, hosts.clone())
+                    .update_pool(&namespace, &name, &drained, hosts)
                     .await
-                    .map_err(|e| e.into_api_error(info(), &name))?
-                    .counts;
-                pool.spec.size = Some(0);
+                    .map_err(|e| e.into_api_error(info(), &name))?;
                 if pool.metadata.deletion_timestamp.is_none() {
                     pool.metadata.deletion_timestamp = Some(server_now());
                     pool.metadata.deletion_grace_period_seconds = Some(0);
                 }
                 let previous = pool.status.take().map(|s| s.conditions).unwrap_or_default();
-                let mut status = counts;
-                status.conditions =
-                    conditions_for(&previous, None, &pool.metadata, &pool.spec, &hosts, &status);
-                pool.status = Some(status);
+                let meta = PoolMeta {
+                    metadata: pool.metadata,
+                    placement: pool.spec.placement,
+                    previous: &previous,
+                    rejected: None,
+                };
+                let mut pool = objects::pool(meta, draining);
                 self.commit(&mut pool, ChangeType::Modified, None)?;
                 return Ok(Deleted::Pending(pool));
             }

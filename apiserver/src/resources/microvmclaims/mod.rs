@@ -10,20 +10,17 @@ use std::time::Duration;
 
 use battery_api_machinery::status::ApiError;
 use battery_api_machinery::table::TableColumnDefinition;
-use battery_types::conditions::{self, ClaimBoundReason, ConditionStatus};
 use battery_types::validation::FieldError;
-use battery_types::{
-    ClaimHost, ClaimPhase, ClaimedMicroVM, HasResourceInfo, MicroVMClaim, MicroVMClaimSpec,
-    MicroVMClaimStatus,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, ObjectMeta};
+use battery_types::{HasResourceInfo, MicroVMClaim, MicroVMClaimSpec, MicroVMClaimStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::broadcast;
 
 use super::pools::PoolStorage;
 use super::{KeyLocks, check_resource_version, commit};
-use crate::api::{Deleted, RequestContext, Storage, server_now};
+use crate::api::{Deleted, RequestContext, Storage};
+use crate::battery::objects;
 use crate::battery::{BatteryClient, BatteryEvent, EventKind, Failure, LeaseId};
 use crate::meta_store::{Key, MetaStore};
 use crate::watch::ChangeType;
@@ -111,22 +108,6 @@ fn info() -> &'static battery_types::ResourceInfo {
 /// claim, well under battery's 255 bytes.
 fn request_id(uid: &str) -> String {
     format!("microvmclaim/{uid}")
-}
-
-fn bound_condition(
-    status: ConditionStatus,
-    reason: ClaimBoundReason,
-    message: &str,
-    generation: Option<i64>,
-) -> Condition {
-    Condition {
-        type_: conditions::BOUND.to_owned(),
-        status: status.as_str().to_owned(),
-        reason: reason.as_str().to_owned(),
-        message: message.to_owned(),
-        observed_generation: generation,
-        last_transition_time: server_now(),
-    }
 }
 
 /// Cheap to clone: a bind runs detached from its request (see `create`).
@@ -418,43 +399,15 @@ impl ClaimStorage {
 
 /// Fills a claim's status from battery's answer, returning the lease id to keep.
 fn bind_status(claim: &mut MicroVMClaim, lease: crate::battery::Lease) -> LeaseId {
-    let bound = lease.claimed_at.unwrap_or_else(server_now);
-    let mut status = MicroVMClaimStatus {
-        phase: Some(ClaimPhase::Bound),
-        micro_vm: Some(ClaimedMicroVM { uid: lease.vm_uid }),
-        host: Some(ClaimHost {
-            node_name: lease.host_name,
-            agent_address: None,
-        }),
-        renew_time: Some(MicroTime(bound.0)),
-        bound_time: Some(bound),
-        lease_expires_at: lease.expires_at,
-        network_interfaces: lease.network_interfaces,
-        conditions: Vec::new(),
-    };
-    status.conditions.push(bound_condition(
-        ConditionStatus::True,
-        ClaimBoundReason::Bound,
-        "battery leased a MicroVM to the claim",
-        claim.metadata.generation,
-    ));
+    let (status, id) = objects::bound_status(lease, None, claim.metadata.generation);
     claim.status = Some(status);
-    lease.id
+    id
 }
 
-/// The record of a claim whose lease is gone: phase Expired, `Bound=False`.
+/// The record of a claim whose lease is gone.
 fn expire(mut record: ClaimRecord) -> ClaimRecord {
     record.lease = None;
-    record.status.phase = Some(ClaimPhase::Expired);
-    conditions::set_status_condition(
-        &mut record.status.conditions,
-        bound_condition(
-            ConditionStatus::False,
-            ClaimBoundReason::LeaseExpired,
-            "the lease expired unrenewed and battery deleted the MicroVM",
-            record.metadata.generation,
-        ),
-    );
+    objects::expire(&mut record.status, record.metadata.generation);
     record
 }
 

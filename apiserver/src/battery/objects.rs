@@ -1,0 +1,230 @@
+//! battery's answers as Kubernetes objects: the one place a Pool's status and conditions,
+//! a claim's bound or expired status and a Host's status are made from what battery said,
+//! beside the metadata the API server keeps (as `registry/<kind>/strategy.go` owns one
+//! kind's conversion in k8s.io/apiserver). The storages keep records; they never compute
+//! status themselves.
+
+use battery_types::conditions::{
+    self, ClaimBoundReason, ConditionStatus, PoolExhaustedReason, PoolReadyReason,
+};
+use battery_types::{
+    ClaimHost, ClaimPhase, ClaimedMicroVM, Host, MicroVMClaimStatus, Placement, Pool, PoolSpec,
+    PoolStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, ObjectMeta};
+
+use super::{BatteryHost, BatteryPool, Lease, LeaseId};
+use crate::api::server_now;
+
+/// What the API server keeps of a Pool beside battery's view of it.
+pub struct PoolMeta<'a> {
+    pub metadata: ObjectMeta,
+    pub placement: Option<Placement>,
+    /// The conditions last recorded, so an unchanged one keeps its transition time.
+    pub previous: &'a [Condition],
+    /// battery's refusal of the Hosts the placement last resolved to, if it refused.
+    pub rejected: Option<&'a str>,
+}
+
+/// The Pool: battery's spec and counts, our metadata and placement, and the conditions
+/// both give.
+pub fn pool(meta: PoolMeta<'_>, battery: BatteryPool) -> Pool {
+    let mut spec = battery.spec;
+    spec.placement = meta.placement;
+    let mut status = battery.counts;
+    status.conditions = pool_conditions(
+        meta.previous,
+        meta.rejected,
+        &meta.metadata,
+        &spec,
+        &battery.hosts,
+        &status,
+    );
+    let name = meta.metadata.name.clone().unwrap_or(battery.name);
+    let mut object = Pool::new(&name, spec);
+    object.metadata = meta.metadata;
+    object.status = Some(status);
+    object
+}
+
+fn condition(
+    type_: &str,
+    status: ConditionStatus,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+) -> Condition {
+    Condition {
+        type_: type_.to_owned(),
+        status: status.as_str().to_owned(),
+        reason: reason.to_owned(),
+        message,
+        observed_generation: generation,
+        last_transition_time: server_now(),
+    }
+}
+
+/// `Ready` and `Exhausted` from battery's counts (`reference/battery-operator.md` §1.1).
+fn pool_conditions(
+    previous: &[Condition],
+    rejected: Option<&str>,
+    metadata: &ObjectMeta,
+    spec: &PoolSpec,
+    hosts: &[String],
+    counts: &PoolStatus,
+) -> Vec<Condition> {
+    let generation = metadata.generation;
+    let size = spec.size.unwrap_or_default();
+    let placed = counts.available + counts.leased + counts.provisioning;
+    let (status, reason, message) = if metadata.deletion_timestamp.is_some() {
+        (
+            ConditionStatus::False,
+            PoolReadyReason::DeletionBlocked,
+            format!(
+                "waiting for {} leased MicroVM(s) to be released or to expire",
+                counts.leased
+            ),
+        )
+    } else if let Some(message) = rejected {
+        (
+            ConditionStatus::False,
+            PoolReadyReason::Rejected,
+            format!("battery refused the Pool: {message}"),
+        )
+    } else if hosts.is_empty() {
+        (
+            ConditionStatus::False,
+            PoolReadyReason::NoEligibleHost,
+            "placement.nodeSelector matches no Host".to_owned(),
+        )
+    } else if placed >= size {
+        (
+            ConditionStatus::True,
+            PoolReadyReason::AtSize,
+            format!("{size} MicroVM(s) available, leased or provisioning"),
+        )
+    } else {
+        (
+            ConditionStatus::False,
+            PoolReadyReason::BelowSize,
+            format!("{placed} of {size} MicroVM(s) available, leased or provisioning"),
+        )
+    };
+    let ready = condition(
+        conditions::READY,
+        status,
+        reason.as_str(),
+        message,
+        generation,
+    );
+    let (status, reason, message) = if size == 0 {
+        (
+            ConditionStatus::False,
+            PoolExhaustedReason::SizeZero,
+            "the Pool has size 0".to_owned(),
+        )
+    } else if counts.available == 0 {
+        (
+            ConditionStatus::True,
+            PoolExhaustedReason::NoneAvailable,
+            "no MicroVM is available to claim".to_owned(),
+        )
+    } else {
+        (
+            ConditionStatus::False,
+            PoolExhaustedReason::Available,
+            format!("{} MicroVM(s) available", counts.available),
+        )
+    };
+    let exhausted = condition(
+        conditions::EXHAUSTED,
+        status,
+        reason.as_str(),
+        message,
+        generation,
+    );
+    let mut out = previous.to_vec();
+    conditions::set_status_condition(&mut out, ready);
+    conditions::set_status_condition(&mut out, exhausted);
+    out
+}
+
+fn bound_condition(
+    status: ConditionStatus,
+    reason: ClaimBoundReason,
+    message: &str,
+    generation: Option<i64>,
+) -> Condition {
+    Condition {
+        type_: conditions::BOUND.to_owned(),
+        status: status.as_str().to_owned(),
+        reason: reason.as_str().to_owned(),
+        message: message.to_owned(),
+        observed_generation: generation,
+        last_transition_time: server_now(),
+    }
+}
+
+/// A claim's status once battery leased it a MicroVM, and the lease id the claim keeps
+/// (never shown). `agent_address` is the Host's agent, which battery does not know.
+pub fn bound_status(
+    lease: Lease,
+    agent_address: Option<String>,
+    generation: Option<i64>,
+) -> (MicroVMClaimStatus, LeaseId) {
+    let bound = lease.claimed_at.unwrap_or_else(server_now);
+    let status = MicroVMClaimStatus {
+        phase: Some(ClaimPhase::Bound),
+        micro_vm: Some(ClaimedMicroVM { uid: lease.vm_uid }),
+        host: Some(ClaimHost {
+            node_name: lease.host_name,
+            agent_address,
+        }),
+        renew_time: Some(MicroTime(bound.0)),
+        bound_time: Some(bound),
+        lease_expires_at: lease.expires_at,
+        network_interfaces: lease.network_interfaces,
+        conditions: vec![bound_condition(
+            ConditionStatus::True,
+            ClaimBoundReason::Bound,
+            "battery leased a MicroVM to the claim",
+            generation,
+        )],
+    };
+    (status, lease.id)
+}
+
+/// A claim's status once battery no longer has its lease: phase Expired, `Bound=False`.
+pub fn expire(status: &mut MicroVMClaimStatus, generation: Option<i64>) {
+    status.phase = Some(ClaimPhase::Expired);
+    conditions::set_status_condition(
+        &mut status.conditions,
+        bound_condition(
+            ConditionStatus::False,
+            ClaimBoundReason::LeaseExpired,
+            "the lease expired unrenewed and battery deleted the MicroVM",
+            generation,
+        ),
+    );
+}
+
+/// What the API server keeps of a Host beside battery's view of it.
+pub struct HostMeta {
+    pub metadata: ObjectMeta,
+    pub agent_address: Option<String>,
+    /// The agent's readiness report.
+    pub conditions: Vec<Condition>,
+}
+
+/// The Host: battery's address, TLS, cordon, version and MicroVM count, our metadata,
+/// the agent's address and its report.
+pub fn host(meta: HostMeta, battery: BatteryHost) -> Host {
+    let mut spec = battery.spec;
+    spec.agent_address = meta.agent_address;
+    let mut status = battery.status;
+    status.conditions = meta.conditions;
+    let mut object = Host::new(&battery.name, spec);
+    object.metadata = meta.metadata;
+    object.status = Some(status);
+    object
+}
