@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use battery_api_machinery::status::{ApiError, Reason};
+use battery_api_machinery::status::ApiError;
 use k8s_openapi::api::core::v1::{Event, EventSource, Namespace, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
@@ -77,16 +77,8 @@ impl Cluster {
     pub async fn admit_create(&self, namespace: &str) -> Result<(), ApiError> {
         match self.phase(namespace).await? {
             Phase::Active => Ok(()),
-            Phase::Missing => Err(ApiError::new(
-                Reason::NotFound,
-                format!("namespaces \"{namespace}\" not found"),
-            )),
-            Phase::Terminating => Err(ApiError::new(
-                Reason::Forbidden,
-                format!(
-                    "unable to create new content in namespace {namespace} because it is being terminated"
-                ),
-            )),
+            Phase::Missing => Err(ApiError::namespace_not_found(namespace)),
+            Phase::Terminating => Err(ApiError::namespace_terminating(namespace)),
         }
     }
 

@@ -337,6 +337,75 @@ impl ApiError {
         )
     }
 
+    /// `NewForbidden` for a rule of the resource's own, beyond RBAC:
+    /// `microvmclaims.battery.liquidmetal-x.dev "c" is forbidden: <why>`.
+    pub fn forbidden_object(info: &ResourceInfo, name: &str, why: impl fmt::Display) -> Self {
+        let resource = group_resource(info.group, info.plural);
+        Self::with_details(
+            Reason::Forbidden,
+            format!("{resource} {} is forbidden: {why}", quote(name)),
+            resource_details(info.group, info.plural, name),
+        )
+    }
+
+    /// NamespaceLifecycle's refusal of a create in a namespace that does not exist:
+    /// `NewNotFound` on `namespaces`.
+    pub fn namespace_not_found(namespace: &str) -> Self {
+        Self::with_details(
+            Reason::NotFound,
+            format!("namespaces {} not found", quote(namespace)),
+            resource_details("", "namespaces", namespace),
+        )
+    }
+
+    /// NamespaceLifecycle's refusal of a create in a namespace being deleted
+    /// (`apiserver:pkg/admission/plugin/namespace/lifecycle/admission.go`).
+    pub fn namespace_terminating(namespace: &str) -> Self {
+        Self::with_details(
+            Reason::Forbidden,
+            format!(
+                "unable to create new content in namespace {namespace} because it is being terminated"
+            ),
+            resource_details("", "namespaces", namespace),
+        )
+    }
+
+    /// Go's generic 404 for a path nothing serves (`NewGenericServerResponse` with
+    /// `StatusReasonNotFound`), naming the path when there is one.
+    pub fn no_route(path: Option<&str>) -> Self {
+        let message = "the server could not find the requested resource";
+        match path {
+            Some(path) => Self::new(Reason::NotFound, format!("{message} ({path})")),
+            None => Self::new(Reason::NotFound, message),
+        }
+    }
+
+    /// Go's generic 405 for a method a path does not serve.
+    pub fn no_method() -> Self {
+        Self::new(
+            Reason::MethodNotAllowed,
+            "the server does not allow this method on the requested resource",
+        )
+    }
+
+    /// A subresource that does not serve a verb: `NewMethodNotSupported` on the
+    /// subresource, `patch is not supported on resources of kind
+    /// "microvmclaims/lease.battery.liquidmetal-x.dev"`.
+    pub fn subresource_method_not_allowed(request: &RequestInfo, action: &str) -> Self {
+        let resource = group_resource(
+            &request.api_group,
+            &format!("{}/{}", request.resource, request.subresource),
+        );
+        Self::with_details(
+            Reason::MethodNotAllowed,
+            format!(
+                "{action} is not supported on resources of kind {}",
+                quote(&resource)
+            ),
+            resource_details(&request.api_group, &request.resource, ""),
+        )
+    }
+
     /// `NewMethodNotSupported`: `deletecollection is not supported on resources of kind
     /// "hosts.battery.liquidmetal-x.dev"`.
     pub fn method_not_allowed(info: &ResourceInfo, action: &str) -> Self {

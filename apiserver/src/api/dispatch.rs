@@ -305,13 +305,7 @@ async fn route(resources: &Resources, request: Request) -> Result<Response, ApiE
 
 /// Go's answer for a path no resource serves: a 404 Status with the generic message.
 fn not_found(info: &RequestInfo) -> ApiError {
-    ApiError::new(
-        battery_api_machinery::status::Reason::NotFound,
-        format!(
-            "the server could not find the requested resource ({})",
-            info.path
-        ),
-    )
+    ApiError::no_route(Some(&info.path))
 }
 
 fn check_scope(resource: &ResourceInfo, info: &RequestInfo) -> Result<(), ApiError> {

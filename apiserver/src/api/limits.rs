@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use battery_api_machinery::status::{ApiError, Reason};
+use battery_api_machinery::status::ApiError;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The limits, as configured.
@@ -105,9 +105,8 @@ impl Limiter {
 
 /// The answer to a request that ran out of time (`apiserver:pkg/server/filters/timeout.go`).
 pub fn timed_out() -> ApiError {
-    ApiError::new(
-        Reason::Timeout,
-        "request did not complete within the allotted timeout",
+    ApiError::timeout(
+        "request did not complete within requested timeout - context deadline exceeded",
     )
 }
 

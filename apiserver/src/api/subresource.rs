@@ -110,13 +110,7 @@ async fn serve<T: Subresource>(storage: &T, call: Call) -> Result<Response, ApiE
             )
         }
         other => {
-            return Err(ApiError::new(
-                battery_api_machinery::status::Reason::MethodNotAllowed,
-                format!(
-                    "{other} is not supported on {}/{}",
-                    info.resource, info.subresource
-                ),
-            ));
+            return Err(ApiError::subresource_method_not_allowed(&info, other));
         }
     };
     respond::encoded(StatusCode::OK, &negotiated, &object, &warnings)

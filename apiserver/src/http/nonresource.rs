@@ -12,7 +12,7 @@ use axum::routing::get;
 use battery_api_machinery::discovery::Discovery;
 use battery_api_machinery::negotiate;
 use battery_api_machinery::openapi::OpenApi;
-use battery_api_machinery::status::{ApiError, Reason};
+use battery_api_machinery::status::ApiError;
 use serde::Deserialize;
 
 use super::metrics::Metrics;
@@ -144,15 +144,9 @@ async fn openapi_v3(
 }
 
 async fn not_found() -> ApiError {
-    ApiError::new(
-        Reason::NotFound,
-        "the server could not find the requested resource",
-    )
+    ApiError::no_route(None)
 }
 
 async fn method_not_allowed() -> ApiError {
-    ApiError::new(
-        Reason::MethodNotAllowed,
-        "the server does not allow this method on the requested resource",
-    )
+    ApiError::no_method()
 }

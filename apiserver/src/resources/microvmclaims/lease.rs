@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use battery_api_machinery::status::{ApiError, Reason};
+use battery_api_machinery::status::ApiError;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 
@@ -57,6 +57,13 @@ impl ClaimLeases {
     }
 }
 
+/// A renewal of a lease battery no longer has (410 Gone): the claim is over.
+fn lease_expired(namespace: &str, name: &str) -> ApiError {
+    ApiError::gone(format!(
+        "the lease of microvmclaim {namespace}/{name} has expired; delete the claim and create a new one"
+    ))
+}
+
 /// Only the claim's Holder may renew its lease (or exec into its MicroVM): being allowed
 /// to write `microvmclaims/lease` is not enough.
 pub fn check_holder(
@@ -71,10 +78,11 @@ pub fn check_holder(
         return Ok(());
     }
     let name = record.metadata.name.as_deref().unwrap_or_default();
-    Err(ApiError::new(
-        Reason::Forbidden,
-        format!(
-            "microvmclaims.battery.liquidmetal-x.dev \"{name}\" is forbidden: User \"{}\" cannot {action} this claim: only its Holder {holder} may",
+    Err(ApiError::forbidden_object(
+        info(),
+        name,
+        format_args!(
+            "User \"{}\" cannot {action} this claim: only its Holder {holder} may",
             ctx.user.name
         ),
     ))
@@ -111,12 +119,7 @@ impl Subresource for ClaimLeases {
             return Err(ApiError::optimistic_lock(info(), name));
         }
         let Some(lease) = record.lease.clone() else {
-            return Err(ApiError::new(
-                Reason::Gone,
-                format!(
-                    "the lease of microvmclaim {namespace}/{name} has expired; delete the claim and create a new one"
-                ),
-            ));
+            return Err(lease_expired(namespace, name));
         };
         if dry_run {
             return Ok(as_lease(&record));
@@ -130,12 +133,7 @@ impl Subresource for ClaimLeases {
                 let mut claim = ClaimStorage::object(expired);
                 self.0
                     .commit(&mut claim, secrets, ChangeType::Modified, None)?;
-                return Err(ApiError::new(
-                    Reason::Gone,
-                    format!(
-                        "the lease of microvmclaim {namespace}/{name} has expired; delete the claim and create a new one"
-                    ),
-                ));
+                return Err(lease_expired(namespace, name));
             }
             Err(err) => return Err(err.into_api_error(info(), name)),
         };
