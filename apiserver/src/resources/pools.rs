@@ -314,6 +314,11 @@ impl PoolStorage {
         Ok(())
     }
 
+    /// The Hosts Pools are placed on, for what a claim's status shows of its Host.
+    pub fn hosts(&self) -> &HostDirectory {
+        &self.hosts
+    }
+
     /// Whether the Pool is being deleted, so new claims on it are refused.
     pub fn is_deleting(&self, namespace: &str, name: &str) -> Result<bool, ApiError> {
         Ok(self

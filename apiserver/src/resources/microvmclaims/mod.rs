@@ -324,7 +324,11 @@ impl ClaimStorage {
             return Ok(());
         }
         let secrets = LeaseRecord {
-            lease: Some(bind_status(&mut claim, lease)),
+            lease: Some(bind_status(
+                &mut claim,
+                self.pools.hosts().agent_address(&lease.host_name)?,
+                lease,
+            )),
             duration_seconds: self.lease_duration(&namespace, &pool).await,
         };
         self.commit(&mut claim, secrets, ChangeType::Added, Some(uid))?;
@@ -384,7 +388,11 @@ impl ClaimStorage {
         };
         crate::failpoint::crash_point("bind:claimed");
         let secrets = LeaseRecord {
-            lease: Some(bind_status(&mut claim, lease)),
+            lease: Some(bind_status(
+                &mut claim,
+                self.pools.hosts().agent_address(&lease.host_name)?,
+                lease,
+            )),
             duration_seconds: self.lease_duration(&namespace, &pool).await,
         };
         self.commit(&mut claim, secrets, ChangeType::Added, Some(&uid))?;
@@ -426,15 +434,20 @@ impl ClaimStorage {
     }
 }
 
-/// Fills a claim's status from battery's answer, returning the lease id to keep.
-fn bind_status(claim: &mut MicroVMClaim, lease: crate::battery::Lease) -> LeaseId {
+/// Fills a claim's status from battery's answer and its Host's exec agent address,
+/// returning the lease id to keep.
+fn bind_status(
+    claim: &mut MicroVMClaim,
+    agent_address: Option<String>,
+    lease: crate::battery::Lease,
+) -> LeaseId {
     let bound = lease.claimed_at.unwrap_or_else(server_now);
     let mut status = MicroVMClaimStatus {
         phase: Some(ClaimPhase::Bound),
         micro_vm: Some(ClaimedMicroVM { uid: lease.vm_uid }),
         host: Some(ClaimHost {
             node_name: lease.host_name,
-            agent_address: None,
+            agent_address,
         }),
         renew_time: Some(MicroTime(bound.0)),
         bound_time: Some(bound),
