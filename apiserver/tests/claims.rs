@@ -525,7 +525,10 @@ async fn a_node_selector_follows_host_labels() {
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{deleting}");
-    assert!(deleting["metadata"]["deletionTimestamp"].is_string(), "{deleting}");
+    assert!(
+        deleting["metadata"]["deletionTimestamp"].is_string(),
+        "{deleting}"
+    );
 }
 
 #[tokio::test]

@@ -11,7 +11,9 @@ use serde_json::{Value, json};
 
 const HOSTS: &str = "/apis/battery.liquidmetal-x.dev/v1alpha1/hosts";
 
-async fn host_admin(h: &Harness) -> pb::host_admin_client::HostAdminClient<tonic::transport::Channel> {
+async fn host_admin(
+    h: &Harness,
+) -> pb::host_admin_client::HostAdminClient<tonic::transport::Channel> {
     pb::host_admin_client::HostAdminClient::connect(format!("http://{}", h.battery().address()))
         .await
         .unwrap()
@@ -20,7 +22,12 @@ async fn host_admin(h: &Harness) -> pb::host_admin_client::HostAdminClient<tonic
 fn names(list: &Value) -> Vec<&str> {
     list["items"]
         .as_array()
-        .map(|items| items.iter().filter_map(|i| i["metadata"]["name"].as_str()).collect())
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|i| i["metadata"]["name"].as_str())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -32,7 +39,9 @@ fn condition<'a>(object: &'a Value, type_: &str) -> Option<&'a Value> {
 }
 
 fn delete(uri: &str) -> Request<axum::body::Body> {
-    Request::delete(uri).body(axum::body::Body::empty()).unwrap()
+    Request::delete(uri)
+        .body(axum::body::Body::empty())
+        .unwrap()
 }
 
 fn merge_patch(uri: &str, body: &Value) -> Request<axum::body::Body> {
@@ -48,14 +57,17 @@ async fn pool_over_both_hosts(h: &Harness, name: &str) {
     body["spec"]["replenishment"] = json!({"type": "ReplaceOnDelete"});
     let (status, created) = h.json(post(POOLS, &body)).await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
-    h.eventually(&format!("{POOLS}/{name}"), |_, p| p["status"]["available"] == 2)
-        .await;
+    h.eventually(&format!("{POOLS}/{name}"), |_, p| {
+        p["status"]["available"] == 2
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn hosts_added_and_removed_through_battery_show_without_a_restart() {
     let h = Harness::start().await;
-    h.eventually(HOSTS, |_, list| names(list) == ["host-0", "host-1"]).await;
+    h.eventually(HOSTS, |_, list| names(list) == ["host-0", "host-1"])
+        .await;
     let mut admin = host_admin(&h).await;
     admin
         .add_host(pb::AddHostRequest {
@@ -81,7 +93,10 @@ async fn hosts_added_and_removed_through_battery_show_without_a_restart() {
             host["metadata"]["creationTimestamp"].is_string()
         })
         .await;
-    assert_ne!(added["metadata"]["resourceVersion"], "0", "adopted: {added}");
+    assert_ne!(
+        added["metadata"]["resourceVersion"], "0",
+        "adopted: {added}"
+    );
 
     // A cordon by another client is a change with a new resourceVersion.
     admin
@@ -91,7 +106,11 @@ async fn hosts_added_and_removed_through_battery_show_without_a_restart() {
         })
         .await
         .unwrap();
-    let added_rv: u64 = added["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap();
+    let added_rv: u64 = added["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     let cordoned = h
         .eventually(&format!("{HOSTS}/host-extra"), |_, host| {
             host["metadata"]["resourceVersion"]
@@ -109,7 +128,8 @@ async fn hosts_added_and_removed_through_battery_show_without_a_restart() {
         })
         .await
         .unwrap();
-    h.eventually(HOSTS, |_, list| names(list) == ["host-0", "host-1"]).await;
+    h.eventually(HOSTS, |_, list| names(list) == ["host-0", "host-1"])
+        .await;
     let (status, _) = h.json(get(&format!("{HOSTS}/host-extra"))).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
@@ -120,24 +140,41 @@ async fn deleting_a_host_drains_it_and_the_pool_keeps_its_size_elsewhere() {
     h.eventually(HOSTS, |_, list| names(list).len() == 2).await;
     pool_over_both_hosts(&h, "spread").await;
     let on = |host: &str| h.battery().host(host).unwrap().microvm_uids().len();
-    assert_eq!((on("host-0"), on("host-1")), (1, 1), "one MicroVM on each Host");
+    assert_eq!(
+        (on("host-0"), on("host-1")),
+        (1, 1),
+        "one MicroVM on each Host"
+    );
 
     let (status, deleting) = h.json(delete(&format!("{HOSTS}/host-1"))).await;
     assert_eq!(status, StatusCode::OK, "accepted at once: {deleting}");
-    assert!(deleting["metadata"]["deletionTimestamp"].is_string(), "{deleting}");
-    assert_eq!(deleting["spec"]["unschedulable"], true, "cordoned: {deleting}");
+    assert!(
+        deleting["metadata"]["deletionTimestamp"].is_string(),
+        "{deleting}"
+    );
+    assert_eq!(
+        deleting["spec"]["unschedulable"], true,
+        "cordoned: {deleting}"
+    );
     let draining = condition(&deleting, "Draining").expect("a Draining condition");
     assert_eq!(draining["reason"], "MicroVMsRemain");
     assert!(
-        draining["message"].as_str().unwrap().starts_with("1 MicroVM(s) remain"),
+        draining["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("1 MicroVM(s) remain"),
         "{draining}"
     );
 
     // The idle MicroVM on host-1 is retired and replaced on host-0; then host-1 goes.
-    h.eventually(&format!("{HOSTS}/host-1"), |status, _| status == StatusCode::NOT_FOUND)
-        .await;
-    h.eventually(&format!("{POOLS}/spread"), |_, p| p["status"]["available"] == 2)
-        .await;
+    h.eventually(&format!("{HOSTS}/host-1"), |status, _| {
+        status == StatusCode::NOT_FOUND
+    })
+    .await;
+    h.eventually(&format!("{POOLS}/spread"), |_, p| {
+        p["status"]["available"] == 2
+    })
+    .await;
     assert_eq!(on("host-1"), 0);
     assert_eq!(on("host-0"), 2, "the Pool keeps its size on the other Host");
     let (_, list) = h.json(get(HOSTS)).await;
@@ -185,8 +222,15 @@ async fn a_deleted_host_waits_for_the_claims_that_hold_its_microvms() {
     });
     let (status, bound) = h.json(post(common::CLAIMS, &claim)).await;
     assert_eq!(status, StatusCode::CREATED, "{bound}");
-    let host = bound["status"]["host"]["nodeName"].as_str().unwrap().to_owned();
-    let agent = if host == "host-0" { "127.0.0.1:7100" } else { "127.0.0.1:7101" };
+    let host = bound["status"]["host"]["nodeName"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let agent = if host == "host-0" {
+        "127.0.0.1:7100"
+    } else {
+        "127.0.0.1:7101"
+    };
     assert_eq!(bound["status"]["host"]["agentAddress"], agent, "{bound}");
 
     let (status, deleting) = h.json(delete(&format!("{HOSTS}/{host}"))).await;
@@ -196,15 +240,21 @@ async fn a_deleted_host_waits_for_the_claims_that_hold_its_microvms() {
         .eventually(&format!("{HOSTS}/{host}"), |_, host| {
             host["status"]["vmCount"] == 1
                 && condition(host, "Draining").is_some_and(|c| {
-                    c["message"].as_str().is_some_and(|m| m.contains("default/mine"))
+                    c["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("default/mine"))
                 })
         })
         .await;
     assert!(waiting["metadata"]["deletionTimestamp"].is_string());
     let (status, body) = h.json(delete(&format!("{}/mine", common::CLAIMS))).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    h.eventually(&format!("{HOSTS}/{host}"), |status, _| status == StatusCode::NOT_FOUND)
-        .await;
-    h.eventually(&format!("{POOLS}/held"), |_, p| p["status"]["available"] == 2)
-        .await;
+    h.eventually(&format!("{HOSTS}/{host}"), |status, _| {
+        status == StatusCode::NOT_FOUND
+    })
+    .await;
+    h.eventually(&format!("{POOLS}/held"), |_, p| {
+        p["status"]["available"] == 2
+    })
+    .await;
 }

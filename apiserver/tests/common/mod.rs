@@ -54,10 +54,7 @@ impl Harness {
         let battery = fast_battery().await;
         let client = BatteryClient::connect_lazy(&format!("http://{}", battery.address())).unwrap();
         let app = server::build(client, std::sync::Arc::new(store), &settings).unwrap();
-        Self {
-            app,
-            battery,
-        }
+        Self { app, battery }
     }
 
     pub fn router(&self) -> Router {

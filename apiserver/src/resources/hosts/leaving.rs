@@ -64,7 +64,10 @@ impl Leaving {
             reason: reason.as_str().to_owned(),
             message,
             observed_generation: metadata.generation,
-            last_transition_time: metadata.deletion_timestamp.clone().unwrap_or_else(server_now),
+            last_transition_time: metadata
+                .deletion_timestamp
+                .clone()
+                .unwrap_or_else(server_now),
         }
     }
 }
@@ -345,7 +348,10 @@ mod tests {
         let refused = leaving.condition(&metadata, 0, &[]);
         assert_eq!(refused.reason, "RemovalRefused");
         assert!(refused.message.ends_with("named by pools [a/b]"));
-        assert_eq!(refused.last_transition_time, metadata.deletion_timestamp.clone().unwrap());
+        assert_eq!(
+            refused.last_transition_time,
+            metadata.deletion_timestamp.clone().unwrap()
+        );
         let remaining = leaving.condition(&metadata, 1, &["ns/c".to_owned()]);
         assert_eq!(remaining.reason, "MicroVMsRemain");
         assert_eq!(remaining.status, "True");
