@@ -264,6 +264,16 @@ impl PoolStorage {
         let key = key(namespace, name);
         let _guard = self.locks.lock(&key).await;
         let record = self.store.get::<PoolRecord>(&key)?;
+        self.observe_locked(namespace, name, record).await
+    }
+
+    /// `observe` with the Pool's lock held and its record read.
+    async fn observe_locked(
+        &self,
+        namespace: &str,
+        name: &str,
+        record: Option<PoolRecord>,
+    ) -> Result<(), ApiError> {
         let pool = match self.battery.pool(namespace, name).await {
             Ok(pool) => pool,
             Err(status) if status.code() == tonic::Code::NotFound => {
@@ -303,12 +313,12 @@ impl PoolStorage {
             .await
             .map_err(|s| to_api_error(s, info(), ""))?;
         for pool in pools {
-            if self
-                .store
-                .get::<PoolRecord>(&key(&pool.namespace, &pool.name))?
-                .is_none()
-            {
-                self.observe(&pool.namespace, &pool.name).await?;
+            let key = key(&pool.namespace, &pool.name);
+            let _guard = self.locks.lock(&key).await;
+            // Checked under the lock: a create in flight records the Pool itself.
+            if self.store.get::<PoolRecord>(&key)?.is_none() {
+                self.observe_locked(&pool.namespace, &pool.name, None)
+                    .await?;
             }
         }
         Ok(())
