@@ -38,6 +38,9 @@ use crate::resources::pools::PoolStorage;
 
 /// Events kept for binds waiting on `VM_AVAILABLE`.
 const EVENT_FANOUT: usize = 1024;
+/// How often battery's Hosts are listed: battery has no host events, so this bounds how
+/// long another client's change to a Host, or a deleted Host's progress, takes to show.
+const HOST_SYNC_INTERVAL: Duration = Duration::from_secs(2);
 
 /// How the server behaves, beyond where it listens.
 #[derive(Clone)]
@@ -204,6 +207,15 @@ pub fn build(
         .run(),
     );
     let adopt_pools = pools.clone();
+    let followed_hosts = hosts.clone();
+    tasks.spawn(async move {
+        loop {
+            tokio::time::sleep(HOST_SYNC_INTERVAL).await;
+            if let Err(err) = followed_hosts.sync().await {
+                tracing::warn!(error = %err, "following battery's hosts");
+            }
+        }
+    });
     tasks.spawn(async move {
         loop {
             directory.changed().await;
@@ -216,7 +228,7 @@ pub fn build(
         // battery may still be starting: retry until its objects are adopted and every
         // interrupted bind is settled.
         loop {
-            match (hosts.adopt_all().await, adopt_pools.adopt_all().await) {
+            match (hosts.sync().await, adopt_pools.adopt_all().await) {
                 (Ok(()), Ok(())) => break,
                 (Err(err), _) | (_, Err(err)) => {
                     tracing::warn!(error = %err, "adopting battery's hosts and pools; retrying");

@@ -113,6 +113,7 @@ pub fn timed_out() -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use battery_api_machinery::status::Reason;
 
     fn limiter(burst: u32) -> Limiter {
         Limiter::new(Limits {

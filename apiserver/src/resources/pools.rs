@@ -151,6 +151,16 @@ impl PoolStorage {
         let key = key(namespace, name);
         let _guard = self.locks.lock(&key).await;
         let record = self.store.get::<PoolRecord>(&key)?;
+        self.observe_locked(namespace, name, record).await
+    }
+
+    /// `observe` with the Pool's lock held and its record read.
+    async fn observe_locked(
+        &self,
+        namespace: &str,
+        name: &str,
+        record: Option<PoolRecord>,
+    ) -> Result<(), ApiError> {
         let pool = match self.battery.pool(namespace, name).await {
             Ok(pool) => pool,
             Err(err) if err.failure() == Failure::NotFound => {
@@ -190,15 +200,20 @@ impl PoolStorage {
             .await
             .map_err(|e| e.into_api_error(info(), ""))?;
         for pool in pools {
-            if self
-                .store
-                .get::<PoolRecord>(&key(&pool.namespace, &pool.name))?
-                .is_none()
-            {
-                self.observe(&pool.namespace, &pool.name).await?;
+            let key = key(&pool.namespace, &pool.name);
+            let _guard = self.locks.lock(&key).await;
+            // Checked under the lock: a create in flight records the Pool itself.
+            if self.store.get::<PoolRecord>(&key)?.is_none() {
+                self.observe_locked(&pool.namespace, &pool.name, None)
+                    .await?;
             }
         }
         Ok(())
+    }
+
+    /// The Hosts Pools are placed on, for what a claim's status shows of its Host.
+    pub fn hosts(&self) -> &HostDirectory {
+        &self.hosts
     }
 
     /// Whether the Pool is being deleted, so new claims on it are refused.

@@ -26,8 +26,7 @@ pub const CLAIMS: &str =
 
 pub struct Harness {
     app: App,
-    // Held so the embedded battery lives as long as the server.
-    _battery: LocalBattery,
+    battery: LocalBattery,
 }
 
 impl Harness {
@@ -57,14 +56,32 @@ impl Harness {
         let battery = fast_battery().await;
         let client = BatteryClient::connect_lazy(&format!("http://{}", battery.address())).unwrap();
         let app = server::build(client, std::sync::Arc::new(store), &settings).unwrap();
-        Self {
-            app,
-            _battery: battery,
-        }
+        Self { app, battery }
     }
 
     pub fn router(&self) -> Router {
         self.app.router.clone()
+    }
+
+    /// The embedded battery, for tests that act on it as another client would.
+    pub fn battery(&self) -> &LocalBattery {
+        &self.battery
+    }
+
+    /// GETs `uri` until `check` holds of the answer, which it returns; fails after 20 s.
+    pub async fn eventually(&self, uri: &str, check: impl Fn(StatusCode, &Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let (status, body) = self.json(get(uri)).await;
+            if check(status, &body) {
+                return body;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{uri} never got there: {status} {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     pub async fn send(&self, request: Request<Body>) -> (StatusCode, http::HeaderMap, Vec<u8>) {

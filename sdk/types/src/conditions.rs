@@ -15,6 +15,8 @@ pub const EXHAUSTED: &str = "Exhausted";
 pub const BOUND: &str = "Bound";
 /// Condition type of a claim whose MicroVM's Host reports itself ready.
 pub const HOST_READY: &str = "HostReady";
+/// Condition type of a Host being deleted that waits for its MicroVMs to go.
+pub const DRAINING: &str = "Draining";
 
 /// Declares a reason enum: unit variants with their CamelCase wire text, `as_str`, `ALL`
 /// and `Display`.
@@ -108,6 +110,19 @@ reasons! {
         FlintlockdNotReady = "FlintlockdNotReady",
         /// flintlockd answers but its exec API is disabled, so exec cannot reach MicroVMs.
         ExecDisabled = "ExecDisabled",
+    }
+}
+
+reasons! {
+    /// Reasons of a deleted Host's `Draining` condition (always `True`: a Host that is not
+    /// being deleted has none).
+    pub enum HostDrainingReason {
+        /// MicroVMs remain on the Host; the message gives how many and which claims hold
+        /// them. Idle ones are claimed and released so that battery deletes them.
+        MicroVmsRemain = "MicroVMsRemain",
+        /// No MicroVM remains but battery refused to remove the Host; the message is
+        /// battery's.
+        RemovalRefused = "RemovalRefused",
     }
 }
 

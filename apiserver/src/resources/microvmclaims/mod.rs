@@ -295,7 +295,11 @@ impl ClaimStorage {
             return Ok(());
         }
         let secrets = LeaseRecord {
-            lease: Some(bind_status(&mut claim, lease)),
+            lease: Some(bind_status(
+                &mut claim,
+                self.pools.hosts().agent_address(&lease.host_name)?,
+                lease,
+            )),
             duration_seconds: self.lease_duration(&namespace, &pool).await,
         };
         self.commit(&mut claim, secrets, ChangeType::Added, Some(uid))?;
@@ -355,7 +359,11 @@ impl ClaimStorage {
         };
         crate::failpoint::crash_point("bind:claimed");
         let secrets = LeaseRecord {
-            lease: Some(bind_status(&mut claim, lease)),
+            lease: Some(bind_status(
+                &mut claim,
+                self.pools.hosts().agent_address(&lease.host_name)?,
+                lease,
+            )),
             duration_seconds: self.lease_duration(&namespace, &pool).await,
         };
         self.commit(&mut claim, secrets, ChangeType::Added, Some(&uid))?;
@@ -397,9 +405,14 @@ impl ClaimStorage {
     }
 }
 
-/// Fills a claim's status from battery's answer, returning the lease id to keep.
-fn bind_status(claim: &mut MicroVMClaim, lease: crate::battery::Lease) -> LeaseId {
-    let (status, id) = objects::bound_status(lease, None, claim.metadata.generation);
+/// Fills a claim's status from battery's answer and its Host's exec agent address,
+/// returning the lease id to keep.
+fn bind_status(
+    claim: &mut MicroVMClaim,
+    agent_address: Option<String>,
+    lease: crate::battery::Lease,
+) -> LeaseId {
+    let (status, id) = objects::bound_status(lease, agent_address, claim.metadata.generation);
     claim.status = Some(status);
     id
 }

@@ -74,6 +74,7 @@ fn reasons_are_valid_condition_reasons() {
         )
         .chain(ClaimBoundReason::ALL.iter().map(|reason| reason.as_str()))
         .chain(HostReadyReason::ALL.iter().map(|reason| reason.as_str()))
+        .chain(HostDrainingReason::ALL.iter().map(|reason| reason.as_str()))
         .chain(
             ClaimHostReadyReason::ALL
                 .iter()

@@ -1,7 +1,14 @@
 //! `hosts`: battery's host registry (HostAdmin) holds each Host's flintlockd address,
 //! TLS files, cordon and version; the metadata store holds its Kubernetes metadata (its
-//! labels are what Pools select), the exec agent's address and the agent's readiness
-//! report.
+//! labels are what Pools select), the exec agent's address, the agent's readiness
+//! report, battery's view when last recorded and, once deletion began, the state of its
+//! graceful removal (`leaving.rs`).
+//!
+//! battery has no host events, so [`HostStorage::sync`], run on a short interval, is how
+//! a Host added, changed or removed by another client (HostAdmin, `poolmgrctl`) reaches
+//! lists, watches and Pools' placement.
+
+mod leaving;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,7 +17,7 @@ use battery_api_machinery::status::ApiError;
 use battery_api_machinery::table::TableColumnDefinition;
 use battery_types::conditions;
 use battery_types::validation::FieldError;
-use battery_types::{HasResourceInfo, Host};
+use battery_types::{HasResourceInfo, Host, HostSpec, HostStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -30,8 +37,42 @@ struct HostRecord {
     metadata: ObjectMeta,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     agent_address: Option<String>,
+    /// The agent's report; `Draining` is ours and derived on read, never kept here.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     conditions: Vec<Condition>,
+    /// battery's view of the Host when the record was last written: what `sync` compares
+    /// battery's answers with, so another client's change gets a resourceVersion even
+    /// across a restart of this server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    observed: Option<Observed>,
+    /// Set from the moment the Host's deletion is accepted until battery removed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    leaving: Option<leaving::Leaving>,
+}
+
+/// battery's part of a Host: its spec without `agentAddress`, its status without
+/// conditions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Observed {
+    spec: HostSpec,
+    status: HostStatus,
+}
+
+impl Observed {
+    fn of(host: &BatteryHost) -> Self {
+        Self {
+            spec: host.spec.clone(),
+            status: host.status.clone(),
+        }
+    }
+
+    fn of_object(host: &Host) -> Self {
+        let mut spec = host.spec.clone();
+        spec.agent_address = None;
+        let mut status = host.status.clone().unwrap_or_default();
+        status.conditions = Vec::new();
+        Self { spec, status }
+    }
 }
 
 fn key(name: &str) -> Key {
@@ -74,7 +115,8 @@ impl HostDirectory {
         }
     }
 
-    /// Names of the Hosts whose labels include all of `selector`, in battery's order.
+    /// Names of the Hosts whose labels include all of `selector`, in battery's order. A
+    /// Host being deleted matches no selector, not even the empty one.
     pub async fn matching(
         &self,
         selector: &BTreeMap<String, String>,
@@ -86,16 +128,24 @@ impl HostDirectory {
             .map_err(|e| e.into_api_error(info(), ""))?;
         let mut names = Vec::new();
         for host in hosts {
-            let labels = self
-                .store
-                .get::<HostRecord>(&key(&host.name))?
-                .and_then(|r| r.metadata.labels)
-                .unwrap_or_default();
+            let record = self.store.get::<HostRecord>(&key(&host.name))?;
+            if record.as_ref().is_some_and(|r| r.leaving.is_some()) {
+                continue;
+            }
+            let labels = record.and_then(|r| r.metadata.labels).unwrap_or_default();
             if selector.iter().all(|(k, v)| labels.get(k) == Some(v)) {
                 names.push(host.name);
             }
         }
         Ok(names)
+    }
+
+    /// The exec agent's address of the Host `name`, if its agent registered one.
+    pub fn agent_address(&self, name: &str) -> Result<Option<String>, ApiError> {
+        Ok(self
+            .store
+            .get::<HostRecord>(&key(name))?
+            .and_then(|r| r.agent_address))
     }
 
     /// Resolves when a Host changed since the last call returned.
@@ -125,7 +175,7 @@ impl HostStorage {
         &self.directory.store
     }
 
-    fn assemble(&self, record: Option<HostRecord>, host: BatteryHost) -> Host {
+    fn assemble(&self, record: Option<HostRecord>, host: BatteryHost) -> Result<Host, ApiError> {
         let record = record.unwrap_or_else(|| HostRecord {
             metadata: adopted_metadata(&host.name),
             ..HostRecord::default()
@@ -135,7 +185,20 @@ impl HostStorage {
             agent_address: record.agent_address,
             conditions: record.conditions,
         };
-        objects::host(meta, host)
+        let mut object = objects::host(meta, host);
+        if let Some(leaving) = &record.leaving
+            && let Some(status) = object.status.as_mut()
+        {
+            let claims = leaving::claims_on(
+                self.store(),
+                object.metadata.name.as_deref().unwrap_or_default(),
+            )?;
+            conditions::set_status_condition(
+                &mut status.conditions,
+                leaving.condition(&object.metadata, status.vm_count, &claims),
+            );
+        }
+        Ok(object)
     }
 
     async fn read(&self, name: &str) -> Result<Host, ApiError> {
@@ -145,43 +208,123 @@ impl HostStorage {
             .await
             .map_err(|e| e.into_api_error(info(), name))?;
         let record = self.store().get::<HostRecord>(&key(name))?;
-        Ok(self.assemble(record, host))
+        self.assemble(record, host)
     }
 
-    fn commit(&self, object: &mut Host, change: ChangeType) -> Result<(), ApiError> {
+    /// The graceful deletion under way of the Host `name`, if any.
+    fn leaving(&self, name: &str) -> Result<Option<leaving::Leaving>, ApiError> {
+        Ok(self
+            .store()
+            .get::<HostRecord>(&key(name))?
+            .and_then(|r| r.leaving))
+    }
+
+    /// Writes `object`'s record with a new resourceVersion and tells watchers. Callers
+    /// whose change can move a Pool's placement wake the directory themselves.
+    fn commit(
+        &self,
+        object: &mut Host,
+        change: ChangeType,
+        leaving: Option<leaving::Leaving>,
+    ) -> Result<(), ApiError> {
         let key = key(object.metadata.name.as_deref().unwrap_or_default());
         let record = |host: &Host| HostRecord {
             metadata: host.metadata.clone(),
             agent_address: host.spec.agent_address.clone(),
             conditions: host
                 .status
-                .as_ref()
-                .map(|s| s.conditions.clone())
-                .unwrap_or_default(),
+                .iter()
+                .flat_map(|s| s.conditions.iter())
+                .filter(|c| c.type_ != conditions::DRAINING)
+                .cloned()
+                .collect(),
+            observed: Some(Observed::of_object(host)),
+            leaving,
         };
-        commit(self.store(), &key, object, change, record, |_| Ok(()))?;
-        self.directory.changed.notify_one();
-        Ok(())
+        commit(self.store(), &key, object, change, record, |_| Ok(()))
     }
 
-    /// Records every Host battery has that we have no record of (registered with
-    /// `poolmgrctl`, or by the embedded battery of `dev`), so each gets its metadata once.
-    pub async fn adopt_all(&self) -> Result<(), ApiError> {
+    /// Brings the records in line with the Hosts battery has, for Hosts another client
+    /// added, changed or removed: a new one is adopted (its metadata made once), a
+    /// changed one and a removed one are recorded with a new resourceVersion, and a Host
+    /// being deleted moves on (`leaving.rs`). Pools are re-resolved when a Host came or
+    /// went.
+    pub async fn sync(&self) -> Result<(), ApiError> {
         let hosts = self
             .battery()
             .hosts()
             .await
             .map_err(|e| e.into_api_error(info(), ""))?;
+        let (records, _) = self.store().list::<HostRecord>(RESOURCE, None)?;
+        let mut gone: BTreeMap<String, HostRecord> = records
+            .into_iter()
+            .map(|r| (r.metadata.name.clone().unwrap_or_default(), r))
+            .collect();
+        let mut placement_changed = false;
         for host in hosts {
-            let key = key(&host.name);
-            let _guard = self.locks.lock(&key).await;
-            if self.store().get::<HostRecord>(&key)?.is_none() {
-                let mut object = self.assemble(None, host);
-                object.metadata.creation_timestamp = Some(crate::api::server_now());
-                self.commit(&mut object, ChangeType::Added)?;
+            let listed = gone.remove(&host.name);
+            if listed.as_ref().is_some_and(|r| {
+                r.leaving.is_none() && r.observed.as_ref() == Some(&Observed::of(&host))
+            }) {
+                continue;
             }
+            placement_changed |= self.sync_one(&host.name).await?;
+        }
+        for name in gone.into_keys() {
+            placement_changed |= self.sync_one(&name).await?;
+        }
+        if placement_changed {
+            self.directory.changed.notify_one();
         }
         Ok(())
+    }
+
+    /// Records what battery now says of the Host `name`, under its lock (a create or
+    /// delete may have raced the list `sync` read). Answers whether the Host came or went.
+    async fn sync_one(&self, name: &str) -> Result<bool, ApiError> {
+        let key = key(name);
+        let _guard = self.locks.lock(&key).await;
+        let record = self.store().get::<HostRecord>(&key)?;
+        let host = match self.battery().host(name).await {
+            Ok(host) => Some(host),
+            Err(err) if err.failure() == Failure::NotFound => None,
+            Err(err) => return Err(err.into_api_error(info(), name)),
+        };
+        match (record, host) {
+            (None, None) => Ok(false),
+            (None, Some(host)) => {
+                let mut object = self.assemble(None, host)?;
+                object.metadata.creation_timestamp = Some(crate::api::server_now());
+                self.commit(&mut object, ChangeType::Added, None)?;
+                Ok(true)
+            }
+            (Some(record), None) => {
+                let mut object = Host::new(name, HostSpec::default());
+                if let Some(observed) = record.observed {
+                    object.spec = observed.spec;
+                    object.status = Some(observed.status);
+                }
+                object.spec.agent_address = record.agent_address;
+                object.metadata = record.metadata;
+                self.commit(&mut object, ChangeType::Deleted, None)?;
+                Ok(true)
+            }
+            (Some(record), Some(host)) if record.leaving.is_some() => {
+                self.advance_deletion(record, host).await
+            }
+            (Some(record), Some(host)) => {
+                if record.observed.as_ref() == Some(&Observed::of(&host)) {
+                    return Ok(false);
+                }
+                let moved = record
+                    .observed
+                    .as_ref()
+                    .is_none_or(|o| o.spec.unschedulable != host.spec.unschedulable);
+                let mut object = self.assemble(Some(record), host)?;
+                self.commit(&mut object, ChangeType::Modified, None)?;
+                Ok(moved)
+            }
+        }
     }
 
     /// Cordons or uncordons the Host in battery to match `unschedulable`.
@@ -269,25 +412,34 @@ impl Storage for HostStorage {
                 let record = records.remove(&h.name);
                 self.assemble(record, h)
             })
-            .collect();
+            .collect::<Result<_, _>>()?;
         Ok((items, rv))
     }
 
-    async fn create(&self, _ctx: &RequestContext, mut host: Host) -> Result<Host, ApiError> {
+    async fn create(&self, _ctx: &RequestContext, host: Host) -> Result<Host, ApiError> {
         let name = host.metadata.name.clone().unwrap_or_default();
         let _guard = self.locks.lock(&key(&name)).await;
-        let added = self
+        let mut added = self
             .battery()
             .add_host(&name, &host.spec)
             .await
             .map_err(|e| e.into_api_error(info(), &name))?;
         if host.spec.unschedulable {
             self.set_cordon(&name, true).await?;
+            added = self
+                .battery()
+                .host(&name)
+                .await
+                .map_err(|e| e.into_api_error(info(), &name))?;
         }
-        let mut status = added.status;
-        status.conditions = Vec::new();
-        host.status = Some(status);
-        self.commit(&mut host, ChangeType::Added)?;
+        let meta = HostMeta {
+            metadata: host.metadata,
+            agent_address: host.spec.agent_address,
+            conditions: Vec::new(),
+        };
+        let mut host = objects::host(meta, added);
+        self.commit(&mut host, ChangeType::Added, None)?;
+        self.directory.changed.notify_one();
         Ok(host)
     }
 
@@ -301,6 +453,11 @@ impl Storage for HostStorage {
         let _guard = self.locks.lock(&key(&name)).await;
         let current = self.read(&name).await?;
         check_resource_version(info(), &current.metadata, &new.metadata)?;
+        let leaving = self.leaving(&name)?;
+        if leaving.is_some() {
+            // A Host being deleted stays cordoned until battery removes it.
+            new.spec.unschedulable = true;
+        }
         if current.spec.address != new.spec.address || current.spec.tls != new.spec.tls {
             self.battery()
                 .update_host(&name, &new.spec)
@@ -315,37 +472,23 @@ impl Storage for HostStorage {
             .host(&name)
             .await
             .map_err(|e| e.into_api_error(info(), &name))?;
-        let mut status = refreshed.status;
-        status.conditions = current.status.map(|s| s.conditions).unwrap_or_default();
-        new.status = Some(status);
-        self.commit(&mut new, ChangeType::Modified)?;
+        let meta = HostMeta {
+            metadata: new.metadata,
+            agent_address: new.spec.agent_address,
+            conditions: current.status.map(|s| s.conditions).unwrap_or_default(),
+        };
+        let mut new = objects::host(meta, refreshed);
+        self.commit(&mut new, ChangeType::Modified, leaving)?;
+        // Labels or the cordon may have changed what Pools select.
+        self.directory.changed.notify_one();
         Ok(new)
     }
 
-    async fn delete(
-        &self,
-        _ctx: &RequestContext,
-        mut host: Host,
-    ) -> Result<Deleted<Host>, ApiError> {
-        let name = host.metadata.name.clone().unwrap_or_default();
-        let _guard = self.locks.lock(&key(&name)).await;
-        match self.battery().remove_host(&name).await {
-            Ok(()) => {}
-            Err(err) if err.failure() == Failure::NotFound => {}
-            Err(err) if err.failure() == Failure::HostInUse => {
-                let count = host.status.as_ref().map_or(0, |s| s.vm_count);
-                return Err(ApiError::conflict(
-                    info(),
-                    &name,
-                    format!(
-                        "the Host still has {count} MicroVM(s) or is named by a Pool: cordon it (spec.unschedulable), change the Pools' placement, and wait for its vmCount to reach 0"
-                    ),
-                ));
-            }
-            Err(err) => return Err(err.into_api_error(info(), &name)),
-        }
-        self.commit(&mut host, ChangeType::Deleted)?;
-        Ok(Deleted::Gone(host))
+    /// A graceful deletion in battery's order (`reference/battery-api.md` §4.8): the
+    /// Host is cordoned and leaves every Pool's placement at once; it stays, marked, until
+    /// battery has no MicroVM on it, and then is removed (`leaving.rs`).
+    async fn delete(&self, _ctx: &RequestContext, host: Host) -> Result<Deleted<Host>, ApiError> {
+        self.begin_deletion(host).await
     }
 }
 
@@ -387,7 +530,8 @@ impl crate::api::Subresource for HostStatusWriter {
         status.conditions = report.conditions;
         current.status = Some(status);
         if !dry_run {
-            storage.commit(&mut current, ChangeType::Modified)?;
+            let leaving = storage.leaving(name)?;
+            storage.commit(&mut current, ChangeType::Modified, leaving)?;
         }
         Ok(current)
     }

@@ -1,0 +1,360 @@
+//! A Host's graceful deletion, in the order battery requires (`reference/battery-api.md`
+//! §4.8: cordon, drop it from each pool spec, wait for `vm_count` to reach 0, remove).
+//! The delete is accepted at once: the Host is cordoned, marked with a
+//! deletionTimestamp, and matches no Pool's selector from then on, so re-resolution
+//! takes it out of every Pool's placement. Each `sync` then moves it on: while MicroVMs
+//! remain, its idle ones are retired (ADR 0009) and its `Draining` condition says how
+//! many remain and which claims hold them; at `vm_count` 0 it is removed from battery
+//! and its record goes (a DELETED watch event). The state lives in the Host's record,
+//! so a restart of this server resumes where it stopped.
+
+use battery_api_machinery::status::ApiError;
+use battery_types::conditions::{self, ConditionStatus, HostDrainingReason};
+use battery_types::{ClaimPhase, Host, MicroVMClaimStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
+use serde::{Deserialize, Serialize};
+
+use super::{HostRecord, HostStorage, Observed, info, key};
+use crate::api::{Deleted, server_now};
+use crate::battery::{BatteryClient, BatteryHost, Failure, LeaseId};
+use crate::meta_store::MetaStore;
+use crate::watch::ChangeType;
+
+/// Claims named in the `Draining` message; the rest are counted, so the condition stays
+/// small however many claims a Host holds.
+const CLAIMS_NAMED: usize = 10;
+
+/// A Pool by battery's identity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct PoolName {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// What a Host being deleted keeps in its record.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub(super) struct Leaving {
+    /// The Pools placing MicroVMs on the Host when its deletion was accepted: the only
+    /// ones that can have MicroVMs there, so the only ones its idle MicroVMs are retired
+    /// from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolName>,
+    /// battery's refusal of the last RemoveHost, once no MicroVM remained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+}
+
+impl Leaving {
+    /// The `Draining` condition of the Host with `vm_count` MicroVMs left, `claims` of
+    /// them held by claims. It changes only when those do, so reads compare equal.
+    pub fn condition(&self, metadata: &ObjectMeta, vm_count: i32, claims: &[String]) -> Condition {
+        let (reason, message) = match &self.refused {
+            Some(refusal) if vm_count == 0 => (
+                HostDrainingReason::RemovalRefused,
+                format!("battery refused to remove the Host: {refusal}"),
+            ),
+            _ => (
+                HostDrainingReason::MicroVmsRemain,
+                remain_message(vm_count, claims, !self.pools.is_empty()),
+            ),
+        };
+        Condition {
+            type_: conditions::DRAINING.to_owned(),
+            status: ConditionStatus::True.as_str().to_owned(),
+            reason: reason.as_str().to_owned(),
+            message,
+            observed_generation: metadata.generation,
+            last_transition_time: metadata
+                .deletion_timestamp
+                .clone()
+                .unwrap_or_else(server_now),
+        }
+    }
+}
+
+fn remain_message(vm_count: i32, claims: &[String], retiring: bool) -> String {
+    let mut message = format!("{vm_count} MicroVM(s) remain on the Host");
+    if retiring {
+        message.push_str("; idle ones are being retired");
+    }
+    if claims.is_empty() {
+        if !retiring {
+            message.push_str(
+                "; no claim holds one: they are quarantined, deleting, or leased outside this API",
+            );
+        }
+        return message;
+    }
+    message.push_str("; held by claims ");
+    message.push_str(&claims[..claims.len().min(CLAIMS_NAMED)].join(", "));
+    if claims.len() > CLAIMS_NAMED {
+        message.push_str(&format!(" and {} more", claims.len() - CLAIMS_NAMED));
+    }
+    message
+}
+
+/// What this module reads of a claim's record: who it is and where its MicroVM runs.
+#[derive(Deserialize)]
+struct ClaimOnHost {
+    metadata: ObjectMeta,
+    #[serde(default)]
+    status: MicroVMClaimStatus,
+}
+
+/// The Bound claims (`namespace/name`) whose MicroVM runs on the Host `host`.
+pub(super) fn claims_on(store: &MetaStore, host: &str) -> Result<Vec<String>, ApiError> {
+    let (claims, _) = store.list::<ClaimOnHost>("microvmclaims", None)?;
+    Ok(claims
+        .into_iter()
+        .filter(|c| {
+            c.status.phase == Some(ClaimPhase::Bound)
+                && c.status.host.as_ref().is_some_and(|h| h.node_name == host)
+        })
+        .map(|c| {
+            format!(
+                "{}/{}",
+                c.metadata.namespace.unwrap_or_default(),
+                c.metadata.name.unwrap_or_default()
+            )
+        })
+        .collect())
+}
+
+impl HostStorage {
+    /// Accepts the deletion of `host`: cordons it and marks it. A Host no Pool places on
+    /// and with no MicroVM is removed at once.
+    pub(super) async fn begin_deletion(&self, mut host: Host) -> Result<Deleted<Host>, ApiError> {
+        let name = host.metadata.name.clone().unwrap_or_default();
+        let _guard = self.locks.lock(&key(&name)).await;
+        if self.leaving(&name)?.is_some() {
+            let record = self.store().get::<HostRecord>(&key(&name))?;
+            let current = self
+                .battery()
+                .host(&name)
+                .await
+                .map_err(|e| e.into_api_error(info(), &name))?;
+            return Ok(Deleted::Pending(self.assemble(record, current)?));
+        }
+        let pools: Vec<PoolName> = self
+            .battery()
+            .pools(None)
+            .await
+            .map_err(|e| e.into_api_error(info(), &name))?
+            .into_iter()
+            .filter(|p| p.hosts.contains(&name))
+            .map(|p| PoolName {
+                namespace: p.namespace,
+                name: p.name,
+            })
+            .collect();
+        let vm_count = host.status.as_ref().map_or(0, |s| s.vm_count);
+        if pools.is_empty() && vm_count == 0 && self.remove(&name).await?.is_none() {
+            self.commit(&mut host, ChangeType::Deleted, None)?;
+            self.directory.changed.notify_one();
+            return Ok(Deleted::Gone(host));
+        }
+        self.battery()
+            .cordon_host(&name, "the Host is being deleted")
+            .await
+            .map_err(|e| e.into_api_error(info(), &name))?;
+        let current = self
+            .battery()
+            .host(&name)
+            .await
+            .map_err(|e| e.into_api_error(info(), &name))?;
+        let leaving = Leaving {
+            pools,
+            refused: None,
+        };
+        let mut record = self
+            .store()
+            .get::<HostRecord>(&key(&name))?
+            .unwrap_or_default();
+        record.metadata = host.metadata;
+        record.metadata.deletion_timestamp = Some(server_now());
+        record.metadata.deletion_grace_period_seconds = Some(0);
+        record.leaving = Some(leaving.clone());
+        let mut object = self.assemble(Some(record), current)?;
+        self.commit(&mut object, ChangeType::Modified, Some(leaving))?;
+        // Out of every Pool's placement now, not at the next poll.
+        self.directory.changed.notify_one();
+        tracing::info!(host = %name, "deleting a Host: cordoned, waiting for its MicroVMs to go");
+        Ok(Deleted::Pending(object))
+    }
+
+    /// One step of a deletion under way (called by `sync` with the Host's lock held):
+    /// keep it cordoned, retire its idle MicroVMs, or remove it once none remain.
+    /// Answers whether the Host went.
+    pub(super) async fn advance_deletion(
+        &self,
+        record: HostRecord,
+        host: BatteryHost,
+    ) -> Result<bool, ApiError> {
+        let name = host.name.clone();
+        let mut leaving = record.leaving.clone().unwrap_or_default();
+        if !host.spec.unschedulable {
+            // Someone uncordoned it behind our back; battery must not place on it.
+            self.battery()
+                .cordon_host(&name, "the Host is being deleted")
+                .await
+                .map_err(|e| e.into_api_error(info(), &name))?;
+        }
+        if host.status.vm_count == 0 {
+            match self.remove(&name).await? {
+                None => {
+                    let mut object = self.assemble(Some(record), host)?;
+                    self.commit(&mut object, ChangeType::Deleted, None)?;
+                    tracing::info!(host = %name, "removed a deleted Host from battery");
+                    return Ok(true);
+                }
+                Some(refusal) => leaving.refused = Some(refusal),
+            }
+        } else {
+            leaving.refused = None;
+            let held = claims_on(self.store(), &name)?.len();
+            let idle = usize::try_from(host.status.vm_count)
+                .unwrap_or_default()
+                .saturating_sub(held);
+            if idle > 0 {
+                retire_idle(self.battery(), &name, &mut leaving.pools, idle).await;
+            }
+        }
+        let unchanged = record.leaving.as_ref() == Some(&leaving)
+            && record.observed.as_ref() == Some(&Observed::of(&host));
+        if !unchanged {
+            let mut record = record;
+            record.leaving = Some(leaving.clone());
+            let mut object = self.assemble(Some(record), host)?;
+            self.commit(&mut object, ChangeType::Modified, Some(leaving))?;
+        }
+        Ok(false)
+    }
+
+    /// RemoveHost; answers battery's refusal, if it refused (a Pool it could not take the
+    /// Host out of still names it). Gone already counts as removed.
+    async fn remove(&self, name: &str) -> Result<Option<String>, ApiError> {
+        match self.battery().remove_host(name).await {
+            Ok(()) => Ok(None),
+            Err(err) if err.failure() == Failure::NotFound => Ok(None),
+            Err(err) if err.failure() == Failure::HostInUse => Ok(Some(
+                "a Pool still places MicroVMs on the Host, or MicroVMs remain on it".to_owned(),
+            )),
+            Err(err) => Err(err.into_api_error(info(), name)),
+        }
+    }
+}
+
+/// Retires up to `idle` unleased MicroVMs on `host` (ADR 0009), and drops from `pools`
+/// each Pool that can have none left there. battery deletes a MicroVM only on release,
+/// and ClaimVM picks any AVAILABLE MicroVM of a pool, not one on a given Host: so a pool
+/// is claimed from until its MicroVMs on `host` are found, and every lease taken is
+/// released. The ones claimed on other Hosts are released too (released MicroVMs are
+/// never returned); the pool's replenishment replaces them on its remaining Hosts.
+///
+/// A pool is claimed from only when it has nothing provisioning (the Host is cordoned,
+/// so then each of its idle MicroVMs there is AVAILABLE), and at most once in full: the
+/// churn on other Hosts is bounded by one pass per pool. A lease this loses (a crash,
+/// battery down) expires, and battery deletes its MicroVM all the same.
+async fn retire_idle(
+    battery: &BatteryClient,
+    host: &str,
+    pools: &mut Vec<PoolName>,
+    mut idle: usize,
+) {
+    let mut taken: Vec<LeaseId> = Vec::new();
+    let mut done = Vec::new();
+    for (index, pool) in pools.iter().enumerate() {
+        if idle == 0 {
+            break;
+        }
+        let counts = match battery.pool(&pool.namespace, &pool.name).await {
+            Ok(p) => p.counts,
+            Err(err) => {
+                // A pool gone took its MicroVMs with it; otherwise the next sync retries.
+                if err.failure() == Failure::NotFound {
+                    done.push(index);
+                }
+                continue;
+            }
+        };
+        if counts.provisioning > 0 {
+            continue;
+        }
+        let mut finished = true;
+        for _ in 0..counts.available {
+            if idle == 0 {
+                finished = false;
+                break;
+            }
+            let request_id = format!("host-drain-{}", uuid::Uuid::new_v4());
+            match battery
+                .claim_vm(&pool.namespace, &pool.name, &request_id)
+                .await
+            {
+                Ok(lease) => {
+                    if lease.host_name == host {
+                        idle -= 1;
+                    }
+                    taken.push(lease.id);
+                }
+                Err(status) => {
+                    // Exhausted by claims racing ours: nothing more to take now.
+                    tracing::debug!(error = %status, %host, pool = %pool.name, "claiming an idle MicroVM to retire");
+                    break;
+                }
+            }
+        }
+        if finished {
+            done.push(index);
+        }
+    }
+    for index in done.into_iter().rev() {
+        pools.remove(index);
+    }
+    for lease in taken {
+        if let Err(status) = battery.release_vm(&lease).await {
+            tracing::warn!(error = %status, %host, "releasing a MicroVM retired from a deleted Host; its lease expires instead");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_draining_message_names_a_bounded_number_of_claims() {
+        let claims: Vec<String> = (0..12).map(|i| format!("ns/c{i}")).collect();
+        let message = remain_message(12, &claims, false);
+        assert!(message.starts_with("12 MicroVM(s) remain on the Host; held by claims ns/c0, "));
+        assert!(message.ends_with("ns/c9 and 2 more"), "{message}");
+        assert_eq!(
+            remain_message(2, &[], true),
+            "2 MicroVM(s) remain on the Host; idle ones are being retired"
+        );
+        assert!(remain_message(1, &[], false).ends_with("leased outside this API"));
+    }
+
+    #[test]
+    fn a_refusal_shows_only_once_no_microvm_remains() {
+        let leaving = Leaving {
+            pools: Vec::new(),
+            refused: Some("named by pools [a/b]".to_owned()),
+        };
+        let metadata = ObjectMeta {
+            deletion_timestamp: Some(server_now()),
+            ..ObjectMeta::default()
+        };
+        let refused = leaving.condition(&metadata, 0, &[]);
+        assert_eq!(refused.reason, "RemovalRefused");
+        assert!(refused.message.ends_with("named by pools [a/b]"));
+        assert_eq!(
+            refused.last_transition_time,
+            metadata.deletion_timestamp.clone().unwrap()
+        );
+        let remaining = leaving.condition(&metadata, 1, &["ns/c".to_owned()]);
+        assert_eq!(remaining.reason, "MicroVMsRemain");
+        assert_eq!(remaining.status, "True");
+        assert_eq!(remaining.type_, "Draining");
+    }
+}
