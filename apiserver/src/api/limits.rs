@@ -81,7 +81,11 @@ impl Limiter {
 
     /// Takes one create from `user`'s bucket.
     pub fn admit_create(&self, user: &str) -> Result<(), ApiError> {
-        if self.since_forgetting.fetch_add(1, Ordering::Relaxed) % FORGET_EVERY == 0 {
+        if self
+            .since_forgetting
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(FORGET_EVERY)
+        {
             // A full bucket carries no information: forget it so the map stays small.
             self.creates.retain_recent();
             self.creates.shrink_to_fit();
