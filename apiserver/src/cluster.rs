@@ -4,18 +4,20 @@
 //! creates in missing or terminating namespaces ourselves; and battery's hook failures
 //! become Warning Events on the Pool, so `kubectl describe pool` shows them.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use battery_api_machinery::status::ApiError;
 use k8s_openapi::api::core::v1::{Event, EventSource, Namespace, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
+use moka::sync::Cache;
 
 /// How long a namespace's phase is trusted: creates in a namespace that just started
 /// terminating are refused within this long.
 const NAMESPACE_TTL: Duration = Duration::from_secs(2);
+/// Phases kept at most, so creates naming many namespaces cannot grow memory without
+/// bound; past it the least used go first.
+const NAMESPACE_CACHE_ENTRIES: u64 = 4096;
 /// The `source.component` of our Events.
 const COMPONENT: &str = "battery-apiserver";
 
@@ -29,26 +31,20 @@ enum Phase {
 /// A client of the cluster's kube-apiserver.
 pub struct Cluster {
     client: kube::Client,
-    phases: Mutex<HashMap<String, (Instant, Phase)>>,
+    phases: Cache<String, Phase>,
 }
 
 impl Cluster {
     pub fn new(client: kube::Client) -> Self {
         Self {
             client,
-            phases: Mutex::new(HashMap::new()),
+            phases: crate::http::bounded_cache(NAMESPACE_TTL, NAMESPACE_CACHE_ENTRIES),
         }
     }
 
     async fn phase(&self, namespace: &str) -> Result<Phase, ApiError> {
-        if let Some((at, phase)) = self
-            .phases
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(namespace)
-            && at.elapsed() < NAMESPACE_TTL
-        {
-            return Ok(*phase);
+        if let Some(phase) = self.phases.get(namespace) {
+            return Ok(phase);
         }
         let api: Api<Namespace> = Api::all(self.client.clone());
         let phase = match api.get_opt(namespace).await {
@@ -65,10 +61,7 @@ impl Cluster {
                 )));
             }
         };
-        self.phases
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(namespace.to_owned(), (Instant::now(), phase));
+        self.phases.insert(namespace.to_owned(), phase);
         Ok(phase)
     }
 

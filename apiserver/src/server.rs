@@ -1,15 +1,10 @@
 //! Composes the server: the metadata store, battery's client, one storage per resource,
 //! the background work that follows battery, and the HTTP stack in front of them.
 //!
-//! The request path, outermost first (a refusing layer answers with a `Status`):
-//! 1. `metrics::observe` — logs the request once and counts it, whatever answered;
-//! 2. `recover::recover_panics` — a panic below becomes a 500 `Status`;
-//! 3. `authn::authenticate` — who is asking: front-proxy headers vouched for by the
-//!    requestheader CA, a client certificate, or anonymous; identity headers stripped;
-//! 4. `authz::authorize` — whether they may: the cluster's SubjectAccessReview or
-//!    dev's policy; health, discovery and OpenAPI always;
-//! 5. the routes — non-resource paths, then `/apis/<group>/<version>/...` dispatched
-//!    by request info to the resource's storage.
+//! The request path is one stack in `build`, read top to bottom from the outermost
+//! layer; each layer says why it sits where it does, and a refusing layer answers with a
+//! `Status`. After it come the routes: non-resource paths, then
+//! `/apis/<group>/<version>/...` dispatched by request info to the resource's storage.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +16,7 @@ use battery_types::{GROUP, HasResourceInfo, Host, MicroVMClaim, Pool, RESOURCES,
 use kube::CustomResourceExt;
 use tokio::sync::broadcast;
 use tokio::task::JoinSet;
+use tower::ServiceBuilder;
 
 use crate::api::{Endpoint, Limits, ResourceEndpoint, resource_router};
 use crate::battery::BatteryClient;
@@ -28,8 +24,8 @@ use crate::cluster::Cluster;
 use crate::http::authn::{self, Authentication};
 use crate::http::authz::{self, Authorizer};
 use crate::http::metrics::{self, Metrics};
-use crate::http::recover;
 use crate::http::{NonResource, nonresource_router};
+use crate::http::{recover, request_info};
 use crate::meta_store::MetaStore;
 use crate::resources::follow::Follower;
 use crate::resources::hosts::{HostDirectory, HostStatusWriter, HostStorage};
@@ -159,6 +155,8 @@ pub fn build(
             ),
         ),
     ];
+    // One registry per server: `/metrics` serves it, and whatever records into it (the
+    // observing layer, the storages, the follower) holds a clone of this.
     let metrics = Arc::new(Metrics::default());
     let kinds = [
         (&Pool::INFO, schema::<Pool>()),
@@ -175,24 +173,34 @@ pub fn build(
         .cluster
         .clone()
         .map(|c| c as Arc<dyn crate::api::NamespaceLifecycle>);
-    let mut router = resource_router(endpoints, lifecycle, settings.limits.clone())
-        .merge(nonresource_router(nonresource, GROUP, VERSION));
-    if let Some(authorizer) = settings.authorizer.clone() {
-        router = router.layer(axum::middleware::from_fn_with_state(
-            authorizer,
-            authz::authorize,
-        ));
-    }
-    let router = router
-        .layer(axum::middleware::from_fn_with_state(
-            settings.authentication.clone(),
-            authn::authenticate,
-        ))
-        .layer(axum::middleware::from_fn(recover::recover_panics))
-        .layer(axum::middleware::from_fn_with_state(
-            metrics,
-            metrics::observe,
-        ));
+    let stack =
+        ServiceBuilder::new()
+            // What the request asks for, parsed once: every layer below and the dispatch
+            // read it. A path that does not parse is answered 400 before anything acts on it.
+            .layer(axum::middleware::from_fn(request_info::parse))
+            // Logs and counts every request once, whoever answers it below, with labels
+            // from the request info.
+            .layer(axum::middleware::from_fn_with_state(
+                metrics.clone(),
+                metrics::observe,
+            ))
+            // A panic below becomes a 500 `Status`, logged and counted above.
+            .layer(axum::middleware::from_fn(recover::recover_panics))
+            // Who is asking: front-proxy headers vouched for by the requestheader CA, a
+            // client certificate, a bearer token, or anonymous; identity headers stripped.
+            .layer(axum::middleware::from_fn_with_state(
+                settings.authentication.clone(),
+                authn::authenticate,
+            ))
+            // Whether they may: the cluster's SubjectAccessReview, or `dev`'s or `serve`'s
+            // local policy; health, discovery and OpenAPI always. None where nothing else
+            // can reach the server.
+            .option_layer(settings.authorizer.clone().map(|authorizer| {
+                axum::middleware::from_fn_with_state(authorizer, authz::authorize)
+            }));
+    let router = resource_router(endpoints, lifecycle, settings.limits.clone())
+        .merge(nonresource_router(nonresource, GROUP, VERSION))
+        .layer(stack);
 
     let mut tasks = JoinSet::new();
     tasks.spawn(

@@ -256,7 +256,7 @@ async fn dispatch(State(resources): State<Arc<Resources>>, request: Request) -> 
 
 async fn route(resources: &Resources, request: Request) -> Result<Response, ApiError> {
     let (parts, body) = request.into_parts();
-    let info = RequestInfo::parse(&parts.method, parts.uri.path(), parts.uri.query())?;
+    let info = crate::http::request_info::of(&parts.extensions)?.clone();
     let endpoint = resources
         .endpoints
         .get(info.resource.as_str())

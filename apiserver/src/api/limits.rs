@@ -3,12 +3,19 @@
 //! `ClaimVM`), and a deadline on every request that is not long-running — each answered
 //! with a `Status`, never a dropped connection.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use battery_api_machinery::status::ApiError;
+use governor::clock::Clock as _;
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Every this many creates, users whose bucket has refilled are forgotten, so the
+/// limiter holds only users who created within about a burst's refill time.
+const FORGET_EVERY: u32 = 1024;
 
 /// The limits, as configured.
 #[derive(Debug, Clone)]
@@ -35,25 +42,23 @@ impl Default for Limits {
     }
 }
 
-/// A user's token bucket.
-struct Bucket {
-    tokens: f64,
-    updated: Instant,
-}
-
 /// The limits, enforced.
 pub struct Limiter {
     limits: Limits,
     watches: Arc<Semaphore>,
-    creates: Mutex<HashMap<String, Bucket>>,
+    /// A token bucket per user (GCRA, which is equivalent).
+    creates: DefaultKeyedRateLimiter<String>,
+    /// Creates since users were last forgotten.
+    since_forgetting: AtomicU32,
 }
 
 impl Limiter {
     pub fn new(limits: Limits) -> Self {
         Self {
             watches: Arc::new(Semaphore::new(limits.max_watches)),
+            creates: RateLimiter::keyed(create_quota(&limits)),
+            since_forgetting: AtomicU32::new(0),
             limits,
-            creates: Mutex::new(HashMap::new()),
         }
     }
 
@@ -76,31 +81,42 @@ impl Limiter {
 
     /// Takes one create from `user`'s bucket.
     pub fn admit_create(&self, user: &str) -> Result<(), ApiError> {
-        let now = Instant::now();
-        let rate = self.limits.creates_per_second;
-        let burst = f64::from(self.limits.create_burst);
-        let mut buckets = self.creates.lock().unwrap_or_else(PoisonError::into_inner);
-        // Full buckets carry no information: forget them so the map stays small.
-        buckets
-            .retain(|_, b| b.tokens + now.duration_since(b.updated).as_secs_f64() * rate < burst);
-        let bucket = buckets.entry(user.to_owned()).or_insert(Bucket {
-            tokens: burst,
-            updated: now,
-        });
-        bucket.tokens =
-            (bucket.tokens + now.duration_since(bucket.updated).as_secs_f64() * rate).min(burst);
-        bucket.updated = now;
-        if bucket.tokens >= 1.0 {
-            bucket.tokens -= 1.0;
-            return Ok(());
+        if self
+            .since_forgetting
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(FORGET_EVERY)
+        {
+            // A full bucket carries no information: forget it so the map stays small.
+            self.creates.retain_recent();
+            self.creates.shrink_to_fit();
         }
-        let wait = ((1.0 - bucket.tokens) / rate).ceil().max(1.0);
+        let refused = match self.creates.check_key(&user.to_owned()) {
+            Ok(()) => return Ok(()),
+            Err(refused) => refused,
+        };
+        let wait = refused.wait_time_from(self.creates.clock().now());
         Err(ApiError::too_many_requests(
-            format!("user {user} is creating objects faster than {rate}/s; retry later"),
+            format!(
+                "user {user} is creating objects faster than {}/s; retry later",
+                self.limits.creates_per_second
+            ),
             // At least a second, at most what fits a u32.
-            wait.min(f64::from(u32::MAX)) as u32,
+            u32::try_from(wait.as_secs_f64().ceil() as u64)
+                .unwrap_or(u32::MAX)
+                .max(1),
         ))
     }
+}
+
+/// The configured rate and burst as a quota. A burst of 0 would refuse every create,
+/// so it is taken as 1; a rate too fast for a nanosecond period is as good as none.
+fn create_quota(limits: &Limits) -> Quota {
+    let burst = NonZeroU32::new(limits.create_burst).unwrap_or(NonZeroU32::MIN);
+    Duration::try_from_secs_f64(1.0 / limits.creates_per_second)
+        .ok()
+        .and_then(Quota::with_period)
+        .unwrap_or_else(|| Quota::per_second(NonZeroU32::MAX))
+        .allow_burst(burst)
 }
 
 /// The answer to a request that ran out of time (`apiserver:pkg/server/filters/timeout.go`).
@@ -134,6 +150,28 @@ mod tests {
         assert_eq!(refused.reason(), Reason::TooManyRequests);
         assert_eq!(refused.retry_after_seconds(), Some(1));
         limiter.admit_create("bob").unwrap();
+    }
+
+    #[test]
+    fn users_whose_bucket_refilled_are_forgotten() {
+        let limiter = Limiter::new(Limits {
+            creates_per_second: 1000.0,
+            create_burst: 1,
+            ..Limits::default()
+        });
+        for n in 0..FORGET_EVERY * 4 {
+            limiter.admit_create(&format!("user-{n}")).unwrap();
+        }
+        // Each bucket refills in a millisecond.
+        std::thread::sleep(Duration::from_millis(20));
+        for n in 0..FORGET_EVERY {
+            limiter.admit_create(&format!("late-{n}")).unwrap();
+        }
+        assert!(
+            limiter.creates.len() <= FORGET_EVERY as usize,
+            "{} users tracked",
+            limiter.creates.len()
+        );
     }
 
     #[test]

@@ -5,9 +5,8 @@
 //! SubjectAccessReview (`reference/aggregated-apiserver.md` §2.4) with short caches, or
 //! `dev`'s local policy. A refusal is a 403 Status in Go's words.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -19,12 +18,16 @@ use k8s_openapi::api::authorization::v1::{
     NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use kube::api::Api;
+use moka::sync::Cache;
 
 use crate::api::UserInfo;
 
-/// Go's webhook authorizer caches for these long (`--authorization-webhook-cache-*-ttl`).
-const ALLOWED_TTL: Duration = Duration::from_secs(10);
-const DENIED_TTL: Duration = Duration::from_secs(10);
+/// How long a decision is kept, allowed or denied alike: Go's webhook authorizer caches
+/// each kind for its own `--authorization-webhook-cache-*-ttl`; ours are equal.
+const DECISION_TTL: Duration = Duration::from_secs(10);
+/// Decisions kept at most, so that many distinct requests cannot grow memory without
+/// bound; past it the least used go first.
+const DECISION_CACHE_ENTRIES: u64 = 8192;
 
 /// Paths any caller may read, as Go's `alwaysAllowPaths` plus discovery and OpenAPI
 /// (RBAC's `system:discovery` and `system:public-info-viewer` grant them to everyone).
@@ -103,14 +106,15 @@ impl Authorizer for AuthenticatedOnly {
 /// The cluster's SubjectAccessReview, cached.
 pub struct SubjectAccessReviewer {
     client: kube::Client,
-    cache: Mutex<HashMap<String, (Instant, Decision)>>,
+    /// By the review's spec, which is exactly what decides.
+    cache: Cache<String, Decision>,
 }
 
 impl SubjectAccessReviewer {
     pub fn new(client: kube::Client) -> Self {
         Self {
             client,
-            cache: Mutex::new(HashMap::new()),
+            cache: super::bounded_cache(DECISION_TTL, DECISION_CACHE_ENTRIES),
         }
     }
 
@@ -157,22 +161,9 @@ impl Authorizer for SubjectAccessReviewer {
     ) -> BoxFuture<'a, Result<Decision, ApiError>> {
         Box::pin(async move {
             let review = Self::review(user, request);
-            // The review's spec is exactly what decides: it is the cache key.
             let key = serde_json::to_string(&review.spec).map_err(ApiError::internal)?;
-            if let Some((at, decision)) = self
-                .cache
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(&key)
-            {
-                let ttl = if *decision == Decision::Allow {
-                    ALLOWED_TTL
-                } else {
-                    DENIED_TTL
-                };
-                if at.elapsed() < ttl {
-                    return Ok(decision.clone());
-                }
+            if let Some(decision) = self.cache.get(&key) {
+                return Ok(decision);
             }
             let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
             // Go answers a failed review with 500, not 403: the user may well be allowed.
@@ -185,42 +176,37 @@ impl Authorizer for SubjectAccessReviewer {
             } else {
                 Decision::Deny(status.reason.unwrap_or_default())
             };
-            let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-            // Keep the cache from growing without bound under many distinct requests.
-            cache.retain(|_, (at, _)| at.elapsed() < ALLOWED_TTL.max(DENIED_TTL));
-            cache.insert(key, (Instant::now(), decision.clone()));
+            self.cache.insert(key, decision.clone());
             Ok(decision)
         })
     }
 }
 
-/// The layer. Runs after authentication, which put the [`UserInfo`] in the extensions.
+/// The layer. Runs after request info and authentication, which put the [`RequestInfo`]
+/// and the [`UserInfo`] in the extensions.
 pub async fn authorize(
     State(authorizer): State<Arc<dyn Authorizer>>,
     request: Request,
     next: Next,
 ) -> Response {
-    let info = match RequestInfo::parse(
-        request.method(),
-        request.uri().path(),
-        request.uri().query(),
-    ) {
+    let info = match super::request_info::of(request.extensions()) {
         Ok(info) => info,
         Err(error) => return error.into_response(),
     };
-    if always_allowed(&info) {
+    if always_allowed(info) {
         return next.run(request).await;
     }
-    let Some(user) = request.extensions().get::<UserInfo>().cloned() else {
+    let Some(user) = request.extensions().get::<UserInfo>() else {
         return ApiError::internal(std::io::Error::other(
             "authorization ran before authentication",
         ))
         .into_response();
     };
-    match authorizer.authorize(&user, &info).await {
+    let decision = authorizer.authorize(user, info).await;
+    match decision {
         Ok(Decision::Allow) => next.run(request).await,
         Ok(Decision::Deny(reason)) => {
-            ApiError::forbidden(&user.name, &info, &reason).into_response()
+            ApiError::forbidden(&user.name, info, &reason).into_response()
         }
         Err(error) => error.into_response(),
     }

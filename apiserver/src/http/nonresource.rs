@@ -87,7 +87,7 @@ async fn version_info() -> Response {
 
 async fn metrics(State(state): State<Arc<NonResource>>) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)],
         state.metrics.render(),
     )
         .into_response()

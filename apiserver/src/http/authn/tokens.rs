@@ -1,11 +1,10 @@
 //! Bearer tokens through the cluster's `TokenReview`, answers cached briefly as Go does.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::HeaderMap;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use moka::sync::Cache;
 use sha2::Digest as _;
 
 use crate::api::UserInfo;
@@ -14,24 +13,22 @@ use crate::http::ReviewError;
 /// Go caches TokenReview answers, both kinds, for this long (`CacheTTL`).
 const TOKEN_TTL: Duration = Duration::from_secs(10);
 /// Answers kept at most, so that a flood of made-up tokens cannot grow memory without
-/// bound; past it, answers are not cached until old ones expire.
-const TOKEN_CACHE_ENTRIES: usize = 4096;
-
-/// When the cluster answered, and the user it named (none for an invalid token).
-type CachedReview = (Instant, Option<UserInfo>);
+/// bound; past it the least used go first.
+const TOKEN_CACHE_ENTRIES: u64 = 4096;
 
 /// Bearer tokens through the cluster's `TokenReview`.
 pub struct TokenReviewer {
     client: kube::Client,
-    /// By a digest of the token: the cache never holds a token itself.
-    cache: Mutex<HashMap<[u8; 32], CachedReview>>,
+    /// The user the cluster named (none for an invalid token), by a digest of the token:
+    /// the cache never holds a token itself.
+    cache: Cache<[u8; 32], Option<UserInfo>>,
 }
 
 impl TokenReviewer {
     pub fn new(client: kube::Client) -> Self {
         Self {
             client,
-            cache: Mutex::default(),
+            cache: crate::http::bounded_cache(TOKEN_TTL, TOKEN_CACHE_ENTRIES),
         }
     }
 
@@ -39,14 +36,8 @@ impl TokenReviewer {
     /// deleted ServiceAccount's, an expired one). A failed review is not cached.
     pub(super) async fn review(&self, token: &str) -> Result<Option<UserInfo>, ReviewError> {
         let digest: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
-        if let Some((at, user)) = self
-            .cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&digest)
-            && at.elapsed() < TOKEN_TTL
-        {
-            return Ok(user.clone());
+        if let Some(user) = self.cache.get(&digest) {
+            return Ok(user);
         }
         let review = TokenReview {
             spec: TokenReviewSpec {
@@ -67,13 +58,7 @@ impl TokenReviewer {
             }),
             _ => None,
         };
-        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        if cache.len() >= TOKEN_CACHE_ENTRIES {
-            cache.retain(|_, (at, _)| at.elapsed() < TOKEN_TTL);
-        }
-        if cache.len() < TOKEN_CACHE_ENTRIES {
-            cache.insert(digest, (Instant::now(), user.clone()));
-        }
+        self.cache.insert(digest, user.clone());
         Ok(user)
     }
 }

@@ -1,0 +1,150 @@
+//! `/metrics` driven through the whole router, in-process: hostile paths add no series,
+//! and the in-flight and open-watch gauges follow the requests.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use battery_apiserver::http::authz::AuthenticatedOnly;
+use battery_apiserver::server::Settings;
+use common::{Harness, POOLS, as_dev, get};
+use http::{Request, StatusCode};
+use tower::ServiceExt;
+
+const GROUP_VERSION: &str = "/apis/battery.liquidmetal-x.dev/v1alpha1";
+
+/// A server that refuses anonymous callers, as `serve` without a cluster does.
+async fn refusing_anonymous() -> Harness {
+    Harness::with_settings(Settings {
+        bind_wait: Duration::from_millis(200),
+        authorizer: Some(Arc::new(AuthenticatedOnly)),
+        ..Settings::default()
+    })
+    .await
+}
+
+/// The exposition, scraped as the dev user.
+async fn scrape(h: &Harness) -> String {
+    let (status, headers, body) = h.send(get("/metrics")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        headers[http::header::CONTENT_TYPE],
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    String::from_utf8(body).unwrap()
+}
+
+/// The sample lines: everything but `# HELP`, `# TYPE`, `# UNIT` and `# EOF`.
+fn series(text: &str) -> Vec<&str> {
+    text.lines().filter(|l| !l.starts_with('#')).collect()
+}
+
+/// Three paths no table names, distinct for each `n`: an invented resource, an invented
+/// group, and an invented non-resource path.
+fn invented(n: usize) -> [String; 3] {
+    [
+        format!("{GROUP_VERSION}/namespaces/ns-{n}/invented-{n}/x%22{n}/sub-{n}"),
+        format!("/apis/group-{n}.example.com/v{n}/things-{n}"),
+        format!("/path-{n}/with%20space"),
+    ]
+}
+
+async fn send_anonymous(h: &Harness, uri: &str) -> StatusCode {
+    let request = Request::get(uri).body(Body::empty()).unwrap();
+    h.router().oneshot(request).await.unwrap().status()
+}
+
+async fn send_as_dev(h: &Harness, uri: &str) -> StatusCode {
+    h.router().oneshot(as_dev(get(uri))).await.unwrap().status()
+}
+
+#[tokio::test]
+async fn issue_9_ten_thousand_invented_paths_add_no_series() {
+    let h = refusing_anonymous().await;
+    // The first few create each series these requests can reach: refused (403) and not
+    // found (404), for each way a path can be invented.
+    for n in 0..3 {
+        for uri in invented(n) {
+            assert_eq!(
+                send_anonymous(&h, &uri).await,
+                StatusCode::FORBIDDEN,
+                "{uri}"
+            );
+            assert_eq!(send_as_dev(&h, &uri).await, StatusCode::NOT_FOUND, "{uri}");
+        }
+    }
+    // The first scrape counts itself (a 200 on `/metrics`) from the second on.
+    scrape(&h).await;
+    let before = scrape(&h).await;
+    let mut sent = 0;
+    for n in 3.. {
+        for uri in invented(n) {
+            if sent % 2 == 0 {
+                send_anonymous(&h, &uri).await;
+            } else {
+                send_as_dev(&h, &uri).await;
+            }
+            sent += 1;
+        }
+        if sent >= 10_000 {
+            break;
+        }
+    }
+    let after = scrape(&h).await;
+    assert_eq!(
+        series(&before).len(),
+        series(&after).len(),
+        "before:\n{before}\nafter:\n{after}"
+    );
+    assert!(
+        after.contains(
+            r#"battery_apiserver_requests_total{verb="get",resource="other",subresource="",code="403"}"#
+        ),
+        "{after}"
+    );
+    assert!(!after.contains("invented"), "{after}");
+}
+
+/// The value of the one sample named `name` (no labels).
+fn gauge(text: &str, name: &str) -> i64 {
+    let prefix = format!("{name} ");
+    let line = series(text)
+        .into_iter()
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"));
+    line[prefix.len()..].parse().unwrap()
+}
+
+#[tokio::test]
+async fn the_gauges_count_requests_in_flight_and_watches_while_they_stream() {
+    let h = Harness::start().await;
+    let text = scrape(&h).await;
+    assert_eq!(
+        gauge(&text, "battery_apiserver_requests_in_flight"),
+        1,
+        "the scrape is in flight"
+    );
+    assert_eq!(gauge(&text, "battery_apiserver_watches_open"), 0);
+
+    let watch = h
+        .router()
+        .oneshot(as_dev(get(&format!("{POOLS}?watch=true"))))
+        .await
+        .unwrap();
+    assert_eq!(watch.status(), StatusCode::OK);
+    let text = scrape(&h).await;
+    assert_eq!(gauge(&text, "battery_apiserver_watches_open"), 1);
+    assert_eq!(
+        gauge(&text, "battery_apiserver_requests_in_flight"),
+        1,
+        "a streaming watch is no longer in flight"
+    );
+    drop(watch);
+    assert_eq!(
+        gauge(&scrape(&h).await, "battery_apiserver_watches_open"),
+        0,
+        "the watch's client went away"
+    );
+}
