@@ -127,11 +127,16 @@ pub fn build(
     settings: &Settings,
 ) -> anyhow::Result<App> {
     let (events, _) = broadcast::channel(EVENT_FANOUT);
+    // One registry per server: `/metrics` serves it, and whatever records into it (the
+    // observing layer, the battery client, the storages, the follower) holds a clone.
+    let metrics = Arc::new(Metrics::default());
+    let battery = battery.with_metrics(metrics.clone());
     let directory = Arc::new(HostDirectory::new(battery.clone(), store.clone()));
     let pools = Arc::new(PoolStorage::new(
         battery.clone(),
         store.clone(),
         directory.clone(),
+        metrics.clone(),
     ));
     let hosts = Arc::new(HostStorage::new(directory.clone()));
     let claims = Arc::new(ClaimStorage::new(
@@ -140,6 +145,7 @@ pub fn build(
         pools.clone(),
         events.clone(),
         settings.bind_wait,
+        metrics.clone(),
     ));
 
     let endpoints: Vec<Arc<dyn Endpoint>> = vec![
@@ -155,9 +161,6 @@ pub fn build(
             ),
         ),
     ];
-    // One registry per server: `/metrics` serves it, and whatever records into it (the
-    // observing layer, the storages, the follower) holds a clone of this.
-    let metrics = Arc::new(Metrics::default());
     let kinds = [
         (&Pool::INFO, schema::<Pool>()),
         (&MicroVMClaim::INFO, schema::<MicroVMClaim>()),
@@ -211,6 +214,7 @@ pub fn build(
             claims: claims.clone(),
             events,
             cluster: settings.cluster.clone(),
+            metrics: metrics.clone(),
         }
         .run(),
     );

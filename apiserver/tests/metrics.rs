@@ -148,3 +148,70 @@ async fn the_gauges_count_requests_in_flight_and_watches_while_they_stream() {
         "the watch's client went away"
     );
 }
+
+/// The series users alert on follow real work: a bind and its battery calls, the Pool's
+/// MicroVMs by state, and battery's events applied.
+#[tokio::test]
+async fn binds_battery_calls_pools_and_events_are_recorded() {
+    let h = Harness::start().await;
+    let (status, _) = h.json(common::post(POOLS, &common::pool("p", 2))).await;
+    assert_eq!(status, StatusCode::CREATED);
+    h.eventually(&format!("{POOLS}/p"), |_, pool| {
+        pool["status"]["available"] == 2
+    })
+    .await;
+    let claim = serde_json::json!({
+        "apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "MicroVMClaim",
+        "metadata": {"name": "c"}, "spec": {"poolRef": {"name": "p"}, "serviceAccountName": "dev"}
+    });
+    let (status, _) = h.json(common::post(common::CLAIMS, &claim)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let missing = serde_json::json!({
+        "apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "MicroVMClaim",
+        "metadata": {"name": "d"}, "spec": {"poolRef": {"name": "nope"}, "serviceAccountName": "dev"}
+    });
+    let (status, _) = h.json(common::post(common::CLAIMS, &missing)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = scrape(&h).await;
+        let has = |line: &str| series(&text).contains(&line);
+        let leased = has(
+            r#"battery_apiserver_pool_microvms{namespace="default",pool="p",state="leased"} 1"#,
+        );
+        let events = series(&text)
+            .iter()
+            .find_map(|l| l.strip_prefix("battery_apiserver_battery_events_total "))
+            .and_then(|n| n.parse::<f64>().ok())
+            .unwrap_or_default();
+        if leased && events > 0.0 {
+            assert!(
+                has(r#"battery_apiserver_bind_duration_seconds_count{outcome="bound"} 1"#),
+                "{text}"
+            );
+            assert!(
+                has(r#"battery_apiserver_bind_duration_seconds_count{outcome="refused"} 1"#),
+                "{text}"
+            );
+            assert!(
+                text.contains(r#"battery_apiserver_battery_call_duration_seconds_count{method="ClaimVM",outcome="ok"} 1"#),
+                "{text}"
+            );
+            assert!(
+                text.contains(r#"battery_apiserver_battery_call_duration_seconds_count{method="ClaimVM",outcome="not_found"} 1"#),
+                "{text}"
+            );
+            assert!(
+                text.contains("battery_apiserver_battery_event_lag_seconds "),
+                "{text}"
+            );
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never recorded: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

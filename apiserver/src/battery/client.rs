@@ -2,7 +2,8 @@
 //! import `battery-proto`; the rest of the server sees our own types.
 
 use std::fmt;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use battery_proto::poolmgr::v1alpha1 as pb;
 use pb::events_client::EventsClient;
@@ -13,6 +14,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::convert;
 use super::errors::{BatteryError, Rpc};
+use crate::http::metrics::{BatteryOutcome, Metrics};
 use battery_types::{HostSpec, HostStatus, NetworkInterfaceStatus, PoolSpec, PoolStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 
@@ -129,22 +131,14 @@ pub struct BatteryClient {
     events: EventsClient<Channel>,
     hosts: HostAdminClient<Channel>,
     health: tonic_health::pb::health_client::HealthClient<Channel>,
+    /// Where each call's latency and outcome is recorded, once the server has a registry.
+    metrics: Option<Arc<Metrics>>,
 }
 
 fn call<T>(message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.set_timeout(CALL_TIMEOUT);
     request
-}
-
-/// The one place a call's answer is read: battery's status becomes a [`BatteryError`].
-async fn answer<T>(
-    rpc: Rpc,
-    call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-) -> Result<T, BatteryError> {
-    call.await
-        .map(tonic::Response::into_inner)
-        .map_err(|status| BatteryError::from_status(rpc, status))
 }
 
 impl BatteryClient {
@@ -161,7 +155,35 @@ impl BatteryClient {
             events: EventsClient::new(channel.clone()),
             hosts: HostAdminClient::new(channel.clone()),
             health: tonic_health::pb::health_client::HealthClient::new(channel),
+            metrics: None,
         })
+    }
+
+    /// The same client, recording every call into `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// The one place a call's answer is read: battery's status becomes a
+    /// [`BatteryError`], and the call's latency and outcome are recorded.
+    async fn answer<T>(
+        &self,
+        rpc: Rpc,
+        call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, BatteryError> {
+        let started = Instant::now();
+        let answered = call
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|status| BatteryError::from_status(rpc, status));
+        if let Some(metrics) = &self.metrics {
+            let outcome = answered
+                .as_ref()
+                .map_or_else(BatteryError::outcome, |_| BatteryOutcome::Ok);
+            metrics.record_battery_call(rpc.as_str(), outcome, started.elapsed());
+        }
+        answered
     }
 
     /// True when battery's health service says SERVING.
@@ -171,8 +193,8 @@ impl BatteryClient {
             service: String::new(),
         });
         matches!(
-            health.check(request).await,
-            Ok(r) if r.get_ref().status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+            self.answer(Rpc::HealthCheck, health.check(request)).await,
+            Ok(r) if r.status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
         )
     }
 
@@ -180,7 +202,9 @@ impl BatteryClient {
         let request = pb::GetPoolRequest {
             r#ref: Some(pool_ref(namespace, name)),
         };
-        let pool = answer(Rpc::GetPool, self.pools.clone().get_pool(call(request))).await?;
+        let pool = self
+            .answer(Rpc::GetPool, self.pools.clone().get_pool(call(request)))
+            .await?;
         Ok(BatteryPool::from_pb(pool))
     }
 
@@ -189,7 +213,9 @@ impl BatteryClient {
         let request = pb::ListPoolsRequest {
             namespace: namespace.map(str::to_owned),
         };
-        let listed = answer(Rpc::ListPools, self.pools.clone().list_pools(call(request))).await?;
+        let listed = self
+            .answer(Rpc::ListPools, self.pools.clone().list_pools(call(request)))
+            .await?;
         Ok(listed.pools.into_iter().map(BatteryPool::from_pb).collect())
     }
 
@@ -204,11 +230,12 @@ impl BatteryClient {
         let request = pb::CreatePoolRequest {
             spec: Some(convert::pool_spec_to_battery(namespace, name, spec, hosts)),
         };
-        let pool = answer(
-            Rpc::CreatePool,
-            self.pools.clone().create_pool(call(request)),
-        )
-        .await?;
+        let pool = self
+            .answer(
+                Rpc::CreatePool,
+                self.pools.clone().create_pool(call(request)),
+            )
+            .await?;
         Ok(BatteryPool::from_pb(pool))
     }
 
@@ -223,11 +250,12 @@ impl BatteryClient {
         let request = pb::UpdatePoolRequest {
             spec: Some(convert::pool_spec_to_battery(namespace, name, spec, hosts)),
         };
-        let pool = answer(
-            Rpc::UpdatePool,
-            self.pools.clone().update_pool(call(request)),
-        )
-        .await?;
+        let pool = self
+            .answer(
+                Rpc::UpdatePool,
+                self.pools.clone().update_pool(call(request)),
+            )
+            .await?;
         Ok(BatteryPool::from_pb(pool))
     }
 
@@ -238,7 +266,7 @@ impl BatteryClient {
             r#ref: Some(pool_ref(namespace, name)),
             force: false,
         };
-        answer(
+        self.answer(
             Rpc::DeletePool,
             self.pools.clone().delete_pool(call(request)),
         )
@@ -260,7 +288,9 @@ impl BatteryClient {
             request_id: request_id.to_owned(),
         });
         request.set_timeout(CLAIM_TIMEOUT);
-        let claimed = answer(Rpc::ClaimVm, self.leases.clone().claim_vm(request)).await?;
+        let claimed = self
+            .answer(Rpc::ClaimVm, self.leases.clone().claim_vm(request))
+            .await?;
         let listed = self
             .leases_of(Some((namespace, pool)))
             .await?
@@ -282,7 +312,9 @@ impl BatteryClient {
         let request = pb::HeartbeatRequest {
             lease_id: lease.expose().to_owned(),
         };
-        let renewed = answer(Rpc::Heartbeat, self.leases.clone().heartbeat(call(request))).await?;
+        let renewed = self
+            .answer(Rpc::Heartbeat, self.leases.clone().heartbeat(call(request)))
+            .await?;
         renewed
             .expires_at
             .as_ref()
@@ -296,7 +328,7 @@ impl BatteryClient {
         let request = pb::ReleaseVmRequest {
             lease_id: lease.expose().to_owned(),
         };
-        answer(
+        self.answer(
             Rpc::ReleaseVm,
             self.leases.clone().release_vm(call(request)),
         )
@@ -313,11 +345,12 @@ impl BatteryClient {
         let request = pb::ListLeasesRequest {
             pool_ref: pool.map(|(ns, name)| pool_ref(ns, name)),
         };
-        let listed = answer(
-            Rpc::ListLeases,
-            self.leases.clone().list_leases(call(request)),
-        )
-        .await?;
+        let listed = self
+            .answer(
+                Rpc::ListLeases,
+                self.leases.clone().list_leases(call(request)),
+            )
+            .await?;
         Ok(listed
             .leases
             .into_iter()
@@ -334,13 +367,16 @@ impl BatteryClient {
     pub(super) async fn subscribe(&self) -> Result<tonic::Streaming<pb::Event>, BatteryError> {
         // No timeout: the stream lives as long as the server.
         let request = tonic::Request::new(pb::SubscribeRequest { pool: None });
-        answer(Rpc::Subscribe, self.events.clone().subscribe(request)).await
+        self.answer(Rpc::Subscribe, self.events.clone().subscribe(request))
+            .await
     }
 
     /// Every host battery knows, in name order.
     pub async fn hosts(&self) -> Result<Vec<BatteryHost>, BatteryError> {
         let request = call(pb::ListHostsRequest {});
-        let listed = answer(Rpc::ListHosts, self.hosts.clone().list_hosts(request)).await?;
+        let listed = self
+            .answer(Rpc::ListHosts, self.hosts.clone().list_hosts(request))
+            .await?;
         Ok(listed
             .hosts
             .into_iter()
@@ -352,7 +388,9 @@ impl BatteryClient {
         let request = pb::GetHostRequest {
             name: name.to_owned(),
         };
-        let status = answer(Rpc::GetHost, self.hosts.clone().get_host(call(request))).await?;
+        let status = self
+            .answer(Rpc::GetHost, self.hosts.clone().get_host(call(request)))
+            .await?;
         BatteryHost::from_pb(status)
             .ok_or_else(|| BatteryError::malformed(Rpc::GetHost, "an answer without a host"))
     }
@@ -363,7 +401,8 @@ impl BatteryClient {
             host: Some(convert::host_to_battery(name, spec)),
             skip_validation: false,
         };
-        answer(Rpc::AddHost, self.hosts.clone().add_host(call(request))).await?;
+        self.answer(Rpc::AddHost, self.hosts.clone().add_host(call(request)))
+            .await?;
         self.host(name).await
     }
 
@@ -373,7 +412,7 @@ impl BatteryClient {
             host: Some(convert::host_to_battery(name, spec)),
             skip_validation: false,
         };
-        answer(
+        self.answer(
             Rpc::UpdateHost,
             self.hosts.clone().update_host(call(request)),
         )
@@ -385,7 +424,7 @@ impl BatteryClient {
         let request = pb::RemoveHostRequest {
             name: name.to_owned(),
         };
-        answer(
+        self.answer(
             Rpc::RemoveHost,
             self.hosts.clone().remove_host(call(request)),
         )
@@ -398,7 +437,7 @@ impl BatteryClient {
             name: name.to_owned(),
             reason: reason.to_owned(),
         };
-        answer(
+        self.answer(
             Rpc::CordonHost,
             self.hosts.clone().cordon_host(call(request)),
         )
@@ -410,7 +449,7 @@ impl BatteryClient {
         let request = pb::UncordonHostRequest {
             name: name.to_owned(),
         };
-        answer(
+        self.answer(
             Rpc::UncordonHost,
             self.hosts.clone().uncordon_host(call(request)),
         )

@@ -13,6 +13,8 @@ use battery_types::ResourceInfo;
 use battery_types::validation::FieldError;
 use tonic::Code;
 
+use crate::http::metrics::BatteryOutcome;
+
 /// How long a client should wait before retrying when battery is unavailable or has no
 /// MicroVM to hand out.
 pub const RETRY_AFTER_SECONDS: u32 = 1;
@@ -178,6 +180,22 @@ impl BatteryError {
             | Failure::Cancelled
             | Failure::Unauthenticated
             | Failure::Failed => false,
+        }
+    }
+
+    /// The outcome label of this failure in the battery call metrics.
+    pub(super) fn outcome(&self) -> BatteryOutcome {
+        match self.failure {
+            _ if !self.is_definitive() => BatteryOutcome::Ambiguous,
+            Failure::NotFound => BatteryOutcome::NotFound,
+            Failure::Exhausted => BatteryOutcome::Exhausted,
+            Failure::AlreadyExists
+            | Failure::Aborted
+            | Failure::PoolHasLeases
+            | Failure::HostInUse
+            | Failure::Precondition => BatteryOutcome::Conflict,
+            Failure::Invalid => BatteryOutcome::Invalid,
+            _ => BatteryOutcome::Failed,
         }
     }
 

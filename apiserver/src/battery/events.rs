@@ -2,6 +2,8 @@
 //! subscription (`reference/battery-api.md` §4.6), so followers dedupe by id.
 
 use battery_proto::poolmgr::v1alpha1 as pb;
+use std::time::SystemTime;
+
 use futures::{Stream, StreamExt};
 
 use super::BatteryClient;
@@ -55,6 +57,8 @@ pub struct BatteryEvent {
     pub pool: String,
     pub vm_uid: String,
     pub kind: EventKind,
+    /// When battery recorded it, if it said.
+    pub created_at: Option<SystemTime>,
 }
 
 impl BatteryClient {
@@ -75,6 +79,7 @@ impl BatteryClient {
                     pool: e.pool_name,
                     vm_uid: e.vm_uid,
                     kind: EventKind::from_pb(e.r#type),
+                    created_at: e.created_at.and_then(|t| SystemTime::try_from(t).ok()),
                 })
         }))
     }

@@ -15,6 +15,7 @@ use super::microvmclaims::ClaimStorage;
 use super::pools::PoolStorage;
 use crate::battery::{BatteryClient, BatteryError, BatteryEvent, EventKind};
 use crate::cluster::Cluster;
+use crate::http::metrics::Metrics;
 use crate::meta_store::{MetaStore, StoreError};
 
 /// Events applied per batch: during a replay, a pool named by many events is re-read
@@ -41,6 +42,8 @@ pub struct Follower {
     pub events: broadcast::Sender<BatteryEvent>,
     /// Where hook failures are recorded as Events, when there is a cluster.
     pub cluster: Option<Arc<Cluster>>,
+    /// Counts the events applied and how far behind battery they are.
+    pub metrics: Arc<Metrics>,
 }
 
 impl Follower {
@@ -111,6 +114,7 @@ impl Follower {
     async fn apply(&self, events: &[BatteryEvent]) {
         let mut pools = BTreeSet::new();
         for event in events {
+            self.metrics.record_event(event.created_at);
             // Nobody waiting is fine.
             let _ = self.events.send(event.clone());
             if let Err(err) = self.claims.observe(event).await {

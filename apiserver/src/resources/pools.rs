@@ -8,7 +8,7 @@ use battery_api_machinery::status::ApiError;
 use battery_api_machinery::table::TableColumnDefinition;
 use battery_types::conditions;
 use battery_types::validation::FieldError;
-use battery_types::{HasResourceInfo, Placement, Pool, PoolSpec};
+use battery_types::{HasResourceInfo, Placement, Pool, PoolSpec, PoolStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -18,10 +18,20 @@ use super::{KeyLocks, check_resource_version, commit};
 use crate::api::{Deleted, RequestContext, Storage, server_now};
 use crate::battery::objects::{self, PoolMeta};
 use crate::battery::{BatteryClient, BatteryPool, Failure};
+use crate::http::metrics::{Metrics, PoolCounts};
 use crate::meta_store::{Key, MetaStore};
 use crate::watch::ChangeType;
 
 const RESOURCE: &str = "pools";
+
+fn counts(status: &PoolStatus) -> PoolCounts {
+    PoolCounts {
+        available: status.available.into(),
+        leased: status.leased.into(),
+        provisioning: status.provisioning.into(),
+        quarantined: status.quarantined.into(),
+    }
+}
 
 /// What the metadata store keeps of a Pool.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -51,6 +61,7 @@ pub struct PoolStorage {
     store: Arc<MetaStore>,
     hosts: Arc<HostDirectory>,
     locks: KeyLocks,
+    metrics: Arc<Metrics>,
 }
 
 fn key(namespace: &str, name: &str) -> Key {
@@ -80,12 +91,31 @@ fn adopted_metadata(namespace: &str, name: &str) -> ObjectMeta {
 }
 
 impl PoolStorage {
-    pub fn new(battery: BatteryClient, store: Arc<MetaStore>, hosts: Arc<HostDirectory>) -> Self {
+    pub fn new(
+        battery: BatteryClient,
+        store: Arc<MetaStore>,
+        hosts: Arc<HostDirectory>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
             battery,
             store,
             hosts,
             locks: KeyLocks::default(),
+            metrics,
+        }
+    }
+
+    /// Keeps the Pool's MicroVM gauges at what was just recorded of it.
+    fn record_counts(&self, pool: &Pool, change: ChangeType) {
+        let namespace = pool.metadata.namespace.as_deref().unwrap_or_default();
+        let name = pool.metadata.name.as_deref().unwrap_or_default();
+        match (change, &pool.status) {
+            (ChangeType::Deleted, _) => self.metrics.forget_pool(namespace, name),
+            (_, Some(status)) => self
+                .metrics
+                .set_pool_counts(namespace, name, counts(status)),
+            (_, None) => {}
         }
     }
 
@@ -132,7 +162,9 @@ impl PoolStorage {
                 .unwrap_or_default(),
             rejected,
         };
-        commit(&self.store, &key, object, change, record, |_| Ok(()))
+        commit(&self.store, &key, object, change, record, |_| Ok(()))?;
+        self.record_counts(object, change);
+        Ok(())
     }
 
     /// The Host names a Pool's selector resolves to, as battery's `flintlock_hosts`.
@@ -200,6 +232,9 @@ impl PoolStorage {
             .await
             .map_err(|e| e.into_api_error(info(), ""))?;
         for pool in pools {
+            // Pools that battery reports no event for still get their gauges.
+            self.metrics
+                .set_pool_counts(&pool.namespace, &pool.name, counts(&pool.counts));
             let key = key(&pool.namespace, &pool.name);
             let _guard = self.locks.lock(&key).await;
             // Checked under the lock: a create in flight records the Pool itself.

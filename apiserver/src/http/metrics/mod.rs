@@ -366,12 +366,15 @@ impl Metrics {
     /// Records a battery event the follower applied, created by battery at `created_at`.
     /// The lag is measured against this host's clock; battery's running behind it counts
     /// as no lag.
-    pub fn record_event(&self, created_at: SystemTime) {
+    /// An event without a creation time counts, and leaves the lag as it was.
+    pub fn record_event(&self, created_at: Option<SystemTime>) {
         self.battery_events.inc();
-        let lag = SystemTime::now()
-            .duration_since(created_at)
-            .unwrap_or_default();
-        self.battery_event_lag.set(lag.as_secs_f64());
+        if let Some(created_at) = created_at {
+            let lag = SystemTime::now()
+                .duration_since(created_at)
+                .unwrap_or_default();
+            self.battery_event_lag.set(lag.as_secs_f64());
+        }
     }
 
     /// The exposition, in OpenMetrics text.

@@ -195,8 +195,8 @@ fn a_pools_counts_are_one_series_per_state_until_it_is_forgotten() {
 #[test]
 fn each_applied_event_is_counted_and_sets_the_lag() {
     let metrics = Metrics::default();
-    metrics.record_event(SystemTime::now() - Duration::from_secs(90));
-    metrics.record_event(SystemTime::now() + Duration::from_secs(5));
+    metrics.record_event(Some(SystemTime::now() - Duration::from_secs(90)));
+    metrics.record_event(Some(SystemTime::now() + Duration::from_secs(5)));
     assert_eq!(
         lines(&metrics, "battery_apiserver_battery_events_total"),
         ["battery_apiserver_battery_events_total 2"]
@@ -206,7 +206,7 @@ fn each_applied_event_is_counted_and_sets_the_lag() {
         ["battery_apiserver_battery_event_lag_seconds 0.0"],
         "a clock ahead of ours is no lag"
     );
-    metrics.record_event(SystemTime::now() - Duration::from_secs(90));
+    metrics.record_event(Some(SystemTime::now() - Duration::from_secs(90)));
     let lag: f64 = lines(&metrics, "battery_apiserver_battery_event_lag_seconds ")[0]
         .rsplit(' ')
         .next()

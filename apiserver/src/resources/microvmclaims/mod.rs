@@ -6,7 +6,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use battery_api_machinery::status::ApiError;
 use battery_api_machinery::table::TableColumnDefinition;
@@ -22,7 +22,8 @@ use super::{KeyLocks, check_resource_version, commit};
 use crate::api::{Deleted, RequestContext, Storage};
 use crate::battery::objects;
 use crate::battery::{BatteryClient, BatteryEvent, EventKind, Failure, LeaseId};
-use crate::meta_store::{Key, MetaStore};
+use crate::http::metrics::{BindOutcome, Metrics};
+use crate::meta_store::{Key, MetaStore, StoreError};
 use crate::watch::ChangeType;
 
 mod lease;
@@ -80,19 +81,36 @@ pub struct BindIntent {
     abandoned: bool,
 }
 
-/// Why `ClaimVM` did not bind.
+/// Why a bind did not bind, and how that counts.
 struct BindFailure {
     error: ApiError,
-    /// battery may have leased anyway (the answer was lost).
-    ambiguous: bool,
+    /// `Ambiguous` when battery may have leased anyway (the answer was lost).
+    outcome: BindOutcome,
 }
 
+impl BindFailure {
+    /// Refused for good: nothing was leased.
+    fn refused(error: ApiError) -> Self {
+        Self {
+            error,
+            outcome: BindOutcome::Refused,
+        }
+    }
+}
+
+/// The API server itself failed (its metadata store).
 impl From<ApiError> for BindFailure {
     fn from(error: ApiError) -> Self {
         Self {
             error,
-            ambiguous: false,
+            outcome: BindOutcome::Failed,
         }
+    }
+}
+
+impl From<StoreError> for BindFailure {
+    fn from(error: StoreError) -> Self {
+        ApiError::from(error).into()
     }
 }
 
@@ -121,6 +139,7 @@ pub struct ClaimStorage {
     events: broadcast::Sender<BatteryEvent>,
     /// How long a create waits for a MicroVM when the pool has none available.
     bind_wait: Duration,
+    metrics: Arc<Metrics>,
 }
 
 impl ClaimStorage {
@@ -130,6 +149,7 @@ impl ClaimStorage {
         pools: Arc<PoolStorage>,
         events: broadcast::Sender<BatteryEvent>,
         bind_wait: Duration,
+        metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             battery,
@@ -138,6 +158,7 @@ impl ClaimStorage {
             locks: Arc::default(),
             events,
             bind_wait,
+            metrics,
         }
     }
 
@@ -230,20 +251,30 @@ impl ClaimStorage {
                 }
                 Failure::Exhausted => {
                     if !wait_for_available(&mut events, namespace, pool, deadline).await {
-                        return Err(BindFailure::from(ApiError::too_many_requests(
-                            format!(
-                                "pool {namespace}/{pool} has no MicroVM available; retry later"
+                        return Err(BindFailure {
+                            error: ApiError::too_many_requests(
+                                format!(
+                                    "pool {namespace}/{pool} has no MicroVM available; retry later"
+                                ),
+                                crate::battery::RETRY_AFTER_SECONDS,
                             ),
-                            crate::battery::RETRY_AFTER_SECONDS,
-                        )));
+                            outcome: BindOutcome::Exhausted,
+                        });
                     }
                 }
                 Failure::NotFound => {
-                    return Err(ApiError::not_found(&battery_types::Pool::INFO, pool).into());
+                    return Err(BindFailure::refused(ApiError::not_found(
+                        &battery_types::Pool::INFO,
+                        pool,
+                    )));
                 }
                 _ => {
                     return Err(BindFailure {
-                        ambiguous: !err.is_definitive(),
+                        outcome: if err.is_definitive() {
+                            BindOutcome::Refused
+                        } else {
+                            BindOutcome::Ambiguous
+                        },
                         error: err.into_api_error(info(), name),
                     });
                 }
@@ -307,8 +338,19 @@ impl ClaimStorage {
         Ok(())
     }
 
-    /// The bind of `create`: record the intent, `ClaimVM`, record the bound claim.
-    async fn bind(&self, mut claim: MicroVMClaim) -> Result<MicroVMClaim, ApiError> {
+    /// The bind of `create`, timed and counted by its outcome.
+    async fn bind(&self, claim: MicroVMClaim) -> Result<MicroVMClaim, ApiError> {
+        let started = Instant::now();
+        let bound = self.bind_steps(claim).await;
+        let outcome = bound
+            .as_ref()
+            .map_or_else(|f| f.outcome, |_| BindOutcome::Bound);
+        self.metrics.record_bind(outcome, started.elapsed());
+        bound.map_err(|f| f.error)
+    }
+
+    /// Records the intent, calls `ClaimVM`, records the bound claim.
+    async fn bind_steps(&self, mut claim: MicroVMClaim) -> Result<MicroVMClaim, BindFailure> {
         let namespace = claim.metadata.namespace.clone().unwrap_or_default();
         let name = claim.metadata.name.clone().unwrap_or_default();
         let uid = claim.metadata.uid.clone().unwrap_or_default();
@@ -316,15 +358,20 @@ impl ClaimStorage {
         let key = key(&namespace, &name);
         let _guard = self.locks.lock(&key).await;
         if self.store.get::<ClaimRecord>(&key)?.is_some() {
-            return Err(ApiError::already_exists(info(), &name));
-        }
-        if self.pools.is_deleting(&namespace, &pool)? {
-            return Err(ApiError::conflict(
+            return Err(BindFailure::refused(ApiError::already_exists(
                 info(),
                 &name,
-                format!("pool {namespace}/{pool} is being deleted"),
-            )
-            .with_specific_reason("PoolDeleting"));
+            )));
+        }
+        if self.pools.is_deleting(&namespace, &pool)? {
+            return Err(BindFailure::refused(
+                ApiError::conflict(
+                    info(),
+                    &name,
+                    format!("pool {namespace}/{pool} is being deleted"),
+                )
+                .with_specific_reason("PoolDeleting"),
+            ));
         }
         let mut intent = BindIntent {
             claim: claim.clone(),
@@ -338,7 +385,7 @@ impl ClaimStorage {
             .await
         {
             Ok(lease) => lease,
-            Err(failure) if failure.ambiguous => {
+            Err(failure) if failure.outcome == BindOutcome::Ambiguous => {
                 // battery may have leased: the create fails, so whatever it leased is
                 // released, now if battery answers, else at the next start.
                 intent.abandoned = true;
@@ -349,12 +396,12 @@ impl ClaimStorage {
                         tracing::warn!(error = %err, "releasing an abandoned bind; the next start retries");
                     }
                 });
-                return Err(failure.error);
+                return Err(failure);
             }
             Err(failure) => {
                 // battery said no: nothing was leased, so nothing is left behind.
                 self.store.transact(|tx| tx.delete_intent(&uid))?;
-                return Err(failure.error);
+                return Err(failure);
             }
         };
         crate::failpoint::crash_point("bind:claimed");
