@@ -88,8 +88,8 @@ use battery_proto::microvm::services::api::v1alpha1::micro_vm_server::MicroVmSer
 use battery_proto::microvmexec::services::api::v1alpha1::micro_vm_exec_server::MicroVmExecServer;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tonic::transport::server::TcpIncoming;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::server::TcpIncoming;
 use tracing::{info, warn};
 
 pub use error::SimHostError;
