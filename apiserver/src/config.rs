@@ -5,14 +5,35 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Kubernetes aggregated API server for battery's warm pools of flintlock MicroVMs.
 #[derive(Debug, Parser)]
 #[command(name = "battery-apiserver", version, about)]
 pub struct Cli {
+    /// How log lines on stderr are written: `text` for people, `json` (one object a line)
+    /// for log collectors.
+    #[arg(
+        long,
+        global = true,
+        env = "BATTERY_APISERVER_LOG_FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Text
+    )]
+    pub log_format: LogFormat,
+
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// The shape of a log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One readable line per event, coloured only when stderr is a terminal.
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `target`, `message` and the
+    /// event's other fields beside it.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -291,6 +312,31 @@ mod tests {
         ])
         .unwrap_err();
         assert!(err.to_string().contains("not a positive number"), "{err}");
+    }
+
+    #[test]
+    fn the_log_format_is_a_global_flag_and_defaults_to_text() {
+        let text = Cli::try_parse_from(["battery-apiserver", "dev"]).unwrap();
+        assert_eq!(text.log_format, LogFormat::Text);
+        for args in [
+            ["battery-apiserver", "--log-format", "json", "dev"],
+            ["battery-apiserver", "dev", "--log-format", "json"],
+            [
+                "battery-apiserver",
+                "embedded-battery",
+                "--log-format",
+                "json",
+            ],
+        ] {
+            let cli = Cli::try_parse_from(args).unwrap();
+            assert_eq!(cli.log_format, LogFormat::Json, "{args:?}");
+        }
+        let err =
+            Cli::try_parse_from(["battery-apiserver", "dev", "--log-format", "xml"]).unwrap_err();
+        assert!(
+            err.to_string().contains("[possible values: text, json]"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1,14 +1,33 @@
-//! Logs go to stderr as text; `RUST_LOG` picks the level (default `info`).
+//! Logs go to stderr, as text or as one JSON object a line (`--log-format`); `RUST_LOG`
+//! picks the level (default `info`). Colour codes are written only to a terminal: in a
+//! file, `kubectl logs` or a collector they are noise.
+
+use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
+use crate::config::LogFormat;
+
 /// Installs the global subscriber once.
-pub fn init() {
+pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        // Flattened, so `message` sits beside `level` where collectors look for it.
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+/// Reports the error that ends the process: one plain line for a person, or one more
+/// JSON line when a collector reads stderr, so its last line parses too.
+pub fn fatal(format: LogFormat, err: &anyhow::Error) {
+    match format {
+        LogFormat::Text => eprintln!("battery-apiserver: {err:#}"),
+        LogFormat::Json => tracing::error!(error = %format!("{err:#}"), "battery-apiserver failed"),
+    }
 }
 
 /// Prints what a person (or a script) starting the server needs: where it serves and

@@ -8,11 +8,12 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = battery_apiserver::config::Cli::parse();
-    battery_apiserver::logging::init();
+    let log_format = cli.log_format;
+    battery_apiserver::logging::init(log_format);
     match battery_apiserver::run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("battery-apiserver: {err:#}");
+            battery_apiserver::logging::fatal(log_format, &err);
             ExitCode::from(1)
         }
     }

@@ -145,6 +145,8 @@ impl StandIn {
         let tcp = tokio::net::TcpStream::connect(&authority)
             .await
             .expect("connect to the stand-in");
+        tcp.set_nodelay(true)
+            .expect("TCP_NODELAY on the stand-in connection");
         let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
             .connect(
                 rustls::pki_types::ServerName::try_from("127.0.0.1").expect("an IP address"),

@@ -88,8 +88,8 @@ use battery_proto::microvm::services::api::v1alpha1::micro_vm_server::MicroVmSer
 use battery_proto::microvmexec::services::api::v1alpha1::micro_vm_exec_server::MicroVmExecServer;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::server::TcpIncoming;
 use tracing::{info, warn};
 
 pub use error::SimHostError;
@@ -236,7 +236,8 @@ impl SimulatedHost {
             .add_service(MicroVmExecServer::new(ExecService::new(Arc::clone(&host))));
         let name = host.name.clone();
         let server = tokio::spawn(async move {
-            let incoming = TcpListenerStream::new(listener);
+            // As flintlockd's Go server does: small HTTP/2 frames must not wait for an ACK.
+            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
             if let Err(error) = router
                 .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
                 .await
