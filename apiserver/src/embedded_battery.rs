@@ -26,6 +26,7 @@ pub async fn run(args: EmbeddedBatteryArgs) -> anyhow::Result<()> {
         Some(dir) => format!("state in {}", dir.display()),
         None => "state in memory".to_owned(),
     };
+    let shutdown = crate::serve_command::shutdown_signal();
     // Tests and scripts read the first line to learn the port when --listen has port 0.
     crate::logging::announce(&[
         format!("embedded battery serving battery's gRPC API on {addr}"),
@@ -35,7 +36,7 @@ pub async fn run(args: EmbeddedBatteryArgs) -> anyhow::Result<()> {
         ),
         format!("next: grpcurl -plaintext {addr} list"),
     ]);
-    crate::serve_command::shutdown_signal().await;
+    shutdown.await;
     tracing::info!("stopping the embedded battery");
     local.shutdown().await;
     Ok(())

@@ -91,12 +91,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
+    let shutdown = shutdown_signal();
     // Scripts and tests read this line to learn the port when --listen has port 0.
     crate::logging::announce(&[format!(
         "battery-apiserver serve: serving https://{}",
         listener.local_addr()?
     )]);
-    serve::serve(listener, acceptor, app.router, shutdown_signal()).await;
+    serve::serve(listener, acceptor, app.router, shutdown).await;
     Ok(())
 }
 
@@ -125,21 +126,23 @@ async fn cluster(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Option<
     ))
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                term.recv().await;
+/// Resolves on Ctrl-C or SIGTERM. Both are listened for from this call on, not from the
+/// first poll: a signal sent right after the server says it is serving must stop it
+/// gracefully, not kill it.
+pub fn shutdown_signal() -> impl Future<Output = ()> {
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    let interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt());
+    async move {
+        let (mut term, mut interrupt) = match (term, interrupt) {
+            (Ok(term), Ok(interrupt)) => (term, interrupt),
+            (Err(err), _) | (_, Err(err)) => {
+                tracing::warn!(error = %err, "cannot listen for SIGTERM and SIGINT");
+                return std::future::pending().await;
             }
-            Err(err) => {
-                tracing::warn!(error = %err, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = interrupt.recv() => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = term => {}
     }
 }

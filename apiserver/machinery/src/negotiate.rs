@@ -10,10 +10,8 @@
 
 use std::collections::BTreeMap;
 
-use axum::extract::FromRequestParts;
 use http::HeaderMap;
 use http::header::{ACCEPT, CONTENT_TYPE, USER_AGENT};
-use http::request::Parts;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -171,16 +169,6 @@ impl Negotiated {
             pretty: false,
             ..negotiated
         })
-    }
-}
-
-impl<S: Send + Sync> FromRequestParts<S> for Negotiated {
-    type Rejection = ApiError;
-
-    /// Negotiates a resource response; a handler serving a watch calls
-    /// [`Negotiated::for_watch`] instead.
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
-        Self::for_resource(&parts.headers, parts.uri.query())
     }
 }
 

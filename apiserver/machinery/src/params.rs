@@ -11,10 +11,8 @@ mod query;
 use std::num::NonZeroU64;
 use std::time::Duration;
 
-use axum::extract::FromRequestParts;
 use battery_types::validation::FieldError;
 use http::HeaderMap;
-use http::request::Parts;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -30,19 +28,6 @@ use crate::status::{ApiError, is_print};
 pub trait QueryOptions: Sized {
     /// Decodes and validates `query` (the raw query string, without `?`).
     fn from_request(query: &str, headers: &HeaderMap) -> Result<Self, ApiError>;
-}
-
-/// Extracts `T` from the query, answering a bad one with a `Status` (axum's own `Query`
-/// would answer with text, which kubectl shows as a bare "the server rejected our request").
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Options<T>(pub T);
-
-impl<S: Send + Sync, T: QueryOptions> FromRequestParts<S> for Options<T> {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
-        T::from_request(parts.uri.query().unwrap_or_default(), &parts.headers).map(Options)
-    }
 }
 
 /// Decodes any `Deserialize` type from a query with Go's conversions: a scalar takes the

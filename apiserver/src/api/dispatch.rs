@@ -43,6 +43,8 @@ pub trait Endpoint: Send + Sync + 'static {
 pub struct Call {
     pub ctx: RequestContext,
     pub info: RequestInfo,
+    /// The verb of `info`, checked against what the resource serves.
+    pub verb: Verb,
     pub parts: Parts,
     pub body: Bytes,
     /// A watch's slot under the watch cap, held while it streams.
@@ -95,6 +97,7 @@ impl<S: Storage> Endpoint for ResourceEndpoint<S> {
             let Call {
                 ctx,
                 info,
+                verb,
                 parts,
                 body,
                 watch_slot,
@@ -103,10 +106,10 @@ impl<S: Storage> Endpoint for ResourceEndpoint<S> {
             let headers = &parts.headers;
             let q = query(&parts);
             let resource = &<S::Object as HasResourceInfo>::INFO;
-            match info.subresource.as_str() {
-                "" => {}
+            match (verb, info.subresource.as_str()) {
+                (_, "") => {}
                 // The status subresource reads the whole object, as Go's status storage.
-                "status" if info.verb == "get" => {
+                (Verb::Get, "status") => {
                     let negotiated = Negotiated::for_resource(headers, Some(q))?;
                     return handlers::get(
                         storage,
@@ -117,27 +120,27 @@ impl<S: Storage> Endpoint for ResourceEndpoint<S> {
                     )
                     .await;
                 }
-                other => {
+                (verb, other) => {
                     return Err(ApiError::method_not_allowed(
                         resource,
-                        &format!("{} on {}/{other}", info.verb, resource.plural),
+                        &format!("{} on {}/{other}", verb.as_str(), resource.plural),
                     ));
                 }
             }
-            match info.verb.as_str() {
-                "get" => {
+            match verb {
+                Verb::Get => {
                     let negotiated = Negotiated::for_resource(headers, Some(q))?;
                     let table = TableOptions::from_request(q, headers)?;
                     handlers::get(storage, &ctx, &info.name, &negotiated, table).await
                 }
-                "list" => {
+                Verb::List => {
                     let negotiated = Negotiated::for_resource(headers, Some(q))?;
                     let table = TableOptions::from_request(q, headers)?;
                     let options = ListOptions::from_request(q, headers)?;
                     options.forbid_send_initial_events()?;
                     handlers::list(storage, &ctx, &options, &negotiated, table).await
                 }
-                "watch" => {
+                Verb::Watch => {
                     let negotiated = Negotiated::for_watch(headers)?;
                     let table = TableOptions::from_request(q, headers)?;
                     let mut options = ListOptions::from_request(q, headers)?;
@@ -160,7 +163,7 @@ impl<S: Storage> Endpoint for ResourceEndpoint<S> {
                     )
                     .await
                 }
-                "create" => {
+                Verb::Create => {
                     let negotiated = Negotiated::for_resource(headers, Some(q))?;
                     let options = CreateOptions::from_request(q, headers)?;
                     let write = Write {
@@ -169,7 +172,7 @@ impl<S: Storage> Endpoint for ResourceEndpoint<S> {
                     };
                     handlers::create(storage, &ctx, write, &options, &negotiated).await
                 }
-                "update" => {
+                Verb::Update => {
                     let negotiated = Negotiated::for_resource(headers, Some(q))?;
                     let options = UpdateOptions::from_request(q, headers)?;
                     let write = Write {
@@ -178,39 +181,36 @@ impl<S: Storage> Endpoint for ResourceEndpoint<S> {
                     };
                     handlers::update(storage, &ctx, &info.name, write, &options, &negotiated).await
                 }
-                "patch" => {
+                Verb::Patch => {
                     let negotiated = Negotiated::for_resource(headers, Some(q))?;
                     let options = PatchOptions::from_request(q, headers)?;
                     handlers::patch(storage, &ctx, &info.name, &body, &options, &negotiated).await
                 }
-                "delete" => {
+                Verb::Delete => {
                     let negotiated = Negotiated::for_resource(headers, Some(q))?;
                     let options = DeleteOptions::from_request(q, headers, &body)?;
                     handlers::delete(storage, &ctx, &info.name, &options, &negotiated).await
                 }
-                "deletecollection" => {
+                Verb::DeleteCollection => {
                     let negotiated = Negotiated::for_resource(headers, Some(q))?;
                     let list = ListOptions::from_request(q, headers)?;
                     let options = DeleteOptions::from_request(q, headers, &body)?;
                     handlers::delete_collection(storage, &ctx, &list, &options, &negotiated).await
                 }
-                other => Err(ApiError::method_not_allowed(resource, other)),
             }
         })
     }
 }
 
 /// The request's user, as the authentication layer left it; anonymous otherwise.
-fn user(parts: &Parts) -> UserInfo {
-    parts
-        .extensions
-        .get::<UserInfo>()
-        .cloned()
-        .unwrap_or_else(|| UserInfo {
-            name: "system:anonymous".to_owned(),
-            groups: vec!["system:unauthenticated".to_owned()],
-            ..UserInfo::default()
-        })
+/// Who authentication said is asking; a 500 if it did not run, which is a bug in how the
+/// stack was built (anonymous callers are named by authentication too).
+fn user(parts: &Parts) -> Result<UserInfo, ApiError> {
+    parts.extensions.get::<UserInfo>().cloned().ok_or_else(|| {
+        ApiError::internal(std::io::Error::other(
+            "the request reached a handler without passing authentication",
+        ))
+    })
 }
 
 struct Resources {
@@ -263,7 +263,7 @@ async fn route(resources: &Resources, request: Request) -> Result<Response, ApiE
         .ok_or_else(|| not_found(&info))?;
     let resource = endpoint.info();
     check_scope(resource, &info)?;
-    check_verb(resource, &info, &parts.method)?;
+    let verb = check_verb(resource, &info, &parts.method)?;
     let body = axum::body::to_bytes(Body::new(body), MAX_BODY_BYTES)
         .await
         .map_err(|_| {
@@ -272,14 +272,14 @@ async fn route(resources: &Resources, request: Request) -> Result<Response, ApiE
             ))
         })?;
     let ctx = RequestContext {
-        user: user(&parts),
+        user: user(&parts)?,
         namespace: (!info.namespace.is_empty()).then(|| info.namespace.clone()),
         lifecycle: resources.lifecycle.clone(),
     };
     let limiter = &resources.limiter;
-    let watch_slot = match info.verb.as_str() {
-        "watch" => Some(limiter.admit_watch()?),
-        "create" if info.subresource.is_empty() => {
+    let watch_slot = match verb {
+        Verb::Watch => Some(limiter.admit_watch()?),
+        Verb::Create if info.subresource.is_empty() => {
             limiter.admit_create(&ctx.user.name)?;
             None
         }
@@ -289,6 +289,7 @@ async fn route(resources: &Resources, request: Request) -> Result<Response, ApiE
     let call = endpoint.handle(Call {
         ctx,
         info,
+        verb,
         parts,
         body,
         watch_slot,
@@ -309,15 +310,14 @@ fn not_found(info: &RequestInfo) -> ApiError {
 }
 
 fn check_scope(resource: &ResourceInfo, info: &RequestInfo) -> Result<(), ApiError> {
+    let collection_verb = matches!(
+        info.resource_verb(),
+        Some(Verb::List | Verb::Watch | Verb::DeleteCollection)
+    );
     match resource.scope {
         Scope::Cluster if !info.namespace.is_empty() => Err(not_found(info)),
         // A single namespaced object is always addressed within its namespace.
-        Scope::Namespaced
-            if info.namespace.is_empty()
-                && !matches!(info.verb.as_str(), "list" | "watch" | "deletecollection") =>
-        {
-            Err(not_found(info))
-        }
+        Scope::Namespaced if info.namespace.is_empty() && !collection_verb => Err(not_found(info)),
         _ => Ok(()),
     }
 }
@@ -327,7 +327,7 @@ fn check_verb(
     resource: &ResourceInfo,
     info: &RequestInfo,
     method: &http::Method,
-) -> Result<(), ApiError> {
+) -> Result<Verb, ApiError> {
     let Some(verb) = info.resource_verb() else {
         return Err(ApiError::method_not_allowed(resource, &info.verb));
     };
@@ -353,7 +353,7 @@ fn check_verb(
     };
     // `list` and `watch` of a collection are served when the resource lists them.
     if verbs.contains(&verb) {
-        Ok(())
+        Ok(verb)
     } else {
         Err(ApiError::method_not_allowed(resource, &info.verb))
     }

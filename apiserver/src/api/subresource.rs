@@ -8,6 +8,7 @@ use axum::response::Response;
 use battery_api_machinery::negotiate::{Negotiated, PatchType, body_format};
 use battery_api_machinery::params::{FieldValidation, PatchOptions, QueryOptions, UpdateOptions};
 use battery_api_machinery::status::ApiError;
+use battery_types::Verb;
 use futures::future::BoxFuture;
 use http::StatusCode;
 use serde::Serialize;
@@ -70,6 +71,7 @@ async fn serve<T: Subresource>(storage: &T, call: Call) -> Result<Response, ApiE
     let Call {
         ctx,
         info,
+        verb,
         parts,
         body,
         ..
@@ -78,10 +80,10 @@ async fn serve<T: Subresource>(storage: &T, call: Call) -> Result<Response, ApiE
     let headers = &parts.headers;
     let negotiated = Negotiated::for_resource(headers, Some(query))?;
     let name = info.name.as_str();
-    let (object, warnings) = match info.verb.as_str() {
-        "get" => (storage.get(&ctx, name).await?, Vec::new()),
+    let (object, warnings) = match verb {
+        Verb::Get => (storage.get(&ctx, name).await?, Vec::new()),
         // A subresource that accepts POST treats it as a write of the whole object.
-        "update" | "create" => {
+        Verb::Update | Verb::Create => {
             let options = UpdateOptions::from_request(query, headers)?;
             let value: Value = body_format(headers)?.decode(&body)?;
             let (new, warnings) = decode(value, options.field_validation)?;
@@ -90,7 +92,7 @@ async fn serve<T: Subresource>(storage: &T, call: Call) -> Result<Response, ApiE
                 warnings,
             )
         }
-        "patch" => {
+        Verb::Patch => {
             let options = PatchOptions::from_request(query, headers)?;
             if options.patch_type == PatchType::Apply {
                 return Err(ApiError::unsupported_media_type(&[
@@ -110,7 +112,10 @@ async fn serve<T: Subresource>(storage: &T, call: Call) -> Result<Response, ApiE
             )
         }
         other => {
-            return Err(ApiError::subresource_method_not_allowed(&info, other));
+            return Err(ApiError::subresource_method_not_allowed(
+                &info,
+                other.as_str(),
+            ));
         }
     };
     respond::encoded(StatusCode::OK, &negotiated, &object, &warnings)

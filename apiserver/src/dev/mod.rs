@@ -91,6 +91,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     let kubeconfig = dir.join("kubeconfig");
     write_kubeconfig(&kubeconfig, &format!("https://{addr}"), &pki)?;
+    let shutdown = shutdown_signal();
     crate::logging::announce(&[
         format!("battery-apiserver dev: serving https://{addr}"),
         format!(
@@ -106,7 +107,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             kubeconfig.display()
         ),
     ]);
-    serve::serve(listener, acceptor, app.router, shutdown_signal()).await;
+    serve::serve(listener, acceptor, app.router, shutdown).await;
     local.shutdown().await;
     Ok(())
 }

@@ -18,17 +18,6 @@ pub enum ChangeType {
     Deleted,
 }
 
-impl ChangeType {
-    /// The watch event `type` Kubernetes uses.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ChangeType::Added => "ADDED",
-            ChangeType::Modified => "MODIFIED",
-            ChangeType::Deleted => "DELETED",
-        }
-    }
-}
-
 /// One committed change to one object, with the object as clients see it then.
 #[derive(Debug, Clone)]
 pub struct Change {
