@@ -7,11 +7,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
-use battery_api_machinery::negotiate::{Negotiated, body_format};
+use battery_api_machinery::negotiate::{Negotiated, PatchType, body_format};
 use battery_api_machinery::params::{
     CreateOptions, DeleteOptions, ListOptions, PatchOptions, QueryOptions, TableOptions,
     UpdateOptions,
@@ -22,6 +22,8 @@ use battery_types::{HasResourceInfo, ResourceInfo, Scope, Verb};
 use futures::future::BoxFuture;
 use http::request::Parts;
 
+use super::apply;
+use super::call::Call;
 use super::handlers::{self, Write};
 use super::limits::{self, Limiter, Limits};
 use super::storage::Storage;
@@ -37,18 +39,6 @@ pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
 pub trait Endpoint: Send + Sync + 'static {
     fn info(&self) -> &'static ResourceInfo;
     fn handle(&self, call: Call) -> BoxFuture<'static, Result<Response, ApiError>>;
-}
-
-/// A request on its way to an [`Endpoint`].
-pub struct Call {
-    pub ctx: RequestContext,
-    pub info: RequestInfo,
-    /// The verb of `info`, checked against what the resource serves.
-    pub verb: Verb,
-    pub parts: Parts,
-    pub body: Bytes,
-    /// A watch's slot under the watch cap, held while it streams.
-    pub watch_slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// The generic handlers over storage `S`.
@@ -184,6 +174,19 @@ impl<S: Storage> Endpoint for ResourceEndpoint<S> {
                 Verb::Patch => {
                     let negotiated = Negotiated::for_resource(headers, Some(q))?;
                     let options = PatchOptions::from_request(q, headers)?;
+                    if options.patch_type == PatchType::Apply {
+                        let manager = options.field_manager.as_deref().unwrap_or("unknown");
+                        return apply::apply(
+                            storage,
+                            &ctx,
+                            &info.name,
+                            &body,
+                            &options,
+                            &negotiated,
+                            manager,
+                        )
+                        .await;
+                    }
                     handlers::patch(storage, &ctx, &info.name, &body, &options, &negotiated).await
                 }
                 Verb::Delete => {

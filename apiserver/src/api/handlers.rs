@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use axum::response::Response;
-use battery_api_machinery::negotiate::{Format, Negotiated, PatchType};
+use battery_api_machinery::negotiate::{Format, Negotiated};
 use battery_api_machinery::params::{
     CreateOptions, DeleteOptions, FieldValidation, ListOptions, PatchOptions, PropagationPolicy,
     TableOptions, UpdateOptions,
@@ -20,7 +20,7 @@ use kube::Resource;
 use serde_json::Value;
 
 use super::RequestContext;
-use super::apply;
+use super::managed_fields;
 use super::respond::{self, Warnings};
 use super::storage::{Deleted, Storage, server_now};
 
@@ -337,6 +337,33 @@ pub(super) enum Manager<'a> {
     Applied,
 }
 
+/// What every create does once its object is decoded (`rest.BeforeCreate`, then the
+/// storage): the namespace from the URL, the server-owned metadata, who owns which field
+/// (`record_fields`), validation, namespace lifecycle, and `dryRun`.
+pub(super) async fn create_object<S: Storage>(
+    storage: &S,
+    ctx: &RequestContext,
+    mut object: S::Object,
+    record_fields: impl FnOnce(&mut S::Object) -> Result<(), ApiError>,
+    dry_run: bool,
+) -> Result<S::Object, ApiError> {
+    let meta = object.meta_mut();
+    check_namespace(ctx, meta)?;
+    let name = meta.name.clone().unwrap_or_default();
+    if let Err(error) = prepare_create_metadata(meta) {
+        return Err(ApiError::invalid(info::<S>(), &name, &[error]));
+    }
+    let name = meta.name.clone().unwrap_or_default();
+    record_fields(&mut object)?;
+    invalid::<S>(&name, storage.validate(&object))?;
+    ctx.admit_create().await?;
+    if dry_run {
+        Ok(object)
+    } else {
+        storage.create(ctx, object).await
+    }
+}
+
 pub struct Write<'a> {
     pub body: &'a [u8],
     pub format: Format,
@@ -350,25 +377,14 @@ pub async fn create<S: Storage>(
     negotiated: &Negotiated,
 ) -> Result<Response, ApiError> {
     let value = decode_body(write.format, write.body)?;
-    let (mut object, warnings) = decode_object::<S>(value, options.field_validation)?;
-    let meta = object.meta_mut();
-    check_namespace(ctx, meta)?;
-    if let Err(error) = prepare_create_metadata(meta) {
-        return Err(ApiError::invalid(info::<S>(), "", &[error]));
-    }
-    let name = meta.name.clone().unwrap_or_default();
+    let (object, warnings) = decode_object::<S>(value, options.field_validation)?;
     let manager = options
         .field_manager
         .clone()
         .unwrap_or_else(|| "unknown".into());
-    apply::record_update(&mut object, None, &manager)?;
-    invalid::<S>(&name, storage.validate(&object))?;
-    ctx.admit_create().await?;
-    let created = if options.dry_run {
-        object
-    } else {
-        storage.create(ctx, object).await?
-    };
+    let record_fields =
+        |object: &mut S::Object| managed_fields::record_update(object, None, &manager);
+    let created = create_object(storage, ctx, object, record_fields, options.dry_run).await?;
     respond::object(
         storage,
         StatusCode::CREATED,
@@ -494,7 +510,7 @@ pub(super) async fn replace<S: Storage>(
     }
     if let Manager::Update(manager) = manager {
         new.meta_mut().managed_fields = old.managed_fields.clone();
-        apply::record_update(&mut new, Some(&current), manager)?;
+        managed_fields::record_update(&mut new, Some(&current), manager)?;
     }
     let mut errors = storage.validate(&new);
     errors.extend(storage.validate_update(&current, &new));
@@ -550,9 +566,6 @@ pub async fn patch<S: Storage>(
         .field_manager
         .clone()
         .unwrap_or_else(|| "unknown".into());
-    if options.patch_type == PatchType::Apply {
-        return apply::apply(storage, ctx, name, body, options, negotiated, &manager).await;
-    }
     let patch: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
     for attempt in 1..=PATCH_ATTEMPTS {

@@ -6,9 +6,11 @@
 //! never writes HTTP.
 
 mod apply;
+mod call;
 mod dispatch;
 mod handlers;
 mod limits;
+mod managed_fields;
 mod respond;
 mod storage;
 mod subresource;

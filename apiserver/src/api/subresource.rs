@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::RequestContext;
-use super::dispatch::Call;
+use super::call::Call;
 use super::handlers::{apply_patch, unknown_fields};
 use super::respond;
 
