@@ -247,6 +247,17 @@ async fn a_deleted_host_waits_for_the_claims_that_hold_its_microvms() {
         })
         .await;
     assert!(waiting["metadata"]["deletionTimestamp"].is_string());
+    // The agent's report replaces its own conditions, never the API server's Draining.
+    let report = json!({"status": {"conditions": [{
+        "type": "Ready", "status": "True", "reason": "AgentReady", "message": "all checks pass",
+        "lastTransitionTime": "2026-01-01T00:00:00Z"
+    }]}});
+    let (status, reported) = h
+        .json(merge_patch(&format!("{HOSTS}/{host}/status"), &report))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{reported}");
+    assert!(condition(&reported, "Ready").is_some(), "{reported}");
+    assert!(condition(&reported, "Draining").is_some(), "{reported}");
     let (status, body) = h.json(delete(&format!("{}/mine", common::CLAIMS))).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     h.eventually(&format!("{HOSTS}/{host}"), |status, _| {

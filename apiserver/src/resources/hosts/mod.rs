@@ -527,7 +527,15 @@ impl crate::api::Subresource for HostStatusWriter {
             return Err(ApiError::invalid(info(), name, &errors));
         }
         let mut status = current.status.take().unwrap_or_default();
-        status.conditions = report.conditions;
+        // `Draining` is the API server's, not the agent's: it stays as it was.
+        let draining =
+            conditions::find_status_condition(&status.conditions, conditions::DRAINING).cloned();
+        status.conditions = report
+            .conditions
+            .into_iter()
+            .filter(|c| c.type_ != conditions::DRAINING)
+            .chain(draining)
+            .collect();
         current.status = Some(status);
         if !dry_run {
             let leaving = storage.leaving(name)?;
