@@ -71,6 +71,8 @@ pub struct ApiServer {
     stand_in: Option<StandIn>,
     /// battery-apiserver's own URL.
     backend: String,
+    /// The embedded battery's gRPC address, where it runs in a process of its own.
+    battery: Option<String>,
     kubeconfig: PathBuf,
     dir: TempDir,
     _slot: SemaphorePermit<'static>,
@@ -105,6 +107,7 @@ impl ApiServer {
             _processes: vec![dev],
             stand_in: None,
             backend: url,
+            battery: None,
             kubeconfig: dir.path().join("dev").join("kubeconfig"),
             dir,
             _slot: slot,
@@ -172,6 +175,7 @@ impl ApiServer {
             kubeconfig: stand_in.kubeconfig(),
             stand_in: Some(stand_in),
             backend: url,
+            battery: Some(battery_address),
             dir,
             _slot: slot,
         };
@@ -211,6 +215,12 @@ impl ApiServer {
     /// The aggregator stand-in in front, on [`Route::Aggregated`].
     pub fn stand_in(&self) -> Option<&StandIn> {
         self.stand_in.as_ref()
+    }
+
+    /// The embedded battery's gRPC address (`host:port`) on [`Route::Aggregated`], for a
+    /// test that acts on battery as another client of it would.
+    pub fn battery_address(&self) -> Option<&str> {
+        self.battery.as_deref()
     }
 
     /// battery-apiserver's own URL, not the stand-in's.

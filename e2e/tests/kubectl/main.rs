@@ -33,6 +33,7 @@ macro_rules! on_both_routes {
 
 mod discovery;
 mod errors;
+mod hosts;
 mod lifecycle;
 mod read;
 mod watch;
