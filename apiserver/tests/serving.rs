@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
-use battery_apiserver::dev::pki::{DevPki, write_dev_pki};
+use battery_apiserver::dev::pki::{DEV_USER, DevPki, write_dev_pki};
 use battery_apiserver::serve::{TlsFiles, acceptor, serve};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
@@ -296,7 +296,7 @@ async fn only_the_front_proxy_may_say_who_a_request_is_from() {
             .collect()
     };
     let dev_user = format!(
-        "system:serviceaccount:default:dev|system:serviceaccounts,system:serviceaccounts:default,system:authenticated|authentication.kubernetes.io/credential-id=X509SHA256={dev_fingerprint}|false"
+        "{DEV_USER}|system:serviceaccounts,system:serviceaccounts:default,system:authenticated|authentication.kubernetes.io/credential-id=X509SHA256={dev_fingerprint}|false"
     );
     let forged = [
         ("X-Remote-User", "system:admin"),
