@@ -2,6 +2,8 @@
 //! concurrent streams per connection (the aggregator multiplexes every user's requests
 //! and watches over few connections), and a request with many group headers is served.
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,14 +100,14 @@ async fn a_rotated_serving_certificate_is_served_without_a_restart() {
     let want = CertificateDer::from_pem_file(&next.serving_cert)
         .unwrap()
         .to_vec();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while served_certificate(&connector, addr).await != want {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the new certificate was never served"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually(Duration::from_secs(15), || async {
+        if served_certificate(&connector, addr).await == want {
+            Ok(())
+        } else {
+            Err("the new certificate was never served")
+        }
+    })
+    .await;
 }
 
 #[tokio::test]
