@@ -10,92 +10,13 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use battery_apiserver::api::UserInfo;
-use battery_apiserver::battery::BatteryClient;
-use battery_apiserver::meta_store::MetaStore;
-use battery_apiserver::server::{self, Settings};
-use battery_embedded::local::LocalBattery;
-use common::{CLAIMS, POOLS};
+use battery_apiserver::dev::pki::DEV_USER;
+use battery_apiserver::server::Settings;
+use common::{CLAIMS, DEADLINE, HOSTS, Harness, POOLS, condition, eventually, pool};
 use http::{Request, StatusCode, header};
 use serde_json::{Value, json};
-use tower::ServiceExt;
-
-/// Generous: provisioning 100 simulated MicroVMs on a loaded 2-core machine is slow.
-const DEADLINE: Duration = Duration::from_secs(90);
-
-struct Harness {
-    router: Router,
-    local: LocalBattery,
-    _tasks: tokio::task::JoinSet<()>,
-}
 
 impl Harness {
-    async fn start(bind_wait: Duration) -> Self {
-        Self::start_with(Settings {
-            bind_wait,
-            cluster: None,
-            // Room for the concurrency test's 200 creates from one user at once.
-            limits: battery_apiserver::api::Limits {
-                create_burst: 1000,
-                ..Default::default()
-            },
-            authentication: Default::default(),
-            authorizer: None,
-        })
-        .await
-    }
-
-    async fn start_with(settings: Settings) -> Self {
-        let local = common::fast_battery().await;
-        let client = BatteryClient::connect_lazy(&format!("http://{}", local.address())).unwrap();
-        let store = Arc::new(MetaStore::in_memory().unwrap());
-        let app = server::build(client, store, &settings).unwrap();
-        Self {
-            router: app.router,
-            local,
-            _tasks: app.tasks,
-        }
-    }
-
-    async fn call(
-        &self,
-        method: &str,
-        uri: &str,
-        content_type: &str,
-        body: Option<Value>,
-    ) -> (StatusCode, http::HeaderMap, Value) {
-        self.call_as(
-            "system:serviceaccount:default:dev",
-            method,
-            uri,
-            content_type,
-            body,
-        )
-        .await
-    }
-
-    async fn call_as(
-        &self,
-        user: &str,
-        method: &str,
-        uri: &str,
-        content_type: &str,
-        body: Option<Value>,
-    ) -> (StatusCode, http::HeaderMap, Value) {
-        let mut request = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header(header::CONTENT_TYPE, content_type)
-            .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
-            .unwrap();
-        request.extensions_mut().insert(UserInfo {
-            name: user.into(),
-            groups: vec!["system:authenticated".into()],
-            ..UserInfo::default()
-        });
-        self.send(request).await
-    }
-
     /// A request that authenticates with a bearer token, as a client in a pod would.
     async fn call_with_token(
         &self,
@@ -103,7 +24,7 @@ impl Harness {
         method: &str,
         uri: &str,
         body: Option<Value>,
-    ) -> (StatusCode, http::HeaderMap, Value) {
+    ) -> (StatusCode, Value) {
         let request = Request::builder()
             .method(method)
             .uri(uri)
@@ -111,77 +32,32 @@ impl Harness {
             .header(header::AUTHORIZATION, format!("Bearer {token}"))
             .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
             .unwrap();
-        self.send(request).await
+        self.json_as_is(request).await
     }
 
-    async fn send(&self, request: Request<Body>) -> (StatusCode, http::HeaderMap, Value) {
-        let response = self.router.clone().oneshot(request).await.unwrap();
-        let status = response.status();
-        let headers = response.headers().clone();
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .unwrap();
-        (
-            status,
-            headers,
-            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-        )
-    }
-
-    async fn get(&self, uri: &str) -> (StatusCode, Value) {
-        let (status, _, body) = self.call("GET", uri, "application/json", None).await;
-        (status, body)
-    }
-
+    /// A Pool whose leases beat every 100 ms and expire after `expiry` unrenewed.
     async fn create_pool(&self, name: &str, size: i32, replenishment: &str, expiry: &str) {
-        let pool = json!({
-            "apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "Pool",
-            "metadata": {"name": name},
-            "spec": {"size": size, "replenishment": {"type": replenishment},
-                "lease": {"heartbeatInterval": "100ms", "expiryThreshold": expiry},
-                "template": {"vcpu": 1, "memoryInMb": 1024, "kernel": {"image": "k"},
-                    "rootVolume": {"id": "root", "containerSource": "r"}, "interfaces": [{"deviceId": "eth1"}]}}
-        });
-        let (status, _, body) = self
-            .call("POST", POOLS, "application/json", Some(pool))
-            .await;
-        assert_eq!(status, StatusCode::CREATED, "{body}");
-    }
-
-    async fn wait_available(&self, pool: &str, want: i64) {
-        self.eventually(&format!("{POOLS}/{pool}"), |p| {
-            p["status"]["available"].as_i64() == Some(want)
-        })
-        .await;
-    }
-
-    /// Polls `uri` until `check` holds, failing after the deadline.
-    async fn eventually(&self, uri: &str, check: impl Fn(&Value) -> bool) -> Value {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        loop {
-            let (_, body) = self.get(uri).await;
-            if check(&body) {
-                return body;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{uri} never got there: {body}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn claim(&self, name: &str, pool: &str) -> (StatusCode, http::HeaderMap, Value) {
-        let claim = json!({"apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "MicroVMClaim",
-            "metadata": {"name": name}, "spec": {"poolRef": {"name": pool}, "serviceAccountName": "dev"}});
-        self.call("POST", CLAIMS, "application/json", Some(claim))
-            .await
+        let mut body = pool(name, size);
+        body["spec"]["replenishment"] = json!({"type": replenishment});
+        body["spec"]["lease"] = json!({"heartbeatInterval": "100ms", "expiryThreshold": expiry});
+        self.create(POOLS, &body).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_hundred_concurrent_claims_on_a_pool_of_one_hundred() {
-    let h = Arc::new(Harness::start(Duration::from_millis(300)).await);
+    let h = Arc::new(
+        Harness::with_settings(Settings {
+            bind_wait: Duration::from_millis(300),
+            // Room for 200 creates from one user at once.
+            limits: battery_apiserver::api::Limits {
+                create_burst: 1000,
+                ..Default::default()
+            },
+            ..common::settings()
+        })
+        .await,
+    );
     // ReplaceOnDelete keeps 100 MicroVMs in all: none is added while they are leased.
     h.create_pool("hundred", 100, "ReplaceOnDelete", "60s")
         .await;
@@ -233,7 +109,7 @@ async fn two_hundred_concurrent_claims_on_a_pool_of_one_hundred() {
 
 #[tokio::test]
 async fn an_unrenewed_claim_expires_and_a_renewed_one_does_not() {
-    let h = Harness::start(Duration::from_millis(500)).await;
+    let h = Harness::start().await;
     h.create_pool("short", 2, "ImmediateOnLease", "1s").await;
     h.wait_available("short", 2).await;
     let (status, _, renewed) = h.claim("renewed", "short").await;
@@ -264,31 +140,22 @@ async fn an_unrenewed_claim_expires_and_a_renewed_one_does_not() {
             .await;
         assert_eq!(status, StatusCode::OK, "{lease}");
         assert_eq!(lease["kind"], "Lease");
-        assert_eq!(
-            lease["spec"]["holderIdentity"],
-            "system:serviceaccount:default:dev"
-        );
+        assert_eq!(lease["spec"]["holderIdentity"], DEV_USER);
         last = lease;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let expired = h
-        .eventually(&format!("{CLAIMS}/expiring"), |c| {
+        .eventually(&format!("{CLAIMS}/expiring"), |_, c| {
             c["status"]["phase"] == "Expired"
         })
         .await;
-    let bound = expired["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "Bound")
-        .unwrap()
-        .clone();
+    let bound = condition(&expired, "Bound").unwrap();
     assert_eq!(
         (bound["status"].as_str(), bound["reason"].as_str()),
         (Some("False"), Some("LeaseExpired"))
     );
     assert!(
-        h.local
+        h.battery()
             .hosts()
             .iter()
             .all(|host| !host.microvm_uids().contains(&vm)),
@@ -326,7 +193,7 @@ async fn an_unrenewed_claim_expires_and_a_renewed_one_does_not() {
 
 #[tokio::test]
 async fn deleting_a_claim_releases_its_microvm() {
-    let h = Harness::start(Duration::from_millis(500)).await;
+    let h = Harness::start().await;
     h.create_pool("rel", 1, "ReplaceOnDelete", "60s").await;
     h.wait_available("rel", 1).await;
     let (_, _, claim) = h.claim("c", "rel").await;
@@ -339,7 +206,7 @@ async fn deleting_a_claim_releases_its_microvm() {
         .await;
     assert_eq!(status, StatusCode::OK);
     assert!(
-        h.local
+        h.battery()
             .hosts()
             .iter()
             .all(|host| !host.microvm_uids().contains(&vm)),
@@ -353,7 +220,7 @@ async fn deleting_a_claim_releases_its_microvm() {
 
 #[tokio::test]
 async fn a_pool_with_a_bound_claim_waits_for_it_before_going() {
-    let h = Harness::start(Duration::from_millis(500)).await;
+    let h = Harness::start().await;
     h.create_pool("doomed", 2, "ReplaceOnDelete", "60s").await;
     h.wait_available("doomed", 2).await;
     let (status, _, _) = h.claim("holder", "doomed").await;
@@ -368,13 +235,7 @@ async fn a_pool_with_a_bound_claim_waits_for_it_before_going() {
         .await;
     assert_eq!(status, StatusCode::OK, "{pool}");
     assert!(pool["metadata"]["deletionTimestamp"].is_string(), "{pool}");
-    let ready = pool["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "Ready")
-        .unwrap()
-        .clone();
+    let ready = condition(&pool, "Ready").unwrap();
     assert_eq!(ready["reason"], "DeletionBlocked");
     assert!(
         ready["message"].as_str().unwrap().contains('1'),
@@ -394,32 +255,19 @@ async fn a_pool_with_a_bound_claim_waits_for_it_before_going() {
         )
         .await;
     assert_eq!(status, StatusCode::OK);
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let (status, _) = h.get(&format!("{POOLS}/doomed")).await;
-        if status == StatusCode::NOT_FOUND {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the pool stayed after its last claim went"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // The Pool goes once its last claim has.
+    h.eventually(&format!("{POOLS}/doomed"), |status, _| {
+        status == StatusCode::NOT_FOUND
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn a_failing_pre_lease_hook_is_a_500_with_batterys_message() {
-    let h = Harness::start(Duration::from_millis(500)).await;
-    let pool = json!({
-        "apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "Pool",
-        "metadata": {"name": "hooked"},
-        "spec": {"size": 1, "hooks": {"preLease": ["exit 3"]},
-            "template": {"vcpu": 1, "memoryInMb": 1024, "kernel": {"image": "k"},
-                "rootVolume": {"id": "root", "containerSource": "r"}, "interfaces": [{"deviceId": "eth1"}]}}
-    });
-    let (status, _, body) = h.call("POST", POOLS, "application/json", Some(pool)).await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let h = Harness::start().await;
+    let mut hooked = pool("hooked", 1);
+    hooked["spec"]["hooks"] = json!({"preLease": ["exit 3"]});
+    h.create(POOLS, &hooked).await;
     h.wait_available("hooked", 1).await;
     let (status, _, body) = h.claim("c", "hooked").await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
@@ -434,7 +282,7 @@ async fn a_failing_pre_lease_hook_is_a_500_with_batterys_message() {
 
 #[tokio::test]
 async fn a_claim_on_a_missing_pool_is_a_404_naming_the_pool() {
-    let h = Harness::start(Duration::from_millis(200)).await;
+    let h = Harness::start().await;
     let (status, _, body) = h.claim("c", "nowhere").await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     assert_eq!(
@@ -445,8 +293,8 @@ async fn a_claim_on_a_missing_pool_is_a_404_naming_the_pool() {
 
 #[tokio::test]
 async fn battery_unreachable_is_a_503_with_retry_after_and_discovery_still_answers() {
-    let mut h = Harness::start(Duration::from_millis(200)).await;
-    h.local.stop_battery().await;
+    let mut h = Harness::start().await;
+    h.battery_mut().stop_battery().await;
     let (status, headers, body) = h.call("GET", POOLS, "application/json", None).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(body["kind"], "Status");
@@ -461,33 +309,21 @@ async fn battery_unreachable_is_a_503_with_retry_after_and_discovery_still_answe
     );
 }
 
-const HOSTS: &str = "/apis/battery.liquidmetal-x.dev/v1alpha1/hosts";
-
 fn ready_reason(pool: &Value) -> Option<&str> {
-    pool["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == "Ready")?["reason"]
-        .as_str()
+    condition(pool, "Ready")?["reason"].as_str()
 }
 
 #[tokio::test]
 async fn a_node_selector_follows_host_labels() {
-    let h = Harness::start(Duration::from_millis(500)).await;
+    let h = Harness::start().await;
     // The embedded battery's Hosts are adopted with their metadata.
-    h.eventually(HOSTS, |list| {
+    h.eventually(HOSTS, |_, list| {
         list["items"].as_array().is_some_and(|i| i.len() == 2)
     })
     .await;
-    let pool = json!({
-        "apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "Pool",
-        "metadata": {"name": "zoned"},
-        "spec": {"size": 1, "placement": {"nodeSelector": {"zone": "b"}},
-            "template": {"vcpu": 1, "memoryInMb": 1024, "kernel": {"image": "k"},
-                "rootVolume": {"id": "root", "containerSource": "r"}, "interfaces": [{"deviceId": "eth1"}]}}
-    });
-    let (status, _, created) = h.call("POST", POOLS, "application/json", Some(pool)).await;
-    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let mut zoned = pool("zoned", 1);
+    zoned["spec"]["placement"] = json!({"nodeSelector": {"zone": "b"}});
+    let created = h.create(POOLS, &zoned).await;
     assert_eq!(ready_reason(&created), Some("NoEligibleHost"));
 
     let (status, _, host) = h
@@ -500,15 +336,21 @@ async fn a_node_selector_follows_host_labels() {
         .await;
     assert_eq!(status, StatusCode::OK, "{host}");
     h.wait_available("zoned", 1).await;
-    let uids = h.local.host("host-1").unwrap().microvm_uids();
+    let uids = h.battery().host("host-1").unwrap().microvm_uids();
     assert_eq!(
         uids.len(),
         1,
         "the MicroVM runs on the only Host labelled zone=b"
     );
-    assert!(h.local.host("host-0").unwrap().microvm_uids().is_empty());
+    assert!(
+        h.battery()
+            .host("host-0")
+            .unwrap()
+            .microvm_uids()
+            .is_empty()
+    );
     let pool = h
-        .eventually(&format!("{POOLS}/zoned"), |p| {
+        .eventually(&format!("{POOLS}/zoned"), |_, p| {
             ready_reason(p) == Some("AtSize")
         })
         .await;
@@ -534,7 +376,7 @@ async fn a_node_selector_follows_host_labels() {
 #[tokio::test]
 async fn deleting_every_claim_of_a_namespace_releases_every_microvm() {
     // What the namespace controller does when a namespace goes: one deletecollection.
-    let h = Harness::start(Duration::from_millis(500)).await;
+    let h = Harness::start().await;
     h.create_pool("ns", 3, "ReplaceOnDelete", "60s").await;
     h.wait_available("ns", 3).await;
     let mut vms = Vec::new();
@@ -557,7 +399,7 @@ async fn deleting_every_claim_of_a_namespace_releases_every_microvm() {
     assert!(list["items"].as_array().unwrap().is_empty());
     for vm in vms {
         assert!(
-            h.local
+            h.battery()
                 .hosts()
                 .iter()
                 .all(|host| !host.microvm_uids().contains(&vm)),
@@ -616,7 +458,7 @@ async fn fake_kube_apiserver() -> (kube::Client, Arc<std::sync::Mutex<Vec<Value>
         let verb = spec["resourceAttributes"]["verb"]
             .as_str()
             .unwrap_or_default();
-        let allowed = user == "system:serviceaccount:default:dev"
+        let allowed = user == DEV_USER
             || (user == "viewer"
                 && matches!(verb, "get" | "list" | "watch")
                 && spec["resourceAttributes"]["resource"] == "pools");
@@ -632,7 +474,7 @@ async fn fake_kube_apiserver() -> (kube::Client, Arc<std::sync::Mutex<Vec<Value>
             return Err(StatusCode::INTERNAL_SERVER_ERROR);
         }
         let user = match review["spec"]["token"].as_str() {
-            Some("sa-token") => Some("system:serviceaccount:default:dev"),
+            Some("sa-token") => Some(DEV_USER),
             Some("bob-token") => Some("bob"),
             _ => None,
         };
@@ -668,12 +510,9 @@ async fn fake_kube_apiserver() -> (kube::Client, Arc<std::sync::Mutex<Vec<Value>
 async fn creates_in_missing_or_terminating_namespaces_are_refused_and_hook_failures_become_events()
 {
     let (client, events) = fake_kube_apiserver().await;
-    let h = Harness::start_with(Settings {
-        bind_wait: Duration::from_millis(300),
+    let h = Harness::with_settings(Settings {
         cluster: Some(Arc::new(battery_apiserver::cluster::Cluster::new(client))),
-        limits: Default::default(),
-        authentication: Default::default(),
-        authorizer: None,
+        ..common::settings()
     })
     .await;
     for (namespace, code, message) in [
@@ -689,10 +528,7 @@ async fn creates_in_missing_or_terminating_namespaces_are_refused_and_hook_failu
         ),
     ] {
         let uri = format!("/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/{namespace}/pools");
-        let pool = json!({"apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "Pool", "metadata": {"name": "p"},
-            "spec": {"size": 0, "template": {"vcpu": 1, "memoryInMb": 1024, "kernel": {"image": "k"},
-                "rootVolume": {"id": "root", "containerSource": "r"}, "interfaces": [{"deviceId": "eth1"}]}}});
-        let (status, _, body) = h.call("POST", &uri, "application/json", Some(pool)).await;
+        let (status, body) = h.json(common::post(&uri, &pool("p", 0))).await;
         assert_eq!(
             (status, body["message"].as_str()),
             (code, Some(message)),
@@ -701,20 +537,18 @@ async fn creates_in_missing_or_terminating_namespaces_are_refused_and_hook_failu
     }
 
     // A create hook that always fails: battery reports VM_HOOK_FAILED for each MicroVM.
-    let pool = json!({"apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "Pool", "metadata": {"name": "broken"},
-        "spec": {"size": 1, "hooks": {"create": ["exit 1"]}, "template": {"vcpu": 1, "memoryInMb": 1024, "kernel": {"image": "k"},
-            "rootVolume": {"id": "root", "containerSource": "r"}, "interfaces": [{"deviceId": "eth1"}]}}});
-    let (status, _, created) = h.call("POST", POOLS, "application/json", Some(pool)).await;
-    assert_eq!(status, StatusCode::CREATED, "{created}");
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while events.lock().unwrap().is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no HookFailed Event"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let recorded = events.lock().unwrap().clone();
+    let mut broken = pool("broken", 1);
+    broken["spec"]["hooks"] = json!({"create": ["exit 1"]});
+    let created = h.create(POOLS, &broken).await;
+    let recorded = eventually(DEADLINE, || async {
+        let recorded = events.lock().unwrap().clone();
+        if recorded.is_empty() {
+            Err("no HookFailed Event")
+        } else {
+            Ok(recorded)
+        }
+    })
+    .await;
     let event = &recorded[0];
     assert!(
         event.get("review").is_none(),
@@ -739,14 +573,11 @@ async fn creates_in_missing_or_terminating_namespaces_are_refused_and_hook_failu
 #[tokio::test]
 async fn every_resource_request_and_metrics_are_authorized_by_subject_access_review() {
     let (client, recorded) = fake_kube_apiserver().await;
-    let h = Harness::start_with(Settings {
-        bind_wait: Duration::from_millis(300),
-        cluster: None,
-        limits: Default::default(),
-        authentication: Default::default(),
+    let h = Harness::with_settings(Settings {
         authorizer: Some(Arc::new(
             battery_apiserver::http::authz::SubjectAccessReviewer::new(client),
         )),
+        ..common::settings()
     })
     .await;
     let reviews = || {
@@ -815,15 +646,12 @@ async fn every_resource_request_and_metrics_are_authorized_by_subject_access_rev
 #[tokio::test]
 async fn bearer_tokens_are_reviewed_and_only_the_holder_renews() {
     let (client, _) = fake_kube_apiserver().await;
-    let h = Harness::start_with(Settings {
-        bind_wait: Duration::from_millis(300),
-        cluster: None,
-        limits: Default::default(),
+    let h = Harness::with_settings(Settings {
         authentication: Arc::new(battery_apiserver::http::authn::Authentication::new(
             Default::default(),
             Some(battery_apiserver::http::authn::TokenReviewer::new(client)),
         )),
-        authorizer: None,
+        ..common::settings()
     })
     .await;
     h.create_pool("tok", 1, "ImmediateOnLease", "60s").await;
@@ -831,7 +659,7 @@ async fn bearer_tokens_are_reviewed_and_only_the_holder_renews() {
     let (status, _, claim) = h.claim("held", "tok").await;
     assert_eq!(status, StatusCode::CREATED, "{claim}");
     let lease = format!("{CLAIMS}/held/lease");
-    let (status, _, renewed) = h
+    let (status, renewed) = h
         .call_with_token("sa-token", "PATCH", &lease, Some(json!({})))
         .await;
     assert_eq!(
@@ -839,7 +667,7 @@ async fn bearer_tokens_are_reviewed_and_only_the_holder_renews() {
         StatusCode::OK,
         "the Holder's own token renews: {renewed}"
     );
-    let (status, _, refused) = h
+    let (status, refused) = h
         .call_with_token("bob-token", "PATCH", &lease, Some(json!({})))
         .await;
     assert_eq!(
@@ -847,7 +675,7 @@ async fn bearer_tokens_are_reviewed_and_only_the_holder_renews() {
         StatusCode::FORBIDDEN,
         "someone else's token does not: {refused}"
     );
-    let (status, _, refused) = h
+    let (status, refused) = h
         .call_with_token("deleted-sa-token", "PATCH", &lease, Some(json!({})))
         .await;
     assert_eq!(
@@ -857,7 +685,7 @@ async fn bearer_tokens_are_reviewed_and_only_the_holder_renews() {
     );
     assert_eq!(refused["kind"], "Status");
     // Go answers a TokenReview that fails with 401 too, telling the caller nothing more.
-    let (status, _, refused) = h
+    let (status, refused) = h
         .call_with_token("breaks-the-webhook", "PATCH", &lease, Some(json!({})))
         .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{refused}");
@@ -877,13 +705,13 @@ async fn bearer_tokens_are_reviewed_and_only_the_holder_renews() {
             .body(Body::empty())
             .unwrap()
     };
-    let (status, _, claim) = h.send(websocket("sa-token")).await;
+    let (status, claim) = h.json_as_is(websocket("sa-token")).await;
     assert_eq!(
         status,
         StatusCode::OK,
         "a sub-protocol token is reviewed: {claim}"
     );
-    let (status, _, refused) = h.send(websocket("deleted-sa-token")).await;
+    let (status, refused) = h.json_as_is(websocket("deleted-sa-token")).await;
     assert_eq!(
         status,
         StatusCode::UNAUTHORIZED,

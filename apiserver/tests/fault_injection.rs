@@ -12,6 +12,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use common::eventually;
+
 use battery_apiserver::battery::BatteryClient;
 use battery_embedded::local::LocalBattery;
 use battery_types::{MicroVMClaim, Pool};
@@ -111,38 +113,41 @@ fn claims(server: &Server) -> Api<MicroVMClaim> {
     Api::namespaced(server.client.clone(), NAMESPACE)
 }
 
+/// A Pool that replaces each leased MicroVM at once.
 fn pool(name: &str, size: i32) -> Pool {
-    serde_json::from_value(json!({
-        "apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "Pool",
-        "metadata": {"name": name},
-        "spec": {"size": size, "replenishment": {"type": "ImmediateOnLease"},
-            "template": {"vcpu": 1, "memoryInMb": 1024, "kernel": {"image": "k"},
-                "rootVolume": {"id": "root", "containerSource": "r"}, "interfaces": [{"deviceId": "eth1"}]}}
-    }))
-    .unwrap()
+    let mut pool = common::pool(name, size);
+    pool["spec"]["replenishment"] = json!({"type": "ImmediateOnLease"});
+    serde_json::from_value(pool).unwrap()
 }
 
 fn claim(name: &str, pool: &str) -> MicroVMClaim {
-    serde_json::from_value(json!({
-        "apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "MicroVMClaim",
-        "metadata": {"name": name}, "spec": {"poolRef": {"name": pool}, "serviceAccountName": "dev"}
-    }))
-    .unwrap()
+    serde_json::from_value(common::claim(name, pool)).unwrap()
+}
+
+/// Waits until `check` holds; fails after [`DEADLINE`], saying what was awaited.
+async fn until<F: Future<Output = bool>>(awaited: &str, check: impl Fn() -> F) {
+    eventually(DEADLINE, || async {
+        if check().await { Ok(()) } else { Err(awaited) }
+    })
+    .await;
 }
 
 async fn wait_exit(server: &mut Server) {
-    let deadline = std::time::Instant::now() + DEADLINE;
-    while server.child.try_wait().unwrap().is_none() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the server did not crash"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(DEADLINE, || {
+        let exited = server.child.try_wait().unwrap().is_some();
+        async move {
+            if exited {
+                Ok(())
+            } else {
+                Err("the server did not crash")
+            }
+        }
+    })
+    .await;
 }
 
 async fn wait_available(server: &Server, name: &str, want: i32) {
-    eventually(|| async {
+    until(&format!("{want} available in {name}"), || async {
         pools(server)
             .get(name)
             .await
@@ -151,17 +156,6 @@ async fn wait_available(server: &Server, name: &str, want: i32) {
             .is_some_and(|s| s.available >= want)
     })
     .await;
-}
-
-async fn eventually<F: Future<Output = bool>>(check: impl Fn() -> F) {
-    let deadline = std::time::Instant::now() + DEADLINE;
-    while !check().await {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "condition not met within {DEADLINE:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// battery's leases and the claims agree: every lease belongs to exactly one Bound claim
@@ -200,7 +194,10 @@ async fn consistent(world: &World, server: &Server) -> bool {
 }
 
 async fn assert_consistent(world: &World, server: &Server) {
-    eventually(|| consistent(world, server)).await;
+    until("battery's leases and the Bound claims agree", || {
+        consistent(world, server)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -225,7 +222,10 @@ async fn a_crash_at_each_bind_step_is_settled_on_restart() {
         let server = world.start(None).await;
         // The client got no answer, so the restart finishes the bind: the claim appears,
         // Bound with its lease.
-        eventually(|| async { claims(&server).get("c").await.is_ok() }).await;
+        until("the claim", || async {
+            claims(&server).get("c").await.is_ok()
+        })
+        .await;
         assert_consistent(&world, &server).await;
         let got = claims(&server).get("c").await.unwrap();
         assert_eq!(
@@ -276,7 +276,10 @@ async fn issue_9_a_replay_without_a_definitive_answer_keeps_the_intent() {
         // The restart replays ClaimVM; battery leases, and the answer is lost as `code`.
         proxy.lose_claim_answers_as(code);
         let server = world.start_on(&proxy.url(), None).await;
-        eventually(|| async { proxy.lost_claim_answers() >= 1 }).await;
+        until("a lost answer", || async {
+            proxy.lost_claim_answers() >= 1
+        })
+        .await;
         assert!(
             claims(&server).get_opt("c").await.unwrap().is_none(),
             "{code:?}: nothing is Bound without an answer"
@@ -286,7 +289,7 @@ async fn issue_9_a_replay_without_a_definitive_answer_keeps_the_intent() {
         // A later replay, answered, settles it: the claim is Bound with battery's lease.
         proxy.heal();
         let server = world.start_on(&proxy.url(), None).await;
-        eventually(|| async {
+        until("the claim", || async {
             claims(&server)
                 .get_opt("c")
                 .await
@@ -410,7 +413,7 @@ async fn random_kills_during_a_burst_never_leak_or_double_lease() {
         server.child.wait().unwrap();
         let _ = burst.await;
         let server = world.start(None).await;
-        eventually(|| consistent(&world, &server)).await;
+        assert_consistent(&world, &server).await;
         eprintln!("round {round}: killed after {kill_after:?}, consistent after restart");
     }
 }

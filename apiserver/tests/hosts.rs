@@ -5,11 +5,9 @@
 mod common;
 
 use battery_proto::poolmgr::v1alpha1 as pb;
-use common::{Harness, POOLS, get, pool, post};
+use common::{CLAIMS, HOSTS, Harness, POOLS, claim, condition, get, pool};
 use http::{Request, StatusCode, header};
 use serde_json::{Value, json};
-
-const HOSTS: &str = "/apis/battery.liquidmetal-x.dev/v1alpha1/hosts";
 
 async fn host_admin(
     h: &Harness,
@@ -31,13 +29,6 @@ fn names(list: &Value) -> Vec<&str> {
         .unwrap_or_default()
 }
 
-fn condition<'a>(object: &'a Value, type_: &str) -> Option<&'a Value> {
-    object["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)
-}
-
 fn delete(uri: &str) -> Request<axum::body::Body> {
     Request::delete(uri)
         .body(axum::body::Body::empty())
@@ -55,12 +46,8 @@ fn merge_patch(uri: &str, body: &Value) -> Request<axum::body::Body> {
 async fn pool_over_both_hosts(h: &Harness, name: &str) {
     let mut body = pool(name, 2);
     body["spec"]["replenishment"] = json!({"type": "ReplaceOnDelete"});
-    let (status, created) = h.json(post(POOLS, &body)).await;
-    assert_eq!(status, StatusCode::CREATED, "{created}");
-    h.eventually(&format!("{POOLS}/{name}"), |_, p| {
-        p["status"]["available"] == 2
-    })
-    .await;
+    h.create(POOLS, &body).await;
+    h.wait_available(name, 2).await;
 }
 
 #[tokio::test]
@@ -171,10 +158,7 @@ async fn deleting_a_host_drains_it_and_the_pool_keeps_its_size_elsewhere() {
         status == StatusCode::NOT_FOUND
     })
     .await;
-    h.eventually(&format!("{POOLS}/spread"), |_, p| {
-        p["status"]["available"] == 2
-    })
-    .await;
+    h.wait_available("spread", 2).await;
     assert_eq!(on("host-1"), 0);
     assert_eq!(on("host-0"), 2, "the Pool keeps its size on the other Host");
     let (_, list) = h.json(get(HOSTS)).await;
@@ -215,13 +199,7 @@ async fn a_deleted_host_waits_for_the_claims_that_hold_its_microvms() {
         assert_eq!(status, StatusCode::OK, "{body}");
     }
     pool_over_both_hosts(&h, "held").await;
-    let claim = json!({
-        "apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "MicroVMClaim",
-        "metadata": {"name": "mine"},
-        "spec": {"poolRef": {"name": "held"}, "serviceAccountName": "dev"}
-    });
-    let (status, bound) = h.json(post(common::CLAIMS, &claim)).await;
-    assert_eq!(status, StatusCode::CREATED, "{bound}");
+    let bound = h.create(CLAIMS, &claim("mine", "held")).await;
     let host = bound["status"]["host"]["nodeName"]
         .as_str()
         .unwrap()
@@ -258,14 +236,11 @@ async fn a_deleted_host_waits_for_the_claims_that_hold_its_microvms() {
     assert_eq!(status, StatusCode::OK, "{reported}");
     assert!(condition(&reported, "Ready").is_some(), "{reported}");
     assert!(condition(&reported, "Draining").is_some(), "{reported}");
-    let (status, body) = h.json(delete(&format!("{}/mine", common::CLAIMS))).await;
+    let (status, body) = h.json(delete(&format!("{CLAIMS}/mine"))).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     h.eventually(&format!("{HOSTS}/{host}"), |status, _| {
         status == StatusCode::NOT_FOUND
     })
     .await;
-    h.eventually(&format!("{POOLS}/held"), |_, p| {
-        p["status"]["available"] == 2
-    })
-    .await;
+    h.wait_available("held", 2).await;
 }

@@ -8,12 +8,14 @@
 //! whole delayed-ACK periods when a socket to battery stalls. The margins are below one
 //! such period, the ratios well above what a busy machine showed.
 
+mod common;
 mod dev_process;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use battery_apiserver::dev::DEV_POOL;
 use dev_process::DevProcess;
 use http::{Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Full};
@@ -88,7 +90,7 @@ impl Client {
 
     /// Sends one request, checks its status and returns how long it took, with the body.
     async fn timed(
-        &mut self,
+        &self,
         method: Method,
         path: &str,
         body: Option<Value>,
@@ -101,12 +103,7 @@ impl Client {
         (took, body)
     }
 
-    async fn call(
-        &mut self,
-        method: Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> (StatusCode, Value) {
+    async fn call(&self, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
         let request = Request::builder()
             .method(method)
             .uri(format!("https://{}{path}", self.authority))
@@ -116,7 +113,8 @@ impl Client {
                 body.map(|b| b.to_string()).unwrap_or_default(),
             )))
             .unwrap();
-        let response = self.sender.send_request(request).await.unwrap();
+        // A clone is a handle on the same connection.
+        let response = self.sender.clone().send_request(request).await.unwrap();
         let status = response.status();
         let bytes = response.into_body().collect().await.unwrap().to_bytes();
         (
@@ -126,20 +124,17 @@ impl Client {
     }
 
     /// Waits until the dev Pool has `size` MicroVMs ready, so no bind waits for a boot.
-    async fn await_available(&mut self, size: usize) {
-        let pool = format!("{GROUP_VERSION}/namespaces/default/pools/dev");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let (status, pool) = self.call(Method::GET, &pool, None).await;
+    async fn await_available(&self, size: usize) {
+        let uri = format!("{GROUP_VERSION}/namespaces/default/pools/{DEV_POOL}");
+        common::eventually(Duration::from_secs(60), || async {
+            let (status, pool) = self.call(Method::GET, &uri, None).await;
             if status == StatusCode::OK && pool["status"]["available"] == json!(size) {
-                return;
+                Ok(())
+            } else {
+                Err(format!("the dev Pool never filled: {pool}"))
             }
-            assert!(
-                Instant::now() < deadline,
-                "the dev Pool never filled: {pool}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        })
+        .await;
     }
 }
 
@@ -156,15 +151,11 @@ struct Medians {
 }
 
 /// `SAMPLES` rounds of: bind a claim, GET it (one battery call), GET discovery (none).
-async fn measure(client: &mut Client) -> Medians {
+async fn measure(client: &Client) -> Medians {
     let claims = format!("{GROUP_VERSION}/namespaces/default/microvmclaims");
     let (mut binds, mut reads, mut discoveries) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..SAMPLES {
-        let claim = json!({
-            "apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "MicroVMClaim",
-            "metadata": {"name": format!("c{i}")},
-            "spec": {"poolRef": {"name": "dev"}, "serviceAccountName": "dev"}
-        });
+        let claim = common::claim(&format!("c{i}"), DEV_POOL);
         let (took, bound) = client
             .timed(Method::POST, &claims, Some(claim), StatusCode::CREATED)
             .await;
@@ -201,13 +192,13 @@ async fn issue_9_a_serial_bind_costs_no_delayed_acks() {
         &[],
         std::process::Stdio::null(),
     );
-    let mut client = Client::connect(&dev).await;
+    let client = Client::connect(&dev).await;
     client.await_available(SAMPLES).await;
     let Medians {
         bind,
         read,
         discovery,
-    } = measure(&mut client).await;
+    } = measure(&client).await;
     assert!(
         bind < discovery * BIND_RATIO + BIND_MARGIN,
         "a bind took {bind:?} (median of {SAMPLES}), more than {BIND_RATIO} GETs of discovery \

@@ -4,13 +4,11 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use axum::body::Body;
 use battery_apiserver::http::authz::AuthenticatedOnly;
 use battery_apiserver::server::Settings;
 use common::{Harness, POOLS, as_dev, get};
-use http::{Request, StatusCode};
+use http::StatusCode;
 use tower::ServiceExt;
 
 const GROUP_VERSION: &str = "/apis/battery.liquidmetal-x.dev/v1alpha1";
@@ -18,9 +16,8 @@ const GROUP_VERSION: &str = "/apis/battery.liquidmetal-x.dev/v1alpha1";
 /// A server that refuses anonymous callers, as `serve` without a cluster does.
 async fn refusing_anonymous() -> Harness {
     Harness::with_settings(Settings {
-        bind_wait: Duration::from_millis(200),
         authorizer: Some(Arc::new(AuthenticatedOnly)),
-        ..Settings::default()
+        ..common::settings()
     })
     .await
 }
@@ -52,12 +49,11 @@ fn invented(n: usize) -> [String; 3] {
 }
 
 async fn send_anonymous(h: &Harness, uri: &str) -> StatusCode {
-    let request = Request::get(uri).body(Body::empty()).unwrap();
-    h.router().oneshot(request).await.unwrap().status()
+    h.send_as_is(get(uri)).await.0
 }
 
 async fn send_as_dev(h: &Harness, uri: &str) -> StatusCode {
-    h.router().oneshot(as_dev(get(uri))).await.unwrap().status()
+    h.send(get(uri)).await.0
 }
 
 #[tokio::test]
@@ -154,31 +150,18 @@ async fn the_gauges_count_requests_in_flight_and_watches_while_they_stream() {
 #[tokio::test]
 async fn binds_battery_calls_pools_and_events_are_recorded() {
     let h = Harness::start().await;
-    let (status, _) = h.json(common::post(POOLS, &common::pool("p", 2))).await;
+    h.create(POOLS, &common::pool("p", 2)).await;
+    h.wait_available("p", 2).await;
+    let (status, _, _) = h.claim("c", "p").await;
     assert_eq!(status, StatusCode::CREATED);
-    h.eventually(&format!("{POOLS}/p"), |_, pool| {
-        pool["status"]["available"] == 2
-    })
-    .await;
-    let claim = serde_json::json!({
-        "apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "MicroVMClaim",
-        "metadata": {"name": "c"}, "spec": {"poolRef": {"name": "p"}, "serviceAccountName": "dev"}
-    });
-    let (status, _) = h.json(common::post(common::CLAIMS, &claim)).await;
-    assert_eq!(status, StatusCode::CREATED);
-    let missing = serde_json::json!({
-        "apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "MicroVMClaim",
-        "metadata": {"name": "d"}, "spec": {"poolRef": {"name": "nope"}, "serviceAccountName": "dev"}
-    });
-    let (status, _) = h.json(common::post(common::CLAIMS, &missing)).await;
+    let (status, _, _) = h.claim("d", "nope").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    // The lease and battery's events reach the series a moment after the bind.
+    let text = common::eventually(common::DEADLINE, || async {
         let text = scrape(&h).await;
-        let has = |line: &str| series(&text).contains(&line);
-        let leased = has(
-            r#"battery_apiserver_pool_microvms{namespace="default",pool="p",state="leased"} 1"#,
+        let leased = series(&text).contains(
+            &r#"battery_apiserver_pool_microvms{namespace="default",pool="p",state="leased"} 1"#,
         );
         let events = series(&text)
             .iter()
@@ -186,32 +169,31 @@ async fn binds_battery_calls_pools_and_events_are_recorded() {
             .and_then(|n| n.parse::<f64>().ok())
             .unwrap_or_default();
         if leased && events > 0.0 {
-            assert!(
-                has(r#"battery_apiserver_bind_duration_seconds_count{outcome="bound"} 1"#),
-                "{text}"
-            );
-            assert!(
-                has(r#"battery_apiserver_bind_duration_seconds_count{outcome="refused"} 1"#),
-                "{text}"
-            );
-            assert!(
-                text.contains(r#"battery_apiserver_battery_call_duration_seconds_count{method="ClaimVM",outcome="ok"} 1"#),
-                "{text}"
-            );
-            assert!(
-                text.contains(r#"battery_apiserver_battery_call_duration_seconds_count{method="ClaimVM",outcome="not_found"} 1"#),
-                "{text}"
-            );
-            assert!(
-                text.contains("battery_apiserver_battery_event_lag_seconds "),
-                "{text}"
-            );
-            return;
+            Ok(text)
+        } else {
+            Err(format!("never recorded: {text}"))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never recorded: {text}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
+    let has = |line: &str| series(&text).contains(&line);
+    assert!(
+        has(r#"battery_apiserver_bind_duration_seconds_count{outcome="bound"} 1"#),
+        "{text}"
+    );
+    assert!(
+        has(r#"battery_apiserver_bind_duration_seconds_count{outcome="refused"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"battery_apiserver_battery_call_duration_seconds_count{method="ClaimVM",outcome="ok"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"battery_apiserver_battery_call_duration_seconds_count{method="ClaimVM",outcome="not_found"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains("battery_apiserver_battery_event_lag_seconds "),
+        "{text}"
+    );
 }

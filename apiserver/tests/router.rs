@@ -7,10 +7,10 @@ mod common;
 use std::time::Duration;
 
 use axum::body::Body;
-use battery_apiserver::api::UserInfo;
+use battery_apiserver::dev::pki::DEV_USER;
 use battery_apiserver::meta_store::MetaStore;
 use battery_apiserver::server::Settings;
-use common::{CLAIMS, Harness, POOLS, as_dev, get, pool, post};
+use common::{CLAIMS, Harness, POOLS, as_dev, as_user, claim, get, pool, post};
 use futures::StreamExt;
 use http::{Request, StatusCode, header};
 use serde_json::{Value, json};
@@ -18,9 +18,7 @@ use tower::ServiceExt;
 
 impl Harness {
     async fn create_pool(&self, name: &str, size: i32) -> Value {
-        let (status, body) = self.json(post(POOLS, &pool(name, size))).await;
-        assert_eq!(status, StatusCode::CREATED, "{body}");
-        body
+        self.create(POOLS, &pool(name, size)).await
     }
 
     /// Opens a watch and returns its lines as they come.
@@ -335,9 +333,9 @@ async fn unsupported_patches_and_unknown_paths_answer_status() {
 async fn dry_run_create_of_a_claim_binds_nothing() {
     let h = Harness::start().await;
     h.create_pool("dry", 1).await;
-    let claim = json!({"apiVersion": "battery.liquidmetal-x.dev/v1alpha1", "kind": "MicroVMClaim",
-        "metadata": {"name": "c"}, "spec": {"poolRef": {"name": "dry"}, "serviceAccountName": "dev"}});
-    let (status, body) = h.json(post(&format!("{CLAIMS}?dryRun=All"), &claim)).await;
+    let (status, body) = h
+        .json(post(&format!("{CLAIMS}?dryRun=All"), &claim("c", "dry")))
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert!(body["status"].is_null(), "a dry run binds nothing: {body}");
     let (status, _) = h.json(get(&format!("{CLAIMS}/c"))).await;
@@ -349,8 +347,7 @@ async fn a_finalizer_holds_a_deletion_until_it_is_removed() {
     let h = Harness::start().await;
     let mut held = pool("held", 0);
     held["metadata"]["finalizers"] = json!(["example.com/hold"]);
-    let (status, body) = h.json(post(POOLS, &held)).await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
+    h.create(POOLS, &held).await;
     let delete = Request::delete(format!("{POOLS}/held"))
         .body(Body::empty())
         .unwrap();
@@ -449,16 +446,13 @@ async fn a_stale_resource_version_conflicts_and_an_update_without_one_is_invalid
 async fn watches_beyond_the_cap_and_creates_beyond_the_rate_are_429s() {
     use battery_apiserver::api::Limits;
     let h = Harness::with_settings(Settings {
-        bind_wait: Duration::from_millis(200),
-        cluster: None,
         limits: Limits {
             max_watches: 1,
             creates_per_second: 0.1,
             create_burst: 2,
             ..Limits::default()
         },
-        authentication: Default::default(),
-        authorizer: None,
+        ..common::settings()
     })
     .await;
     let _open = h
@@ -495,14 +489,11 @@ async fn watches_beyond_the_cap_and_creates_beyond_the_rate_are_429s() {
 async fn a_request_past_its_deadline_is_a_504_status() {
     use battery_apiserver::api::Limits;
     let h = Harness::with_settings(Settings {
-        bind_wait: Duration::from_millis(200),
-        cluster: None,
         limits: Limits {
             request_timeout: Duration::from_nanos(1),
             ..Limits::default()
         },
-        authentication: Default::default(),
-        authorizer: None,
+        ..common::settings()
     })
     .await;
     let (status, body) = h.json(get(POOLS)).await;
@@ -514,21 +505,13 @@ async fn a_request_past_its_deadline_is_a_504_status() {
 async fn dev_policy_allows_its_user_and_refuses_everyone_else() {
     use battery_apiserver::http::authz::LocalPolicy;
     let h = Harness::with_settings(Settings {
-        bind_wait: Duration::from_millis(200),
-        cluster: None,
-        limits: Default::default(),
-        authentication: Default::default(),
         authorizer: Some(std::sync::Arc::new(LocalPolicy {
-            user: "system:serviceaccount:default:dev".into(),
+            user: DEV_USER.into(),
         })),
+        ..common::settings()
     })
     .await;
     h.create_pool("mine", 0).await;
-    let mut request = get(POOLS);
-    request.extensions_mut().insert(UserInfo {
-        name: "someone".into(),
-        ..UserInfo::default()
-    });
-    let response = h.router().oneshot(request).await.unwrap();
-    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    let (status, _) = h.json_as_is(as_user("someone", get(POOLS))).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
 }

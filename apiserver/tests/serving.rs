@@ -2,13 +2,15 @@
 //! concurrent streams per connection (the aggregator multiplexes every user's requests
 //! and watches over few connections), and a request with many group headers is served.
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
-use battery_apiserver::dev::pki::{DevPki, write_dev_pki};
+use battery_apiserver::dev::pki::{DEV_USER, DevPki, write_dev_pki};
 use battery_apiserver::serve::{TlsFiles, acceptor, serve};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
@@ -98,14 +100,14 @@ async fn a_rotated_serving_certificate_is_served_without_a_restart() {
     let want = CertificateDer::from_pem_file(&next.serving_cert)
         .unwrap()
         .to_vec();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while served_certificate(&connector, addr).await != want {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the new certificate was never served"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually(Duration::from_secs(15), || async {
+        if served_certificate(&connector, addr).await == want {
+            Ok(())
+        } else {
+            Err("the new certificate was never served")
+        }
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -296,7 +298,7 @@ async fn only_the_front_proxy_may_say_who_a_request_is_from() {
             .collect()
     };
     let dev_user = format!(
-        "system:serviceaccount:default:dev|system:serviceaccounts,system:serviceaccounts:default,system:authenticated|authentication.kubernetes.io/credential-id=X509SHA256={dev_fingerprint}|false"
+        "{DEV_USER}|system:serviceaccounts,system:serviceaccounts:default,system:authenticated|authentication.kubernetes.io/credential-id=X509SHA256={dev_fingerprint}|false"
     );
     let forged = [
         ("X-Remote-User", "system:admin"),
