@@ -3,6 +3,8 @@
 //! battery's services and health, and a pool/claim/heartbeat/release round trip works
 //! from a generic gRPC client that knows nothing of our Rust code.
 
+mod dev_process;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -45,17 +47,7 @@ impl Server {
     }
 
     fn stop(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
-        let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        assert!(sent.success());
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "did not stop after SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        dev_process::terminate(&mut self.child, Duration::from_secs(20))
     }
 }
 

@@ -193,6 +193,27 @@ async fn consistent(world: &World, server: &Server) -> bool {
     by_vm.values().all(|n| *n == 1) && leased == bound
 }
 
+/// The claim `name` appears, Bound, and battery's leases agree with the claims.
+async fn assert_bound_and_consistent(world: &World, server: &Server, name: &str, case: &str) {
+    until("the claim", || async {
+        claims(server)
+            .get_opt(name)
+            .await
+            .is_ok_and(|c| c.is_some())
+    })
+    .await;
+    assert_consistent(world, server).await;
+    let got = claims(server).get(name).await.unwrap();
+    assert_eq!(
+        got.status
+            .and_then(|s| s.phase)
+            .map(|p| p.as_str().to_owned())
+            .as_deref(),
+        Some("Bound"),
+        "{case}"
+    );
+}
+
 async fn assert_consistent(world: &World, server: &Server) {
     until("battery's leases and the Bound claims agree", || {
         consistent(world, server)
@@ -222,20 +243,7 @@ async fn a_crash_at_each_bind_step_is_settled_on_restart() {
         let server = world.start(None).await;
         // The client got no answer, so the restart finishes the bind: the claim appears,
         // Bound with its lease.
-        until("the claim", || async {
-            claims(&server).get("c").await.is_ok()
-        })
-        .await;
-        assert_consistent(&world, &server).await;
-        let got = claims(&server).get("c").await.unwrap();
-        assert_eq!(
-            got.status
-                .and_then(|s| s.phase)
-                .map(|p| p.as_str().to_owned())
-                .as_deref(),
-            Some("Bound"),
-            "{point}"
-        );
+        assert_bound_and_consistent(&world, &server, "c", point).await;
     }
 }
 
@@ -289,23 +297,7 @@ async fn issue_9_a_replay_without_a_definitive_answer_keeps_the_intent() {
         // A later replay, answered, settles it: the claim is Bound with battery's lease.
         proxy.heal();
         let server = world.start_on(&proxy.url(), None).await;
-        until("the claim", || async {
-            claims(&server)
-                .get_opt("c")
-                .await
-                .is_ok_and(|c| c.is_some())
-        })
-        .await;
-        assert_consistent(&world, &server).await;
-        let got = claims(&server).get("c").await.unwrap();
-        assert_eq!(
-            got.status
-                .and_then(|s| s.phase)
-                .map(|p| p.as_str().to_owned())
-                .as_deref(),
-            Some("Bound"),
-            "{code:?}"
-        );
+        assert_bound_and_consistent(&world, &server, "c", &format!("{code:?}")).await;
         eprintln!("{code:?}: the intent outlived the lost answer and the bind finished");
     }
 }

@@ -63,17 +63,26 @@ impl DevProcess {
 
     /// Sends SIGTERM, as Ctrl-C or the kubelet would, and waits for the exit.
     pub fn stop(mut self) -> ExitStatus {
-        let pid = self.child.id().to_string();
-        let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        assert!(sent.success(), "kill -TERM {pid}");
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "dev did not stop after SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
+        terminate(&mut self.child, DEADLINE)
+    }
+}
+
+/// Sends SIGTERM to `child`, as Ctrl-C or the kubelet would, and waits up to `within`
+/// for it to exit.
+pub fn terminate(child: &mut Child, within: Duration) -> ExitStatus {
+    let pid = child.id().to_string();
+    let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(sent.success(), "kill -TERM {pid}");
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
         }
+        assert!(
+            Instant::now() < deadline,
+            "{pid} did not stop after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
