@@ -54,10 +54,13 @@ impl World {
         self.dir.path().join("data")
     }
 
+    fn battery_url(&self) -> String {
+        format!("http://{}", self.battery.address())
+    }
+
     /// Starts the server, armed to crash at `crash_at` if given.
     async fn start(&self, crash_at: Option<&str>) -> Server {
-        self.start_on(&format!("http://{}", self.battery.address()), crash_at)
-            .await
+        self.start_on(&self.battery_url(), crash_at).await
     }
 
     /// As [`World::start`], on the battery at `battery` (a proxy in front of ours).
@@ -193,6 +196,24 @@ async fn consistent(world: &World, server: &Server) -> bool {
     by_vm.values().all(|n| *n == 1) && leased == bound
 }
 
+/// Makes the Pool `p` of two MicroVMs on `battery`, then a create of the claim `c` that
+/// kills the server at the crash point `point`, so the create never answers.
+async fn crash_a_bind(world: &World, battery: &str, point: &str) {
+    let server = world.start_on(battery, None).await;
+    pools(&server)
+        .create(&PostParams::default(), &pool("p", 2))
+        .await
+        .unwrap();
+    wait_available(&server, "p", 2).await;
+    drop(server);
+    let mut crashing = world.start_on(battery, Some(point)).await;
+    let result = claims(&crashing)
+        .create(&PostParams::default(), &claim("c", "p"))
+        .await;
+    assert!(result.is_err(), "{point}: the create never answered");
+    wait_exit(&mut crashing).await;
+}
+
 /// The claim `name` appears, Bound, and battery's leases agree with the claims.
 async fn assert_bound_and_consistent(world: &World, server: &Server, name: &str, case: &str) {
     until("the claim", || async {
@@ -225,20 +246,7 @@ async fn assert_consistent(world: &World, server: &Server) {
 async fn a_crash_at_each_bind_step_is_settled_on_restart() {
     for point in ["bind:intent-recorded", "bind:claimed"] {
         let world = World::new().await;
-        let server = world.start(None).await;
-        pools(&server)
-            .create(&PostParams::default(), &pool("p", 2))
-            .await
-            .unwrap();
-        wait_available(&server, "p", 2).await;
-        drop(server);
-
-        let mut crashing = world.start(Some(point)).await;
-        let result = claims(&crashing)
-            .create(&PostParams::default(), &claim("c", "p"))
-            .await;
-        assert!(result.is_err(), "{point}: the create never answered");
-        wait_exit(&mut crashing).await;
+        crash_a_bind(&world, &world.battery_url(), point).await;
 
         let server = world.start(None).await;
         // The client got no answer, so the restart finishes the bind: the claim appears,
@@ -263,23 +271,8 @@ async fn issue_9_a_replay_without_a_definitive_answer_keeps_the_intent() {
     for code in non_definitive {
         let world = World::new().await;
         let proxy = common::faults::FaultyBattery::start(world.battery.address()).await;
-        let server = world.start_on(&proxy.url(), None).await;
-        pools(&server)
-            .create(&PostParams::default(), &pool("p", 2))
-            .await
-            .unwrap();
-        wait_available(&server, "p", 2).await;
-        drop(server);
-
         // The intent is recorded, then the process dies before ClaimVM.
-        let mut crashing = world
-            .start_on(&proxy.url(), Some("bind:intent-recorded"))
-            .await;
-        let result = claims(&crashing)
-            .create(&PostParams::default(), &claim("c", "p"))
-            .await;
-        assert!(result.is_err(), "{code:?}: the create never answered");
-        wait_exit(&mut crashing).await;
+        crash_a_bind(&world, &proxy.url(), "bind:intent-recorded").await;
 
         // The restart replays ClaimVM; battery leases, and the answer is lost as `code`.
         proxy.lose_claim_answers_as(code);
