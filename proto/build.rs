@@ -14,6 +14,7 @@ const PROTOS: &[&str] = &[
     "services/microvm/v1alpha1/microvms.proto",
     "services/microvmexec/v1alpha1/microvmexec.proto",
     "services/microvmsshproxy/v1alpha1/microvmsshproxy.proto",
+    "agent/v1alpha1/relay.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -1,6 +1,6 @@
 //! Generated Rust for the gRPC APIs we speak: battery's `poolmgr.v1alpha1`, the
-//! flintlock messages and MicroVM service it uses, and flintlock's exec and SSH proxy
-//! services. Generated code only; the `.proto` files under `proto/` are the source.
+//! flintlock messages and MicroVM service it uses, flintlock's exec and SSH proxy
+//! services, and our own relay between the API server and `battery-agent`. Generated code only; the `.proto` files under `proto/` are the source.
 
 #![allow(missing_docs, clippy::all, clippy::pedantic)]
 
@@ -48,6 +48,13 @@ pub mod microvmsshproxy {
                 tonic::include_proto!("microvmsshproxy.services.api.v1alpha1");
             }
         }
+    }
+}
+
+/// Our relay API between battery-apiserver and `battery-agent` (`battery.agent.v1alpha1`).
+pub mod agent {
+    pub mod v1alpha1 {
+        tonic::include_proto!("battery.agent.v1alpha1");
     }
 }
 
