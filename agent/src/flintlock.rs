@@ -1,0 +1,93 @@
+//! The client of flintlockd's exec API (`microvmexec.services.api.v1alpha1.MicroVMExec`,
+//! battery-api.md §2.3) on this Host: mTLS with the agent's client certificate, or plain
+//! gRPC for a simulated Host.
+
+use std::time::Duration;
+
+use battery_proto::microvmexec::services::api::v1alpha1::micro_vm_exec_client::MicroVmExecClient;
+use battery_proto::microvmexec::services::api::v1alpha1::{
+    ExecCommandRequest, ExecCommandResponse,
+};
+use tokio_stream::Stream;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::{Status, Streaming};
+
+use crate::MAX_MESSAGE_BYTES;
+
+/// How long dialling flintlockd may take; it is on the same Host, so longer means down.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Output flintlockd may send ahead of the agent reading it, per session: a bound on
+/// what a slow API server makes the agent hold.
+const STREAM_WINDOW_BYTES: u32 = 256 * 1024;
+
+/// How the agent authenticates flintlockd, and itself to it.
+#[derive(Debug)]
+pub enum FlintlockTls {
+    /// Verify flintlockd's serving certificate against `ca`, present `identity`.
+    Mutual { ca: Certificate, identity: Identity },
+    /// Plain gRPC, for simulated Hosts.
+    Insecure,
+}
+
+/// Where flintlockd is and how to talk to it; dialled only on first use.
+#[derive(Debug)]
+pub struct FlintlockConfig {
+    endpoint: Endpoint,
+    tls: FlintlockTls,
+}
+
+impl FlintlockConfig {
+    /// `None` unless `address` is a bare host:port.
+    pub fn new(address: &str, tls: FlintlockTls) -> Option<Self> {
+        let (host, port) = address.rsplit_once(':')?;
+        if host.is_empty() || address.contains('/') || port.parse::<u16>().is_err() {
+            return None;
+        }
+        let scheme = match tls {
+            FlintlockTls::Mutual { .. } => "https",
+            FlintlockTls::Insecure => "http",
+        };
+        let endpoint = Endpoint::from_shared(format!("{scheme}://{address}")).ok()?;
+        Some(Self { endpoint, tls })
+    }
+
+    /// The URI the agent dials.
+    pub fn uri(&self) -> String {
+        self.endpoint.uri().to_string()
+    }
+}
+
+/// flintlockd's exec client; cheap to clone, one HTTP/2 connection under all sessions.
+#[derive(Clone, Debug)]
+pub struct Flintlock {
+    client: MicroVmExecClient<Channel>,
+}
+
+impl Flintlock {
+    /// Builds the client without dialling, so the agent starts while flintlockd is still
+    /// coming up; fails only on TLS material rustls cannot use.
+    pub fn new(config: FlintlockConfig) -> Result<Self, tonic::transport::Error> {
+        let mut endpoint = config
+            .endpoint
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .initial_stream_window_size(STREAM_WINDOW_BYTES);
+        if let FlintlockTls::Mutual { ca, identity } = config.tls {
+            endpoint = endpoint
+                .tls_config(ClientTlsConfig::new().ca_certificate(ca).identity(identity))?;
+        }
+        let client = MicroVmExecClient::new(endpoint.connect_lazy())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        Ok(Self { client })
+    }
+
+    /// Opens one `ExecCommand` stream; `requests` must start with `start`. Answers once
+    /// flintlockd has accepted the start, so a bad uid fails here.
+    pub async fn exec(
+        &self,
+        requests: impl Stream<Item = ExecCommandRequest> + Send + 'static,
+    ) -> Result<Streaming<ExecCommandResponse>, Status> {
+        let mut client = self.client.clone();
+        Ok(client.exec_command(requests).await?.into_inner())
+    }
+}

@@ -1,0 +1,405 @@
+//! The `battery.agent.v1alpha1.Relay` service: each `Exec` stream from the API server
+//! becomes one `ExecCommand` stream to flintlockd, relayed in both directions.
+//!
+//! Backpressure holds end to end because every hop is bounded: stdin moves through a
+//! channel of [`STDIN_BUFFER`] messages and output through one of [`OUTPUT_BUFFER`], and
+//! the agent reads the next message from one side only once the other side has taken the
+//! last. A client that stops reading stops the agent reading flintlockd, whose window
+//! fills, which stops the command at a full pipe. Nothing is dropped or reordered: each
+//! direction is one task reading and writing in order.
+//!
+//! The session ends with the first of: flintlockd's exit code, flintlockd's stream
+//! failing (reported as an exit error, never as success), or the API server's stream
+//! going away, which drops the flintlockd stream; flintlockd then ends the command.
+
+use std::time::Duration;
+
+use battery_proto::agent::v1alpha1::relay_server::Relay;
+use battery_proto::agent::v1alpha1::{
+    ClaimRef, ExecOpen, ExecRequest, ExecResponse, ExitStatus, exec_request, exec_response,
+    exit_status,
+};
+use battery_proto::microvmexec::services::api::v1alpha1::exec_command_request::Payload as FlintlockRequest;
+use battery_proto::microvmexec::services::api::v1alpha1::exec_command_response::Payload as FlintlockResponse;
+use battery_proto::microvmexec::services::api::v1alpha1::{
+    ExecCommandRequest, ExecCommandResponse, ExecStart,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::task::AbortOnDropHandle;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{Instrument as _, debug, info, info_span, warn};
+
+use crate::flintlock::Flintlock;
+
+/// stdin messages queued towards flintlockd before the agent stops reading the client.
+pub const STDIN_BUFFER: usize = 4;
+/// Output messages queued towards the client before the agent stops reading flintlockd.
+pub const OUTPUT_BUFFER: usize = 4;
+/// How long flintlockd may take to accept a session (EA-021's exec-open-timeout).
+const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+
+type Reply = Result<ExecResponse, Status>;
+
+/// The relay, one per agent.
+#[derive(Clone, Debug)]
+pub struct RelayService {
+    flintlock: Flintlock,
+}
+
+impl RelayService {
+    pub fn new(flintlock: Flintlock) -> Self {
+        Self { flintlock }
+    }
+}
+
+#[tonic::async_trait]
+impl Relay for RelayService {
+    type ExecStream = ReceiverStream<Reply>;
+
+    async fn exec(
+        &self,
+        request: Request<Streaming<ExecRequest>>,
+    ) -> Result<Response<Self::ExecStream>, Status> {
+        let mut inbound = request.into_inner();
+        let Some(ExecRequest {
+            payload: Some(exec_request::Payload::Open(open)),
+        }) = inbound.message().await?
+        else {
+            return Err(Status::invalid_argument(
+                "the first message of an exec session must be `open`",
+            ));
+        };
+        let session = Session::new(open)?;
+        let span = info_span!(
+            "exec",
+            claim = %session.claim,
+            microvm = %session.microvm_uid,
+        );
+        let (to_flintlock, requests) = mpsc::channel(STDIN_BUFFER);
+        // Room for one is guaranteed: the channel is new.
+        if to_flintlock.try_send(session.start()).is_err() {
+            return Err(Status::internal("queueing the exec start failed"));
+        }
+        let opened = tokio::time::timeout(
+            OPEN_TIMEOUT,
+            self.flintlock.exec(ReceiverStream::new(requests)),
+        )
+        .instrument(span.clone())
+        .await;
+        let from_flintlock = match opened {
+            Ok(Ok(responses)) => responses,
+            Ok(Err(status)) => {
+                info!(parent: &span, %status, "flintlockd refused the exec");
+                return Err(Status::new(
+                    status.code(),
+                    format!("flintlockd: {}", status.message()),
+                ));
+            }
+            Err(_) => {
+                info!(parent: &span, "flintlockd did not accept the exec in time");
+                return Err(Status::deadline_exceeded(format!(
+                    "flintlockd did not accept the exec within {}s",
+                    OPEN_TIMEOUT.as_secs()
+                )));
+            }
+        };
+        debug!(parent: &span, "exec opened");
+        let (replies, stream) = mpsc::channel(OUTPUT_BUFFER);
+        tokio::spawn(
+            relay(
+                session.attached,
+                inbound,
+                to_flintlock,
+                from_flintlock,
+                replies,
+            )
+            .instrument(span),
+        );
+        Ok(Response::new(ReceiverStream::new(stream)))
+    }
+}
+
+/// Which streams the client attached.
+#[derive(Clone, Copy, Debug)]
+struct Attached {
+    stdin: bool,
+    stdout: bool,
+    stderr: bool,
+}
+
+/// A validated `open`.
+struct Session {
+    claim: String,
+    microvm_uid: String,
+    command: Vec<String>,
+    env: std::collections::HashMap<String, String>,
+    working_dir: String,
+    attached: Attached,
+}
+
+impl Session {
+    fn new(open: ExecOpen) -> Result<Self, Status> {
+        if open.microvm_uid.is_empty() {
+            return Err(Status::invalid_argument("open.microvm_uid is required"));
+        }
+        if open.command.first().is_none_or(String::is_empty) {
+            return Err(Status::invalid_argument(
+                "open.command needs at least the program to run",
+            ));
+        }
+        let claim = open.claim.as_ref().map_or_else(
+            || "<none>".to_owned(),
+            |ClaimRef {
+                 namespace,
+                 name,
+                 uid,
+             }| format!("{namespace}/{name} ({uid})"),
+        );
+        Ok(Self {
+            claim,
+            microvm_uid: open.microvm_uid,
+            command: open.command,
+            env: open.env,
+            working_dir: open.working_dir,
+            attached: Attached {
+                stdin: open.stdin,
+                stdout: open.stdout,
+                stderr: open.stderr,
+            },
+        })
+    }
+
+    /// flintlock's `start`: argv as is, never through a shell, as `pods/exec` runs it.
+    fn start(&self) -> ExecCommandRequest {
+        let mut argv = self.command.iter().cloned();
+        ExecCommandRequest {
+            payload: Some(FlintlockRequest::Start(ExecStart {
+                uid: self.microvm_uid.clone(),
+                cmd: argv.next().unwrap_or_default(),
+                args: argv.collect(),
+                cwd: self.working_dir.clone(),
+                env: self.env.clone(),
+                shell: false,
+                has_stdin: self.attached.stdin,
+                ..ExecStart::default()
+            })),
+        }
+    }
+}
+
+/// Runs one opened session to its end. Returning drops the flintlockd stream and the
+/// stdin task, which resets the stream, so every way out ends the command.
+async fn relay(
+    attached: Attached,
+    inbound: Streaming<ExecRequest>,
+    to_flintlock: mpsc::Sender<ExecCommandRequest>,
+    mut from_flintlock: Streaming<ExecCommandResponse>,
+    replies: mpsc::Sender<Reply>,
+) {
+    // Its own task, so stdin keeps moving while output waits for the client, as a pipe
+    // would: a command may read all its input before it writes.
+    let mut stdin = AbortOnDropHandle::new(tokio::spawn(
+        forward_stdin(inbound, to_flintlock, attached.stdin).in_current_span(),
+    ));
+    let mut stdin_done = false;
+    // flintlockd's `error` messages, which come before the exit code when the command
+    // could not run.
+    let mut errors: Vec<String> = Vec::new();
+    loop {
+        tokio::select! {
+            biased;
+            () = replies.closed() => {
+                debug!("the API server's stream went away; ending the command");
+                return;
+            }
+            ended = &mut stdin, if !stdin_done => {
+                stdin_done = true;
+                match ended {
+                    Ok(StdinEnd::Done) => {}
+                    Ok(StdinEnd::Invalid(status)) => {
+                        info!(%status, "invalid exec request; ending the command");
+                        // Best effort: the client broke the protocol and may not read.
+                        let _ = replies.try_send(Err(status));
+                        return;
+                    }
+                    Ok(StdinEnd::ClientGone) => {
+                        debug!("the API server's stream broke; ending the command");
+                        return;
+                    }
+                    Err(error) => {
+                        warn!(%error, "the stdin task failed; ending the command");
+                        return;
+                    }
+                }
+            }
+            message = from_flintlock.message() => {
+                let reply = match message {
+                    Ok(Some(ExecCommandResponse { payload })) => match payload {
+                        Some(FlintlockResponse::Stdout(bytes)) if attached.stdout => {
+                            output(exec_response::Payload::Stdout(bytes))
+                        }
+                        Some(FlintlockResponse::Stderr(bytes)) if attached.stderr => {
+                            output(exec_response::Payload::Stderr(bytes))
+                        }
+                        // The client did not attach this stream.
+                        Some(FlintlockResponse::Stdout(_) | FlintlockResponse::Stderr(_)) => continue,
+                        Some(FlintlockResponse::Error(message)) => {
+                            errors.push(message);
+                            continue;
+                        }
+                        Some(FlintlockResponse::ExitCode(code)) => {
+                            let outcome = if errors.is_empty() {
+                                exit_status::Outcome::Code(code)
+                            } else {
+                                exit_status::Outcome::Error(errors.join("; "))
+                            };
+                            debug!(?outcome, "command ended");
+                            let _ = replies.send(exit(outcome)).await;
+                            return;
+                        }
+                        // A payload this agent does not know, from a newer flintlockd.
+                        None => continue,
+                    },
+                    Ok(None) => {
+                        warn!("flintlockd ended the exec stream without an exit code");
+                        let _ = replies
+                            .send(exit(exit_status::Outcome::Error(
+                                "flintlockd ended the stream without an exit code".to_owned(),
+                            )))
+                            .await;
+                        return;
+                    }
+                    Err(status) => {
+                        warn!(%status, "flintlockd's exec stream failed");
+                        let _ = replies
+                            .send(exit(exit_status::Outcome::Error(format!(
+                                "flintlockd: {}",
+                                status.message()
+                            ))))
+                            .await;
+                        return;
+                    }
+                };
+                if replies.send(reply).await.is_err() {
+                    debug!("the API server's stream went away; ending the command");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn output(payload: exec_response::Payload) -> Reply {
+    Ok(ExecResponse {
+        payload: Some(payload),
+    })
+}
+
+fn exit(outcome: exit_status::Outcome) -> Reply {
+    output(exec_response::Payload::Exit(ExitStatus {
+        outcome: Some(outcome),
+    }))
+}
+
+/// How the client's side of a session ended.
+enum StdinEnd {
+    /// It half-closed, or flintlockd stopped taking stdin: the response side decides.
+    Done,
+    Invalid(Status),
+    ClientGone,
+}
+
+/// Relays the client's stdin and its EOF to flintlockd, one message at a time: the next
+/// is read from the client only once flintlockd's queue has room for it. Dropping
+/// `to_flintlock` on return half-closes flintlockd's side, which closes stdin too.
+async fn forward_stdin(
+    mut inbound: Streaming<ExecRequest>,
+    to_flintlock: mpsc::Sender<ExecCommandRequest>,
+    stdin_attached: bool,
+) -> StdinEnd {
+    loop {
+        let payload = match inbound.message().await {
+            Ok(Some(ExecRequest { payload })) => payload,
+            Ok(None) => return StdinEnd::Done,
+            Err(status) => {
+                debug!(%status, "the API server's exec stream broke");
+                return StdinEnd::ClientGone;
+            }
+        };
+        let forwarded = match payload {
+            Some(exec_request::Payload::Stdin(bytes)) if stdin_attached => {
+                FlintlockRequest::Stdin(bytes)
+            }
+            Some(exec_request::Payload::Stdin(_)) => {
+                return StdinEnd::Invalid(Status::invalid_argument(
+                    "stdin sent, but `open` did not attach stdin",
+                ));
+            }
+            Some(exec_request::Payload::StdinEof(_)) => FlintlockRequest::StdinEof(true),
+            Some(exec_request::Payload::Open(_)) => {
+                return StdinEnd::Invalid(Status::invalid_argument(
+                    "only the first message of an exec session may be `open`",
+                ));
+            }
+            None => {
+                return StdinEnd::Invalid(Status::invalid_argument(
+                    "an exec request carries no payload",
+                ));
+            }
+        };
+        let request = ExecCommandRequest {
+            payload: Some(forwarded),
+        };
+        if to_flintlock.send(request).await.is_err() {
+            return StdinEnd::Done;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(command: &[&str]) -> ExecOpen {
+        ExecOpen {
+            microvm_uid: "u".into(),
+            command: command.iter().map(|arg| (*arg).to_owned()).collect(),
+            stdin: true,
+            ..ExecOpen::default()
+        }
+    }
+
+    #[test]
+    fn argv_becomes_cmd_and_args_without_a_shell() {
+        let session = Session::new(ExecOpen {
+            working_dir: "/srv".into(),
+            ..open(&["sh", "-c", "exit 3"])
+        })
+        .expect("valid");
+        let Some(FlintlockRequest::Start(start)) = session.start().payload else {
+            panic!("not a start");
+        };
+        assert_eq!(start.uid, "u");
+        assert_eq!(start.cmd, "sh");
+        assert_eq!(start.args, ["-c", "exit 3"]);
+        assert_eq!(start.cwd, "/srv");
+        assert!(!start.shell);
+        assert!(start.has_stdin);
+    }
+
+    #[test]
+    fn open_needs_a_program_and_a_microvm() {
+        for bad in [
+            open(&[]),
+            open(&[""]),
+            ExecOpen {
+                microvm_uid: String::new(),
+                ..open(&["true"])
+            },
+        ] {
+            let status = Session::new(bad).err().expect("invalid");
+            assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        }
+    }
+}
