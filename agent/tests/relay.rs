@@ -1,0 +1,559 @@
+//! The agent in-process between a relay client with an rcgen client certificate and a
+//! simulated flintlock Host from `battery-embedded`, whose MicroVMs run commands as
+//! local processes.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use battery_agent::Cli;
+use battery_embedded::simhost::{SimulatedHost, SimulatedHostConfig};
+use battery_proto::agent::v1alpha1::relay_client::RelayClient;
+use battery_proto::agent::v1alpha1::{
+    ClaimRef, ExecOpen, ExecRequest, ExecResponse, StdinEof, exec_request, exec_response,
+    exit_status,
+};
+use battery_proto::flintlock::types::MicroVmSpec;
+use battery_proto::flintlock::types::micro_vm_status::MicroVmState;
+use battery_proto::microvm::services::api::v1alpha1::micro_vm_client::MicroVmClient;
+use battery_proto::microvm::services::api::v1alpha1::{CreateMicroVmRequest, GetMicroVmRequest};
+use clap::Parser as _;
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    SanType,
+};
+use sha2::{Digest as _, Sha256};
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+use tonic::{Code, Streaming};
+
+/// How long any awaited condition may take before the test fails.
+const DEADLINE: Duration = Duration::from_secs(30);
+/// The client's HTTP/2 receive window per stream.
+const CLIENT_WINDOW_BYTES: u32 = 64 * 1024;
+
+/// A CA and the PEM of one certificate it signed, with its key.
+struct Signed {
+    cert: String,
+    key: String,
+}
+
+struct Ca {
+    pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl Ca {
+    fn new(name: &str) -> Self {
+        let key = KeyPair::generate().expect("CA key");
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let pem = params.self_signed(&key).expect("CA certificate").pem();
+        Self {
+            pem,
+            issuer: Issuer::new(params, key),
+        }
+    }
+
+    fn sign(&self, mut params: CertificateParams, purpose: ExtendedKeyUsagePurpose) -> Signed {
+        params.extended_key_usages = vec![purpose];
+        let key = KeyPair::generate().expect("key");
+        let cert = params.signed_by(&key, &self.issuer).expect("signed");
+        Signed {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        }
+    }
+
+    fn client(&self, cn: &str) -> Signed {
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(DnType::CommonName, cn);
+        self.sign(params, ExtendedKeyUsagePurpose::ClientAuth)
+    }
+}
+
+struct Fixture {
+    _dir: TempDir,
+    _host: SimulatedHost,
+    microvm_uid: String,
+    agent: SocketAddr,
+    /// Signs the agent's serving certificate, and the client certificates it accepts.
+    ca: Ca,
+    _stop: oneshot::Sender<()>,
+}
+
+impl Fixture {
+    async fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let host = SimulatedHost::start(SimulatedHostConfig {
+            state_dir: dir.path().join("host"),
+            ..SimulatedHostConfig::default()
+        })
+        .await
+        .expect("simulated host starts");
+        let microvm_uid = create_microvm(&host).await;
+
+        let ca = Ca::new("relay CA");
+        let mut serving = CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
+        serving
+            .subject_alt_names
+            .push(SanType::IpAddress([127, 0, 0, 1].into()));
+        let serving = ca.sign(serving, ExtendedKeyUsagePurpose::ServerAuth);
+        let write = |name: &str, pem: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, pem).expect("write PEM");
+            path.display().to_string()
+        };
+        let cli = Cli::try_parse_from([
+            "battery-agent".to_owned(),
+            "--tls-cert-file".to_owned(),
+            write("agent.crt", &serving.cert),
+            "--tls-private-key-file".to_owned(),
+            write("agent.key", &serving.key),
+            "--client-ca-file".to_owned(),
+            write("client-ca.crt", &ca.pem),
+            "--flintlock-address".to_owned(),
+            host.address().to_string(),
+            "--flintlock-insecure".to_owned(),
+        ])
+        .expect("flags parse");
+        let agent =
+            battery_agent::build(cli.into_config().expect("valid config")).expect("agent builds");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let (stop, stopped) = oneshot::channel();
+        tokio::spawn(agent.serve(listener, async {
+            let _ = stopped.await;
+        }));
+        Self {
+            _dir: dir,
+            _host: host,
+            microvm_uid,
+            agent: address,
+            ca,
+            _stop: stop,
+        }
+    }
+
+    /// A relay client presenting a certificate from `ca`.
+    async fn client(&self, ca: &Ca) -> Result<RelayClient<Channel>, tonic::transport::Error> {
+        let client = ca.client("battery-apiserver");
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&self.ca.pem))
+            .identity(Identity::from_pem(client.cert, client.key))
+            .domain_name("localhost");
+        let channel = Channel::from_shared(format!("https://{}", self.agent))
+            .expect("endpoint")
+            .tls_config(tls)?
+            // Small, so what piles up while a test does not read is the agent's and
+            // the Host's, not the client's.
+            .initial_stream_window_size(CLIENT_WINDOW_BYTES)
+            .connect()
+            .await?;
+        Ok(RelayClient::new(channel))
+    }
+
+    async fn trusted_client(&self) -> RelayClient<Channel> {
+        self.client(&self.ca).await.expect("connected")
+    }
+
+    fn open(&self, command: &[&str]) -> ExecOpen {
+        ExecOpen {
+            claim: Some(ClaimRef {
+                namespace: "team-a".into(),
+                name: "claim-1".into(),
+                uid: "c-1".into(),
+            }),
+            microvm_uid: self.microvm_uid.clone(),
+            command: command.iter().map(|arg| (*arg).to_owned()).collect(),
+            stdout: true,
+            stderr: true,
+            ..ExecOpen::default()
+        }
+    }
+}
+
+async fn create_microvm(host: &SimulatedHost) -> String {
+    let channel = Channel::from_shared(format!("http://{}", host.address()))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connected to the host");
+    let mut microvms = MicroVmClient::new(channel);
+    let created = microvms
+        .create_micro_vm(CreateMicroVmRequest {
+            microvm: Some(MicroVmSpec {
+                id: "vm".into(),
+                namespace: "ns".into(),
+                vcpu: 1,
+                memory_in_mb: 128,
+                ..MicroVmSpec::default()
+            }),
+            ..CreateMicroVmRequest::default()
+        })
+        .await
+        .expect("created")
+        .into_inner();
+    let uid = created
+        .microvm
+        .and_then(|microvm| microvm.spec)
+        .and_then(|spec| spec.uid)
+        .expect("uid");
+    wait_until("the MicroVM is CREATED", async || {
+        let microvm = microvms
+            .get_micro_vm(GetMicroVmRequest { uid: uid.clone() })
+            .await
+            .expect("got")
+            .into_inner()
+            .microvm
+            .expect("microvm");
+        microvm.status.expect("status").state == MicroVmState::Created as i32
+    })
+    .await;
+    uid
+}
+
+/// Polls until `condition` holds, failing the test at [`DEADLINE`].
+async fn wait_until(what: &str, mut condition: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + DEADLINE;
+    while !condition().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn request(payload: exec_request::Payload) -> ExecRequest {
+    ExecRequest {
+        payload: Some(payload),
+    }
+}
+
+/// An open session: the sender of its requests and the stream of its responses.
+struct Session {
+    requests: mpsc::Sender<ExecRequest>,
+    responses: Streaming<ExecResponse>,
+}
+
+async fn open(client: &mut RelayClient<Channel>, open: ExecOpen) -> Result<Session, tonic::Status> {
+    let (requests, rx) = mpsc::channel(1);
+    requests
+        .send(request(exec_request::Payload::Open(open)))
+        .await
+        .expect("queued");
+    let responses = client.exec(ReceiverStream::new(rx)).await?.into_inner();
+    Ok(Session {
+        requests,
+        responses,
+    })
+}
+
+#[derive(Debug, Default)]
+struct Output {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    exit: Option<exit_status::Outcome>,
+}
+
+impl Session {
+    async fn next(&mut self) -> Option<exec_response::Payload> {
+        tokio::time::timeout(DEADLINE, self.responses.message())
+            .await
+            .expect("the relay answered in time")
+            .expect("the relay stream is healthy")
+            .map(|response| response.payload.expect("payload"))
+    }
+
+    /// Reads to the end, checking that the exit status comes last and only once.
+    async fn collect(mut self) -> Output {
+        let mut output = Output::default();
+        while let Some(payload) = self.next().await {
+            assert!(output.exit.is_none(), "{payload:?} after the exit status");
+            match payload {
+                exec_response::Payload::Stdout(bytes) => output.stdout.extend(bytes),
+                exec_response::Payload::Stderr(bytes) => output.stderr.extend(bytes),
+                exec_response::Payload::Exit(status) => output.exit = status.outcome,
+            }
+        }
+        output
+    }
+}
+
+async fn run(fixture: &Fixture, command: &[&str]) -> Output {
+    let mut client = fixture.trusted_client().await;
+    open(&mut client, fixture.open(command))
+        .await
+        .expect("opened")
+        .collect()
+        .await
+}
+
+#[tokio::test]
+async fn echo_hi_prints_hi_and_exits_0() {
+    let fixture = Fixture::start().await;
+    let output = run(&fixture, &["echo", "hi"]).await;
+    assert_eq!(output.stdout, b"hi\n");
+    assert_eq!(output.stderr, b"");
+    assert_eq!(output.exit, Some(exit_status::Outcome::Code(0)));
+}
+
+#[tokio::test]
+async fn exit_code_is_passed_back() {
+    let fixture = Fixture::start().await;
+    let output = run(&fixture, &["sh", "-c", "exit 3"]).await;
+    assert_eq!(output.exit, Some(exit_status::Outcome::Code(3)));
+}
+
+#[tokio::test]
+async fn stdout_and_stderr_arrive_apart() {
+    let fixture = Fixture::start().await;
+    let output = run(&fixture, &["sh", "-c", "echo out; echo err >&2; echo more"]).await;
+    assert_eq!(output.stdout, b"out\nmore\n");
+    assert_eq!(output.stderr, b"err\n");
+    assert_eq!(output.exit, Some(exit_status::Outcome::Code(0)));
+}
+
+#[tokio::test]
+async fn output_of_an_unattached_stream_is_discarded() {
+    let fixture = Fixture::start().await;
+    let mut client = fixture.trusted_client().await;
+    let output = open(
+        &mut client,
+        ExecOpen {
+            stderr: false,
+            ..fixture.open(&["sh", "-c", "echo out; echo err >&2"])
+        },
+    )
+    .await
+    .expect("opened")
+    .collect()
+    .await;
+    assert_eq!(output.stdout, b"out\n");
+    assert_eq!(output.stderr, b"");
+}
+
+#[tokio::test]
+async fn a_command_that_cannot_run_ends_with_an_error() {
+    let fixture = Fixture::start().await;
+    let output = run(&fixture, &["/no/such/program"]).await;
+    let Some(exit_status::Outcome::Error(message)) = output.exit else {
+        panic!("want an error exit, got {:?}", output.exit);
+    };
+    assert!(message.contains("/no/such/program"), "{message}");
+}
+
+#[tokio::test]
+async fn stdin_eof_lets_wc_finish() {
+    let fixture = Fixture::start().await;
+    let mut client = fixture.trusted_client().await;
+    let session = open(
+        &mut client,
+        ExecOpen {
+            stdin: true,
+            ..fixture.open(&["wc", "-c"])
+        },
+    )
+    .await
+    .expect("opened");
+    for payload in [
+        exec_request::Payload::Stdin(b"hello".to_vec()),
+        exec_request::Payload::StdinEof(StdinEof {}),
+    ] {
+        session.requests.send(request(payload)).await.expect("sent");
+    }
+    // The request stream stays open: only the EOF message can end wc's input.
+    let requests = session.requests.clone();
+    let output = session.collect().await;
+    drop(requests);
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "5");
+    assert_eq!(output.exit, Some(exit_status::Outcome::Code(0)));
+}
+
+/// Deterministic bytes that do not compress or repeat within a chunk.
+fn payload(len: usize) -> Vec<u8> {
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state.to_le_bytes()[0]
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_megabytes_through_cat_come_back_whole_and_buffers_stay_bounded() {
+    const TOTAL: usize = 20 * 1024 * 1024;
+    const CHUNK: usize = 64 * 1024;
+    /// The most stdin the whole path may take while nobody reads stdout: the HTTP/2
+    /// windows and bounded queues of each hop (the agent's 256 KiB windows and queues
+    /// of 4, the simulated Host's 1 MiB window) plus the pipes; an agent that buffered
+    /// without bound would take all of `TOTAL`.
+    const IN_FLIGHT_BOUND: usize = 4 * 1024 * 1024;
+
+    let fixture = Fixture::start().await;
+    let mut client = fixture.trusted_client().await;
+    let session = open(
+        &mut client,
+        ExecOpen {
+            stdin: true,
+            ..fixture.open(&["cat"])
+        },
+    )
+    .await
+    .expect("opened");
+    let data = Arc::new(payload(TOTAL));
+    let sent = Arc::new(AtomicUsize::new(0));
+    let requests = session.requests.clone();
+    let writer = tokio::spawn({
+        let data = Arc::clone(&data);
+        let sent = Arc::clone(&sent);
+        async move {
+            for chunk in data.chunks(CHUNK) {
+                requests
+                    .send(request(exec_request::Payload::Stdin(chunk.to_vec())))
+                    .await
+                    .expect("sent");
+                sent.fetch_add(chunk.len(), Ordering::SeqCst);
+            }
+            requests
+                .send(request(exec_request::Payload::StdinEof(StdinEof {})))
+                .await
+                .expect("sent EOF");
+        }
+    });
+
+    // Nobody reads stdout yet: the writer must stall once the path is full, instead
+    // of the agent taking everything in.
+    let mut last = 0;
+    let mut still_since = Instant::now();
+    wait_until("stdin stops moving while stdout is not read", async || {
+        let now = sent.load(Ordering::SeqCst);
+        if now != last {
+            last = now;
+            still_since = Instant::now();
+        }
+        now > 0 && still_since.elapsed() > Duration::from_millis(500)
+    })
+    .await;
+    let stalled_at = sent.load(Ordering::SeqCst);
+    assert!(
+        stalled_at < IN_FLIGHT_BOUND,
+        "{stalled_at} bytes taken in while stdout was not read"
+    );
+
+    let Session {
+        requests: _keep_open,
+        mut responses,
+    } = session;
+    let mut digest = Sha256::new();
+    let mut received = 0;
+    let mut exit = None;
+    while let Some(response) = tokio::time::timeout(DEADLINE, responses.message())
+        .await
+        .expect("output in time")
+        .expect("healthy stream")
+    {
+        match response.payload.expect("payload") {
+            exec_response::Payload::Stdout(bytes) => {
+                received += bytes.len();
+                digest.update(&bytes);
+            }
+            exec_response::Payload::Stderr(bytes) => {
+                panic!("stderr: {}", String::from_utf8_lossy(&bytes))
+            }
+            exec_response::Payload::Exit(status) => exit = status.outcome,
+        }
+    }
+    writer.await.expect("writer finished");
+    assert_eq!(received, TOTAL);
+    assert_eq!(digest.finalize()[..], Sha256::digest(data.as_slice())[..]);
+    assert_eq!(exit, Some(exit_status::Outcome::Code(0)));
+}
+
+/// Dead: gone, or a zombie nobody has reaped yet.
+fn process_gone(pid: &str) -> bool {
+    match std::fs::read_to_string(Path::new("/proc").join(pid).join("stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+#[tokio::test]
+async fn dropping_the_stream_ends_the_command() {
+    let fixture = Fixture::start().await;
+    let mut client = fixture.trusted_client().await;
+    let mut session = open(
+        &mut client,
+        ExecOpen {
+            stdin: true,
+            ..fixture.open(&["sh", "-c", "echo $$; exec sleep 600"])
+        },
+    )
+    .await
+    .expect("opened");
+    let Some(exec_response::Payload::Stdout(pid)) = session.next().await else {
+        panic!("want the pid on stdout");
+    };
+    let pid = String::from_utf8(pid).expect("utf-8").trim().to_owned();
+    assert!(!process_gone(&pid), "sleep {pid} runs");
+    drop(session);
+    wait_until(&format!("sleep {pid} is gone"), async || process_gone(&pid)).await;
+}
+
+#[tokio::test]
+async fn a_client_certificate_from_another_ca_is_refused() {
+    let fixture = Fixture::start().await;
+    let other = Ca::new("another CA");
+    // The handshake may fail at connect, or on the first request once rustls's
+    // TLS 1.3 client learns the server rejected its certificate.
+    let refused = match fixture.client(&other).await {
+        Err(_) => true,
+        Ok(mut client) => open(&mut client, fixture.open(&["true"])).await.is_err(),
+    };
+    assert!(refused, "a certificate from another CA was accepted");
+    // The same agent still serves a trusted client.
+    let output = run(&fixture, &["true"]).await;
+    assert_eq!(output.exit, Some(exit_status::Outcome::Code(0)));
+}
+
+#[tokio::test]
+async fn an_unknown_microvm_is_refused_before_the_session_opens() {
+    let fixture = Fixture::start().await;
+    let mut client = fixture.trusted_client().await;
+    let status = open(
+        &mut client,
+        ExecOpen {
+            microvm_uid: "no-such-uid".into(),
+            ..fixture.open(&["true"])
+        },
+    )
+    .await
+    .err()
+    .expect("refused");
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+}
+
+#[tokio::test]
+async fn the_first_message_must_be_open() {
+    let fixture = Fixture::start().await;
+    let mut client = fixture.trusted_client().await;
+    let (requests, rx) = mpsc::channel(1);
+    requests
+        .send(request(exec_request::Payload::Stdin(b"x".to_vec())))
+        .await
+        .expect("queued");
+    let status = client
+        .exec(ReceiverStream::new(rx))
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+}
