@@ -36,7 +36,8 @@ use crate::flintlock::Flintlock;
 pub const STDIN_BUFFER: usize = 4;
 /// Output messages queued towards the client before the agent stops reading flintlockd.
 pub const OUTPUT_BUFFER: usize = 4;
-/// How long flintlockd may take to accept a session (EA-021's exec-open-timeout).
+/// How long the client may take to send `open`, and flintlockd to accept the session
+/// (EA-021's exec-open-timeout).
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 
 type Reply = Result<ExecResponse, Status>;
@@ -62,9 +63,18 @@ impl Relay for RelayService {
         request: Request<Streaming<ExecRequest>>,
     ) -> Result<Response<Self::ExecStream>, Status> {
         let mut inbound = request.into_inner();
+        // A client that never says what to run must not hold a handler forever.
+        let first = tokio::time::timeout(OPEN_TIMEOUT, inbound.message())
+            .await
+            .map_err(|_| {
+                Status::deadline_exceeded(format!(
+                    "no `open` within {}s of the stream starting",
+                    OPEN_TIMEOUT.as_secs()
+                ))
+            })??;
         let Some(ExecRequest {
             payload: Some(exec_request::Payload::Open(open)),
-        }) = inbound.message().await?
+        }) = first
         else {
             return Err(Status::invalid_argument(
                 "the first message of an exec session must be `open`",

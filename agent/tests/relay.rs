@@ -141,13 +141,18 @@ impl Fixture {
         }
     }
 
-    /// A relay client presenting a certificate from `ca`.
-    async fn client(&self, ca: &Ca) -> Result<RelayClient<Channel>, tonic::transport::Error> {
-        let client = ca.client("battery-apiserver");
-        let tls = ClientTlsConfig::new()
+    /// A relay client presenting a certificate from `ca`, or none.
+    async fn client(
+        &self,
+        ca: Option<&Ca>,
+    ) -> Result<RelayClient<Channel>, tonic::transport::Error> {
+        let mut tls = ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(&self.ca.pem))
-            .identity(Identity::from_pem(client.cert, client.key))
             .domain_name("localhost");
+        if let Some(ca) = ca {
+            let client = ca.client("battery-apiserver");
+            tls = tls.identity(Identity::from_pem(client.cert, client.key));
+        }
         let channel = Channel::from_shared(format!("https://{}", self.agent))
             .expect("endpoint")
             .tls_config(tls)?
@@ -160,7 +165,7 @@ impl Fixture {
     }
 
     async fn trusted_client(&self) -> RelayClient<Channel> {
-        self.client(&self.ca).await.expect("connected")
+        self.client(Some(&self.ca)).await.expect("connected")
     }
 
     fn open(&self, command: &[&str]) -> ExecOpen {
@@ -509,17 +514,28 @@ async fn dropping_the_stream_ends_the_command() {
     wait_until(&format!("sleep {pid} is gone"), async || process_gone(&pid)).await;
 }
 
-#[tokio::test]
-async fn a_client_certificate_from_another_ca_is_refused() {
-    let fixture = Fixture::start().await;
-    let other = Ca::new("another CA");
-    // The handshake may fail at connect, or on the first request once rustls's
-    // TLS 1.3 client learns the server rejected its certificate.
-    let refused = match fixture.client(&other).await {
+/// Whether a session with `ca`'s client certificate (or none) fails. The handshake may
+/// fail at connect, or on the first request once rustls's TLS 1.3 client learns the
+/// server rejected its certificate.
+async fn refused(fixture: &Fixture, ca: Option<&Ca>) -> bool {
+    match fixture.client(ca).await {
         Err(_) => true,
         Ok(mut client) => open(&mut client, fixture.open(&["true"])).await.is_err(),
-    };
-    assert!(refused, "a certificate from another CA was accepted");
+    }
+}
+
+#[tokio::test]
+async fn only_client_certificates_from_the_client_ca_are_accepted() {
+    let fixture = Fixture::start().await;
+    let other = Ca::new("another CA");
+    assert!(
+        refused(&fixture, Some(&other)).await,
+        "a certificate from another CA was accepted"
+    );
+    assert!(
+        refused(&fixture, None).await,
+        "a client without a certificate was accepted"
+    );
     // The same agent still serves a trusted client.
     let output = run(&fixture, &["true"]).await;
     assert_eq!(output.exit, Some(exit_status::Outcome::Code(0)));
