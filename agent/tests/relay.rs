@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+mod common;
+
 use battery_agent::Cli;
 use battery_embedded::simhost::{SimulatedHost, SimulatedHostConfig};
 use battery_proto::agent::v1alpha1::relay_client::RelayClient;
@@ -20,10 +22,7 @@ use battery_proto::flintlock::types::micro_vm_status::MicroVmState;
 use battery_proto::microvm::services::api::v1alpha1::micro_vm_client::MicroVmClient;
 use battery_proto::microvm::services::api::v1alpha1::{CreateMicroVmRequest, GetMicroVmRequest};
 use clap::Parser as _;
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    SanType,
-};
+use common::Ca;
 use sha2::{Digest as _, Sha256};
 use tempfile::TempDir;
 use tokio::net::TcpListener;
@@ -36,47 +35,6 @@ use tonic::{Code, Streaming};
 const DEADLINE: Duration = Duration::from_secs(30);
 /// The client's HTTP/2 receive window per stream.
 const CLIENT_WINDOW_BYTES: u32 = 64 * 1024;
-
-/// A CA and the PEM of one certificate it signed, with its key.
-struct Signed {
-    cert: String,
-    key: String,
-}
-
-struct Ca {
-    pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-impl Ca {
-    fn new(name: &str) -> Self {
-        let key = KeyPair::generate().expect("CA key");
-        let mut params = CertificateParams::default();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let pem = params.self_signed(&key).expect("CA certificate").pem();
-        Self {
-            pem,
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    fn sign(&self, mut params: CertificateParams, purpose: ExtendedKeyUsagePurpose) -> Signed {
-        params.extended_key_usages = vec![purpose];
-        let key = KeyPair::generate().expect("key");
-        let cert = params.signed_by(&key, &self.issuer).expect("signed");
-        Signed {
-            cert: cert.pem(),
-            key: key.serialize_pem(),
-        }
-    }
-
-    fn client(&self, cn: &str) -> Signed {
-        let mut params = CertificateParams::default();
-        params.distinguished_name.push(DnType::CommonName, cn);
-        self.sign(params, ExtendedKeyUsagePurpose::ClientAuth)
-    }
-}
 
 struct Fixture {
     _dir: TempDir,
@@ -100,11 +58,7 @@ impl Fixture {
         let microvm_uid = create_microvm(&host).await;
 
         let ca = Ca::new("relay CA");
-        let mut serving = CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
-        serving
-            .subject_alt_names
-            .push(SanType::IpAddress([127, 0, 0, 1].into()));
-        let serving = ca.sign(serving, ExtendedKeyUsagePurpose::ServerAuth);
+        let serving = ca.loopback_server();
         let write = |name: &str, pem: &str| {
             let path = dir.path().join(name);
             std::fs::write(&path, pem).expect("write PEM");
