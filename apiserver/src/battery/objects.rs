@@ -1,8 +1,9 @@
 //! battery's answers as Kubernetes objects: the one place a Pool's status and conditions,
 //! a claim's bound or expired status and a Host's status are made from what battery said,
 //! beside the metadata the API server keeps (as `registry/<kind>/strategy.go` owns one
-//! kind's conversion in k8s.io/apiserver). The storages keep records; they never compute
-//! status themselves.
+//! kind's conversion in k8s.io/apiserver). The storages keep records and compute no
+//! status from battery's answers; the one condition they add is the Host storage's
+//! `Draining`, which reports its own graceful deletion (`resources/hosts/leaving.rs`).
 
 use battery_types::conditions::{
     self, ClaimBoundReason, ConditionStatus, PoolExhaustedReason, PoolReadyReason,
