@@ -15,6 +15,7 @@
 //!   `field.Error`.
 //! - **Resource table**: [`ResourceInfo`] for each kind ([`HasResourceInfo`]) and
 //!   [`RESOURCES`], from which the apiserver derives routes, discovery, OpenAPI and authz.
+//! - [`agent_identity`]: how an exec agent's user names its Host.
 //! - [`Duration`] is `metav1.Duration` (Go's `"1m30s"` format); [`conditions`] holds
 //!   condition types, reasons and apimachinery's condition helpers.
 //!
@@ -37,6 +38,7 @@
 
 #![deny(missing_docs)]
 
+pub mod agent_identity;
 pub mod conditions;
 mod duration;
 mod hosts;
