@@ -663,6 +663,10 @@ impl Storage for ClaimStorage {
             .get::<ClaimRecord>(&key)?
             .ok_or_else(|| ApiError::not_found(info(), &name))?;
         if let Some(lease) = &record.lease {
+            // Before the release, whose deleting the MicroVM would end them less clearly.
+            if let Some(uid) = &record.metadata.uid {
+                self.exec_sessions.end_claim(uid);
+            }
             release(&self.battery, lease, &name).await?;
             crate::failpoint::crash_point("release:released");
         }
