@@ -52,7 +52,7 @@ fn the_handshake_picks_v5_over_v4_and_refuses_others() {
     let both = Handshake::of(&upgrade("v4.channel.k8s.io, v5.channel.k8s.io")).unwrap();
     assert_eq!(both.protocol, Protocol::V5);
     // RFC 6455's example key and answer.
-    assert_eq!(both.accept, "s3pPLMBiTxaQ9kYGzzhZRxK4/n0=");
+    assert_eq!(both.accept, "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
     let v4 = Handshake::of(&upgrade("v4.channel.k8s.io")).unwrap();
     assert_eq!(v4.protocol, Protocol::V4);
     let base64 = Handshake::of(&upgrade("base64.channel.k8s.io"))
