@@ -19,6 +19,7 @@ use battery_apiserver::agent_relay::AgentRelayTls;
 use battery_apiserver::api::UserInfo;
 use battery_apiserver::dev::pki::DEV_USER;
 use battery_apiserver::http::authz::{Authorizer, Decision};
+use battery_apiserver::server::Settings;
 use common::{CLAIMS, HOSTS, Harness, POOLS, claim, get, pool, settings};
 use futures::future::BoxFuture;
 use futures::{SinkExt, StreamExt};
@@ -191,11 +192,16 @@ struct Exec {
 
 impl Exec {
     async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    /// As [`Exec::start`], with `tweak` applied to the server's settings.
+    async fn start_with(tweak: impl FnOnce(&mut Settings)) -> Self {
         let agent_ca = Ca::new("agent-ca");
         let client_ca = Ca::new("apiserver-relay-client-ca");
         let relay_client = client_ca.client("battery-apiserver");
         let authorizer = Arc::new(RecordingAuthorizer::default());
-        let h = Harness::with_settings(battery_apiserver::server::Settings {
+        let mut settings = Settings {
             agent_relay: Some(AgentRelayTls {
                 ca_pem: agent_ca.pem.clone().into_bytes(),
                 client_cert_pem: relay_client.cert.into_bytes(),
@@ -203,8 +209,9 @@ impl Exec {
             }),
             authorizer: Some(authorizer.clone()),
             ..settings()
-        })
-        .await;
+        };
+        tweak(&mut settings);
+        let h = Harness::with_settings(settings).await;
         h.eventually(HOSTS, |_, list| {
             list["items"]
                 .as_array()
@@ -582,7 +589,8 @@ async fn refusals_are_statuses_before_the_upgrade() {
             .await,
     );
     assert!(
-        rogue["message"].as_str().unwrap().contains(&host),
+        rogue["message"].as_str().unwrap().contains(&host)
+            && rogue["message"].as_str().unwrap().contains("certificate"),
         "{rogue}"
     );
 
@@ -721,4 +729,106 @@ async fn deleting_the_claim_ends_its_sessions_and_the_gauge_counts_them() {
         }
     })
     .await;
+}
+
+#[tokio::test]
+async fn many_sessions_run_at_once_and_closing_the_websocket_ends_the_command() {
+    let exec = Exec::start().await;
+    exec.claim("a").await;
+    exec.claim("b").await;
+    let metrics = || async {
+        let (_, _, body) = exec.h.send(get("/metrics")).await;
+        String::from_utf8(body).unwrap()
+    };
+    // Two long sessions held open while sixteen short ones run on both claims.
+    let mut long = Vec::new();
+    for claim in ["a", "b"] {
+        let query = "command=sleep&command=1000&stdin=true&stdout=true";
+        long.push(
+            exec.raw(DEV_USER, claim, query, "v5.channel.k8s.io")
+                .await
+                .unwrap(),
+        );
+    }
+    let short = (0..16).map(|i| {
+        let exec = &exec;
+        async move {
+            let claim = if i % 2 == 0 { "a" } else { "b" };
+            let query = format!("command=echo&command={i}&stdout=true");
+            let mut raw = exec
+                .raw(DEV_USER, claim, &query, "v5.channel.k8s.io")
+                .await
+                .unwrap();
+            let output = raw.read_all().await;
+            assert_eq!(output.stdout, format!("{i}\n").into_bytes());
+            assert_eq!(output.status["status"], "Success", "{}", output.status);
+        }
+    });
+    futures::future::join_all(short).await;
+    assert!(
+        metrics()
+            .await
+            .contains("battery_apiserver_exec_sessions 2\n")
+    );
+
+    // The client going away drops the relay stream, which ends `sleep` in the MicroVM.
+    for mut raw in long {
+        raw.ws.close(None).await.unwrap();
+    }
+    common::eventually(DEADLINE, || async {
+        let text = metrics().await;
+        if text.contains("battery_apiserver_exec_sessions 0\n") {
+            Ok(())
+        } else {
+            Err(text)
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_session_cap_answers_429_and_no_relay_configuration_answers_503() {
+    let exec = Exec::start_with(|s| s.max_exec_sessions = 1).await;
+    exec.claim("c").await;
+    let held = exec
+        .raw(
+            DEV_USER,
+            "c",
+            "command=sleep&command=1000&stdin=true&stdout=true",
+            "v5.channel.k8s.io",
+        )
+        .await
+        .unwrap();
+    let Err((status, body)) = exec
+        .raw(
+            DEV_USER,
+            "c",
+            "command=true&stdout=true",
+            "v5.channel.k8s.io",
+        )
+        .await
+    else {
+        panic!("a second session past the cap of one was upgraded");
+    };
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["reason"], "TooManyRequests", "{body}");
+    drop(held);
+
+    let unconfigured = Exec::start_with(|s| s.agent_relay = None).await;
+    unconfigured.claim("c").await;
+    let Err((status, body)) = unconfigured
+        .raw(
+            DEV_USER,
+            "c",
+            "command=true&stdout=true",
+            "v5.channel.k8s.io",
+        )
+        .await
+    else {
+        panic!("upgraded without a relay configuration");
+    };
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let message = body["message"].as_str().unwrap();
+    assert!(message.starts_with("exec is not configured"), "{body}");
+    assert!(message.contains("--agent-ca-file"), "{body}");
 }
