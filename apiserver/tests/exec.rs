@@ -98,6 +98,28 @@ impl AgentProcess {
     /// Serves on `listen` as the agent of a Host at `flintlock`, with `serving` as its
     /// certificate, accepting clients of `client_ca`.
     fn start(listen: SocketAddr, flintlock: SocketAddr, serving: &Signed, client_ca: &Ca) -> Self {
+        Self::serve(None, listen, flintlock, serving, client_ca)
+    }
+
+    /// As [`AgentProcess::start`], on the address of a killed agent once it is free.
+    async fn restart(
+        listen: SocketAddr,
+        flintlock: SocketAddr,
+        serving: &Signed,
+        client_ca: &Ca,
+    ) -> Self {
+        let listener =
+            common::eventually(DEADLINE, || async { std::net::TcpListener::bind(listen) }).await;
+        Self::serve(Some(listener), listen, flintlock, serving, client_ca)
+    }
+
+    fn serve(
+        listener: Option<std::net::TcpListener>,
+        listen: SocketAddr,
+        flintlock: SocketAddr,
+        serving: &Signed,
+        client_ca: &Ca,
+    ) -> Self {
         let config = battery_agent::Config {
             listen,
             identity: tonic::transport::Identity::from_pem(&serving.cert, &serving.key),
@@ -105,7 +127,7 @@ impl AgentProcess {
             flintlock: FlintlockConfig::new(&flintlock.to_string(), FlintlockTls::Insecure)
                 .unwrap(),
         };
-        let listener = std::net::TcpListener::bind(listen).unwrap();
+        let listener = listener.unwrap_or_else(|| std::net::TcpListener::bind(listen).unwrap());
         listener.set_nonblocking(true).unwrap();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -640,12 +662,13 @@ async fn an_agent_killed_mid_stream_fails_the_exec_and_its_successor_serves() {
 
     let address = exec.agent_of(&host);
     let flintlock = exec.h.battery().host(&host).unwrap().address();
-    let successor = AgentProcess::start(
+    let successor = AgentProcess::restart(
         address,
         flintlock,
         &exec.agent_ca.serving(&host),
         &exec.client_ca,
-    );
+    )
+    .await;
     exec.agents.iter_mut().find(|(n, ..)| *n == host).unwrap().2 = Some(successor);
     let api = exec.claims(DEV_USER);
     let (printed, status) = common::eventually(DEADLINE, || async {
@@ -831,4 +854,42 @@ async fn the_session_cap_answers_429_and_no_relay_configuration_answers_503() {
     let message = body["message"].as_str().unwrap();
     assert!(message.starts_with("exec is not configured"), "{body}");
     assert!(message.contains("--agent-ca-file"), "{body}");
+}
+
+#[tokio::test]
+async fn an_expiring_claim_ends_its_sessions() {
+    let exec = Exec::start().await;
+    let mut body = pool("short", 1);
+    body["spec"]["lease"] = json!({"heartbeatInterval": "100ms", "expiryThreshold": "1s"});
+    exec.h.create(POOLS, &body).await;
+    exec.h.wait_available("short", 1).await;
+    exec.h.create(CLAIMS, &claim("expiring", "short")).await;
+    let mut raw = exec
+        .raw(
+            DEV_USER,
+            "expiring",
+            "command=sleep&command=1000&stdin=true&stdout=true",
+            "v5.channel.k8s.io",
+        )
+        .await
+        .unwrap();
+    // Never renewed: battery expires the lease, and with it the session.
+    let output = raw.read_all().await;
+    assert_eq!(output.status["status"], "Failure", "{}", output.status);
+    exec.h
+        .eventually(&format!("{CLAIMS}/expiring"), |_, claim| {
+            claim["status"]["phase"] == "Expired"
+        })
+        .await;
+    let (status, body) = exec
+        .raw(
+            DEV_USER,
+            "expiring",
+            "command=true&stdout=true",
+            "v5.channel.k8s.io",
+        )
+        .await
+        .err()
+        .expect("an exec into an Expired claim was upgraded");
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
 }

@@ -9,6 +9,7 @@
 mod session;
 mod sessions;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::response::{IntoResponse, Response};
@@ -187,7 +188,7 @@ pub struct ClaimExec {
 
 impl ClaimExec {
     /// The claim's MicroVM and its Host's agent, if `ctx` may exec into it.
-    fn target(&self, ctx: &RequestContext, name: &str) -> Result<Target, ApiError> {
+    async fn target(&self, ctx: &RequestContext, name: &str) -> Result<Target, ApiError> {
         let namespace = ctx.namespace.as_deref().unwrap_or_default();
         let record = self
             .claims
@@ -195,6 +196,14 @@ impl ClaimExec {
             .get::<ClaimRecord>(&key(namespace, name))?
             .ok_or_else(|| ApiError::not_found(info(), name))?;
         check_holder(ctx, &record, "exec into")?;
+        // As a read of the claim sees it: Expired as soon as battery no longer has the
+        // lease, even before the follower records it.
+        let live = if record.lease.is_some() {
+            self.claims.live_request_ids().await?
+        } else {
+            HashSet::new()
+        };
+        let record = self.claims.with_liveness(record, &live);
         let (Some(_), Some(microvm), Some(host)) =
             (&record.lease, &record.status.micro_vm, &record.status.host)
         else {
@@ -250,7 +259,7 @@ impl Connect for Arc<ClaimExec> {
                 })?;
             let sessions = &exec.claims.exec_sessions;
             let permit = sessions.admit()?;
-            let target = exec.target(&ctx, &name)?;
+            let target = exec.target(&ctx, &name).await?;
             let command = format!("[{}]", options.command.join(" "));
             let relay = exec
                 .relay
