@@ -16,6 +16,8 @@ use axum::response::{IntoResponse, Response};
 use battery_api_machinery::params::decode_query;
 use battery_api_machinery::status::ApiError;
 use battery_proto::agent::v1alpha1::{ClaimRef, ExecOpen};
+use battery_types::MicroVMClaimStatus;
+use battery_types::conditions::{self, ClaimHostReadyReason, ConditionStatus};
 use futures::future::BoxFuture;
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -172,6 +174,18 @@ impl Handshake {
     }
 }
 
+/// Why the claim's Host cannot run an exec, when its agent said so (`HostReady` False).
+/// Without a report yet the agent is asked anyway: its answer says what is wrong.
+fn host_not_ready(status: &MicroVMClaimStatus) -> Option<String> {
+    let condition = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::HOST_READY)?;
+    let unreported = condition.reason == ClaimHostReadyReason::NoHostReport.as_str();
+    (condition.status == ConditionStatus::False.as_str() && !unreported)
+        .then(|| format!("{}: {}", condition.reason, condition.message))
+}
+
 /// Where a claim's session goes.
 struct Target {
     claim: ClaimRef,
@@ -213,6 +227,12 @@ impl ClaimExec {
                 "the claim has expired or was never bound, so it has no MicroVM to exec into",
             ));
         };
+        if let Some(why) = host_not_ready(&record.status) {
+            return Err(ApiError::service_unavailable(format!(
+                "cannot exec into microvmclaim {namespace}/{name}: its Host {} is not ready: {why}",
+                host.node_name
+            )));
+        }
         // The Host's current address: its agent may have registered after the bind.
         let agent_address = self
             .claims
