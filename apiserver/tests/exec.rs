@@ -9,7 +9,7 @@ mod harness;
 
 use battery_apiserver::dev::pki::DEV_USER;
 use common::{CLAIMS, POOLS, claim, get, pool};
-use futures::StreamExt;
+use futures::{SinkExt, StreamExt};
 use harness::{AgentProcess, DEADLINE, Exec, OTHER_USER, Raw, free_address, kube_exec};
 use http::{Request as HttpRequest, StatusCode};
 use kube::api::AttachParams;
@@ -93,6 +93,24 @@ async fn a_hand_written_client_keeps_stdout_and_stderr_apart_and_ends_stdin_with
         .unwrap();
     let output = raw.read_all().await;
     assert_eq!(output.stdout, b"v4\n");
+    assert_eq!(output.status["status"], "Success", "{}", output.status);
+
+    // v4.base64, for clients that send only text: stdin in, stdout and the Status out.
+    let mut raw = exec
+        .raw(
+            DEV_USER,
+            "c",
+            "command=head&command=-c&command=3&stdin=true&stdout=true",
+            "v4.base64.channel.k8s.io",
+        )
+        .await
+        .unwrap();
+    raw.ws
+        .send(Message::Text("0aGkKdGhlcmUK".into()))
+        .await
+        .unwrap();
+    let output = raw.read_all().await;
+    assert_eq!(output.stdout, b"hi\n");
     assert_eq!(output.status["status"], "Success", "{}", output.status);
 }
 

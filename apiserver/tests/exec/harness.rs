@@ -10,6 +10,8 @@ use std::time::Duration;
 use crate::common::{self, CLAIMS, HOSTS, Harness, POOLS, claim, pool, settings};
 use axum::extract::Request;
 use axum::middleware::Next;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use battery_agent::flintlock::{FlintlockConfig, FlintlockTls};
 use battery_api_machinery::request_info::RequestInfo;
 use battery_api_machinery::status::ApiError;
@@ -378,14 +380,19 @@ impl Raw {
             .await
             .unwrap()
         {
-            let Ok(Message::Binary(data)) = message else {
-                continue;
+            let (channel, payload) = match message {
+                Ok(Message::Binary(data)) => (data[0], data[1..].to_vec()),
+                // v4.base64: the channel's digit, then base64.
+                Ok(Message::Text(text)) => (
+                    text.as_bytes()[0] - b'0',
+                    BASE64.decode(&text.as_str()[1..]).unwrap(),
+                ),
+                _ => continue,
             };
-            let (channel, payload) = data.split_first().unwrap();
             match channel {
-                1 => output.stdout.extend_from_slice(payload),
-                2 => output.stderr.extend_from_slice(payload),
-                3 => output.status = serde_json::from_slice(payload).unwrap(),
+                1 => output.stdout.extend_from_slice(&payload),
+                2 => output.stderr.extend_from_slice(&payload),
+                3 => output.status = serde_json::from_slice(&payload).unwrap(),
                 other => panic!("a frame on channel {other}"),
             }
         }

@@ -39,22 +39,26 @@ use session::{Attached, Session};
 /// relay message the agent accepts (its limit is 1 MiB).
 const MAX_MESSAGE_BYTES: usize = 1024 * 1024 - 64;
 
-/// The channel protocols served, best first. The base64 variants are not.
+/// The channel protocols served, best first. v1 to v3 (and `base64.channel.k8s.io`)
+/// are not: they cannot carry an exit code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Protocol {
     /// v4 with the close channel, so stdin can end before the session does.
     V5,
     /// Binary channels and a JSON `Status` on the error channel.
     V4,
+    /// v4 in text frames, base64, for clients that cannot send binary (browsers).
+    V4Base64,
 }
 
 impl Protocol {
-    const ALL: [Protocol; 2] = [Protocol::V5, Protocol::V4];
+    const ALL: [Protocol; 3] = [Protocol::V5, Protocol::V4, Protocol::V4Base64];
 
     fn name(self) -> &'static str {
         match self {
             Protocol::V5 => "v5.channel.k8s.io",
             Protocol::V4 => "v4.channel.k8s.io",
+            Protocol::V4Base64 => "v4.base64.channel.k8s.io",
         }
     }
 }
@@ -126,8 +130,8 @@ impl Handshake {
         let key = headers.get(header::SEC_WEBSOCKET_KEY);
         let (true, Some(key)) = (has_token(header::UPGRADE, "websocket"), key) else {
             return Err(ApiError::bad_request(
-                "exec needs a WebSocket upgrade (v5.channel.k8s.io or v4.channel.k8s.io); \
-                 SPDY is not served",
+                "exec needs a WebSocket upgrade (v5.channel.k8s.io, v4.channel.k8s.io or \
+                 v4.base64.channel.k8s.io); SPDY is not served",
             ));
         };
         if headers.get(header::SEC_WEBSOCKET_VERSION) != Some(&HeaderValue::from_static("13")) {
@@ -146,7 +150,7 @@ impl Handshake {
             .ok_or_else(|| {
                 ApiError::bad_request(format!(
                     "none of the offered WebSocket subprotocols ({}) is served: offer \
-                     v5.channel.k8s.io or v4.channel.k8s.io",
+                     v5.channel.k8s.io, v4.channel.k8s.io or v4.base64.channel.k8s.io",
                     offered.join(", ")
                 ))
             })?;

@@ -12,6 +12,8 @@
 
 use std::time::Duration;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use battery_proto::agent::v1alpha1::{
     ExecRequest, ExecResponse, ExitStatus, StdinEof, exec_request, exec_response, exit_status,
 };
@@ -54,11 +56,35 @@ pub struct Session {
     pub guard: SessionGuard,
 }
 
-fn frame(channel: u8, payload: &[u8]) -> Message {
+/// A message on `channel`: binary, or in the base64 protocol a text frame whose first
+/// character is the channel's digit.
+fn frame(protocol: Protocol, channel: u8, payload: &[u8]) -> Message {
+    if protocol == Protocol::V4Base64 {
+        let mut text = char::from(b'0' + channel).to_string();
+        BASE64.encode_string(payload, &mut text);
+        return Message::Text(text.into());
+    }
     let mut bytes = Vec::with_capacity(payload.len() + 1);
     bytes.push(channel);
     bytes.extend_from_slice(payload);
     Message::Binary(bytes.into())
+}
+
+/// A client's message as its channel and payload; `None` for what is not a frame of
+/// `protocol`.
+fn unframe(protocol: Protocol, message: Message) -> Option<(u8, Vec<u8>)> {
+    match (protocol, message) {
+        (Protocol::V4Base64, Message::Text(text)) => {
+            let text = text.as_str();
+            let channel = text.bytes().next()?.checked_sub(b'0')?;
+            Some((channel, BASE64.decode(&text[1..]).ok()?))
+        }
+        (Protocol::V5 | Protocol::V4, Message::Binary(data)) => {
+            let (&channel, payload) = data.split_first()?;
+            Some((channel, payload.to_vec()))
+        }
+        _ => None,
+    }
 }
 
 /// The `Status` kubelet writes on the error channel for an exit code.
@@ -111,11 +137,11 @@ impl Session {
         } else {
             ERROR
         };
-        if sink.send(frame(first, &[])).await.is_err() {
+        if sink.send(frame(protocol, first, &[])).await.is_err() {
             return;
         }
         let ending = tokio::select! {
-            ending = from_agent(&mut sink, &mut responses, &command) => ending,
+            ending = from_agent(&mut sink, &mut responses, protocol, &command) => ending,
             () = to_agent(&mut stream, &requests, protocol, attached.stdin) => None,
             () = guard.ended().cancelled() => Some(failure(format!(
                 "command {command} was ended: its claim was released or has expired"
@@ -126,7 +152,9 @@ impl Session {
         let Some(status) = ending else {
             return;
         };
-        let _ = sink.send(frame(ERROR, status.to_string().as_bytes())).await;
+        let _ = sink
+            .send(frame(protocol, ERROR, status.to_string().as_bytes()))
+            .await;
         let _ = sink
             .send(Message::Close(Some(CloseFrame {
                 code: CloseCode::Normal,
@@ -146,6 +174,7 @@ impl Session {
 async fn from_agent<W>(
     sink: &mut W,
     responses: &mut tonic::Streaming<ExecResponse>,
+    protocol: Protocol,
     command: &str,
 ) -> Option<Value>
 where
@@ -171,8 +200,8 @@ where
             }
         };
         let out = match message {
-            exec_response::Payload::Stdout(bytes) => frame(STDOUT, &bytes),
-            exec_response::Payload::Stderr(bytes) => frame(STDERR, &bytes),
+            exec_response::Payload::Stdout(bytes) => frame(protocol, STDOUT, &bytes),
+            exec_response::Payload::Stderr(bytes) => frame(protocol, STDERR, &bytes),
             exec_response::Payload::Exit(ExitStatus { outcome }) => {
                 return Some(match outcome {
                     Some(exit_status::Outcome::Code(code)) => exit_status(command, code),
@@ -206,19 +235,17 @@ async fn to_agent<R>(
     // until the exit status ends the session.
     let mut open = stdin;
     while let Some(Ok(message)) = stream.next().await {
-        let data = match message {
-            Message::Binary(data) => data,
-            Message::Close(_) => return,
-            // Pings are answered by the WebSocket itself; text is not the protocol.
-            _ => continue,
-        };
-        let Some((&channel, payload)) = data.split_first() else {
+        if let Message::Close(_) = message {
+            return;
+        }
+        // Pings are answered by the WebSocket itself.
+        let Some((channel, payload)) = unframe(protocol, message) else {
             continue;
         };
         let request = match channel {
             // Clients may open with an empty frame per channel.
             STDIN if payload.is_empty() => continue,
-            STDIN => exec_request::Payload::Stdin(payload.to_vec()),
+            STDIN => exec_request::Payload::Stdin(payload),
             CLOSE if protocol == Protocol::V5 && payload.first() == Some(&STDIN) => {
                 exec_request::Payload::StdinEof(StdinEof {})
             }
@@ -261,7 +288,28 @@ mod tests {
 
     #[test]
     fn a_frame_is_its_channel_then_its_payload() {
-        assert_eq!(frame(STDERR, b"x"), Message::Binary(vec![2, b'x'].into()));
-        assert_eq!(frame(STDOUT, &[]), Message::Binary(vec![1].into()));
+        let binary = frame(Protocol::V4, STDERR, b"x");
+        assert_eq!(binary, Message::Binary(vec![2, b'x'].into()));
+        assert_eq!(unframe(Protocol::V4, binary), Some((STDERR, b"x".to_vec())));
+        assert_eq!(
+            frame(Protocol::V5, STDOUT, &[]),
+            Message::Binary(vec![1].into())
+        );
+        let text = frame(Protocol::V4Base64, STDOUT, b"hi\n");
+        assert_eq!(text, Message::Text("1aGkK".into()));
+        assert_eq!(
+            unframe(Protocol::V4Base64, Message::Text("0aGkK".into())),
+            Some((STDIN, b"hi\n".to_vec()))
+        );
+        // A frame of the other kind, or not base64, is not the protocol's.
+        assert_eq!(
+            unframe(Protocol::V4Base64, Message::Binary(vec![0].into())),
+            None
+        );
+        assert_eq!(
+            unframe(Protocol::V4Base64, Message::Text("0!!".into())),
+            None
+        );
+        assert_eq!(unframe(Protocol::V5, Message::Text("0aGkK".into())), None);
     }
 }
