@@ -166,6 +166,23 @@ pub struct ServeArgs {
     /// before answering 429.
     #[arg(long, env = "BATTERY_APISERVER_BIND_WAIT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub bind_wait: Duration,
+
+    /// PEM CA that signs the exec agents' serving certificates; each agent's must name
+    /// its Host. Without the three `--agent-*` files, exec answers 503.
+    #[arg(long, env = "BATTERY_APISERVER_AGENT_CA_FILE", requires_all = ["agent_client_cert_file", "agent_client_key_file"])]
+    pub agent_ca_file: Option<PathBuf>,
+
+    /// PEM client certificate the API server presents to exec agents.
+    #[arg(long, env = "BATTERY_APISERVER_AGENT_CLIENT_CERT_FILE", requires_all = ["agent_ca_file", "agent_client_key_file"])]
+    pub agent_client_cert_file: Option<PathBuf>,
+
+    /// PEM private key of `--agent-client-cert-file`.
+    #[arg(long, env = "BATTERY_APISERVER_AGENT_CLIENT_KEY_FILE", requires_all = ["agent_ca_file", "agent_client_cert_file"])]
+    pub agent_client_key_file: Option<PathBuf>,
+
+    /// Exec sessions open at once; more are answered 429.
+    #[arg(long, env = "BATTERY_APISERVER_MAX_EXEC_SESSIONS", default_value_t = crate::resources::microvmclaims::DEFAULT_MAX_SESSIONS)]
+    pub max_exec_sessions: usize,
 }
 
 /// Options of `dev`.
@@ -284,6 +301,46 @@ mod tests {
         assert_eq!(args.warning_window, Duration::from_secs(30));
         assert_eq!(args.hosts, 2);
         assert!(args.data_dir.is_none());
+    }
+
+    #[test]
+    fn the_agent_relay_files_come_together() {
+        let serve = |extra: &[&str]| {
+            let mut args = vec![
+                "battery-apiserver",
+                "serve",
+                "--battery-address",
+                "127.0.0.1:1",
+                "--tls-cert-file",
+                "c",
+                "--tls-private-key-file",
+                "k",
+            ];
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args)
+        };
+        let err = serve(&["--agent-ca-file", "ca"]).unwrap_err();
+        assert!(
+            err.to_string().contains("--agent-client-cert-file"),
+            "{err}"
+        );
+        let cli = serve(&[
+            "--agent-ca-file",
+            "ca",
+            "--agent-client-cert-file",
+            "crt",
+            "--agent-client-key-file",
+            "key",
+        ])
+        .unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("parsed another command");
+        };
+        assert_eq!(args.agent_ca_file, Some(PathBuf::from("ca")));
+        assert_eq!(
+            args.max_exec_sessions,
+            crate::resources::microvmclaims::DEFAULT_MAX_SESSIONS
+        );
     }
 
     #[test]

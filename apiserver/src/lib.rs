@@ -1,6 +1,7 @@
 //! The Kubernetes aggregated API server for battery's warm pools of flintlock
 //! MicroVMs, and the commands around it.
 
+pub mod agent_relay;
 pub mod api;
 pub mod battery;
 pub mod cluster;

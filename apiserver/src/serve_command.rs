@@ -5,6 +5,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::net::TcpListener;
 
+use crate::agent_relay::AgentRelayTls;
 use crate::api::Limits;
 use crate::battery::BatteryClient;
 use crate::cluster::Cluster;
@@ -30,6 +31,7 @@ pub fn open_store(dir: Option<&std::path::Path>) -> anyhow::Result<Arc<MetaStore
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let agent_relay = agent_relay(&args)?;
     let cluster_client = cluster(args.kubeconfig.as_deref()).await?;
     if cluster_client.is_none() {
         tracing::warn!(
@@ -86,6 +88,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 request_timeout: args.request_timeout,
             },
             authentication,
+            agent_relay,
+            max_exec_sessions: args.max_exec_sessions,
         },
     )?;
     let listener = TcpListener::bind(args.listen)
@@ -99,6 +103,26 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     )]);
     serve::serve(listener, acceptor, app.router, shutdown).await;
     Ok(())
+}
+
+/// The exec relay's TLS material, read before any port is bound; clap ensures the three
+/// files come together.
+fn agent_relay(args: &ServeArgs) -> anyhow::Result<Option<AgentRelayTls>> {
+    let (Some(ca), Some(cert), Some(key)) = (
+        &args.agent_ca_file,
+        &args.agent_client_cert_file,
+        &args.agent_client_key_file,
+    ) else {
+        return Ok(None);
+    };
+    let read = |flag: &str, path: &std::path::Path| {
+        std::fs::read(path).with_context(|| format!("reading --{flag} {}", path.display()))
+    };
+    Ok(Some(AgentRelayTls {
+        ca_pem: read("agent-ca-file", ca)?,
+        client_cert_pem: read("agent-client-cert-file", cert)?,
+        client_key_pem: read("agent-client-key-file", key)?,
+    }))
 }
 
 /// A client of the cluster served: from `kubeconfig` when given, else the in-cluster

@@ -18,6 +18,7 @@ use tokio::sync::broadcast;
 use tokio::task::JoinSet;
 use tower::ServiceBuilder;
 
+use crate::agent_relay::{AgentRelay, AgentRelayTls};
 use crate::api::{Endpoint, Limits, ResourceEndpoint, resource_router};
 use crate::battery::BatteryClient;
 use crate::cluster::Cluster;
@@ -29,7 +30,9 @@ use crate::http::{recover, request_info};
 use crate::meta_store::MetaStore;
 use crate::resources::follow::Follower;
 use crate::resources::hosts::{HostDirectory, HostStatusWriter, HostStorage};
-use crate::resources::microvmclaims::{ClaimLeases, ClaimStorage};
+use crate::resources::microvmclaims::{
+    ClaimExec, ClaimLeases, ClaimStorage, DEFAULT_MAX_SESSIONS, ExecSessions,
+};
 use crate::resources::pools::PoolStorage;
 
 /// Events kept for binds waiting on `VM_AVAILABLE`.
@@ -52,6 +55,10 @@ pub struct Settings {
     /// Who may do what; `None` allows every request (only where nothing else can reach
     /// the server).
     pub authorizer: Option<Arc<dyn Authorizer>>,
+    /// The TLS material for the exec agents' relay; `None` answers every exec 503.
+    pub agent_relay: Option<AgentRelayTls>,
+    /// Exec sessions open at once; more are answered 429.
+    pub max_exec_sessions: usize,
 }
 
 impl Default for Settings {
@@ -62,6 +69,8 @@ impl Default for Settings {
             limits: Limits::default(),
             authentication: Arc::default(),
             authorizer: None,
+            agent_relay: None,
+            max_exec_sessions: DEFAULT_MAX_SESSIONS,
         }
     }
 }
@@ -146,13 +155,22 @@ pub fn build(
         events.clone(),
         settings.bind_wait,
         metrics.clone(),
+        Arc::new(ExecSessions::new(
+            settings.max_exec_sessions,
+            metrics.exec_sessions(),
+        )),
     ));
+    let exec = Arc::new(ClaimExec {
+        claims: claims.clone(),
+        relay: Arc::new(AgentRelay::new(settings.agent_relay.as_ref())),
+    });
 
     let endpoints: Vec<Arc<dyn Endpoint>> = vec![
         Arc::new(ResourceEndpoint::new(pools.clone(), store.clone())),
         Arc::new(
             ResourceEndpoint::new(claims.clone(), store.clone())
-                .with_subresource("lease", Arc::new(Arc::new(ClaimLeases(claims.clone())))),
+                .with_subresource("lease", Arc::new(Arc::new(ClaimLeases(claims.clone()))))
+                .with_connect("exec", Arc::new(exec)),
         ),
         Arc::new(
             ResourceEndpoint::new(hosts.clone(), store.clone()).with_subresource(

@@ -16,6 +16,10 @@ use http::Method;
 use crate::params::{QueryValues, go_bool, list_options_for_request_info, unescape};
 use crate::status::{ApiError, quote};
 
+/// Subresources that open a stream to the object (`rest.Connecter` in Go) rather than
+/// read or write it.
+pub const CONNECT_SUBRESOURCES: &[&str] = &["exec", "attach", "portforward"];
+
 /// `request.RequestInfo`. Empty strings mean "not present", as in Go, so the fields can be
 /// copied into a SubjectAccessReview as they are.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -151,6 +155,12 @@ impl RequestInfo {
             && let Some(subresource) = parts.get(2)
         {
             info.subresource = subresource.clone();
+        }
+        // A connect subresource is authorized as `create` whichever method opens it: a
+        // WebSocket upgrade is a GET, and must not need less than SPDY's POST
+        // (kube-apiserver does this for `pods/exec` since 1.31).
+        if info.verb == "get" && CONNECT_SUBRESOURCES.contains(&info.subresource.as_str()) {
+            info.verb = "create".to_owned();
         }
 
         let values = QueryValues::parse(query.unwrap_or_default());

@@ -24,6 +24,7 @@ use http::request::Parts;
 
 use super::apply;
 use super::call::Call;
+use super::connect::{Connect, ConnectEndpoint};
 use super::handlers::{self, Write};
 use super::limits::{self, Limiter, Limits};
 use super::storage::Storage;
@@ -65,6 +66,11 @@ impl<S: Storage> ResourceEndpoint<S> {
     ) -> Self {
         self.subresources.insert(name, endpoint);
         self
+    }
+
+    /// Serves the connect subresource `name` (`exec`) with `connect`.
+    pub fn with_connect(self, name: &'static str, connect: Arc<dyn Connect>) -> Self {
+        self.with_subresource(name, Arc::new(ConnectEndpoint(connect)))
     }
 }
 

@@ -7,6 +7,7 @@
 
 mod apply;
 mod call;
+mod connect;
 mod dispatch;
 mod handlers;
 mod limits;
@@ -22,6 +23,7 @@ use std::sync::Arc;
 use battery_api_machinery::status::ApiError;
 use futures::future::BoxFuture;
 
+pub use connect::Connect;
 pub use dispatch::{Endpoint, ResourceEndpoint, resource_router};
 pub use limits::{Limiter, Limits};
 pub use storage::{ApiObject, Deleted, Storage, server_now};

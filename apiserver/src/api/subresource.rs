@@ -1,6 +1,6 @@
 //! Subresources with their own object (`status` writes, `lease`), each a small storage
-//! like Go's `StatusREST`: get, update, and patch as get-patch-update. Connect-style
-//! subresources (exec) are not served here.
+//! like Go's `StatusREST`: get, update, and patch as get-patch-update. Connect
+//! subresources (exec) are `connect`'s.
 
 use std::sync::Arc;
 

@@ -73,6 +73,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             authorizer: Some(Arc::new(LocalPolicy {
                 user: pki::DEV_USER.to_owned(),
             })),
+            ..Settings::default()
         },
     )?;
     if args.pool_size > 0 {

@@ -72,7 +72,10 @@ fn resource_requests() {
         (Method::GET, "/apis/battery.liquidmetal-x.dev/v1alpha1/hosts/h1/status", "get", "apis", "battery.liquidmetal-x.dev", "v1alpha1", "", "hosts", "status", "h1", &["hosts", "h1", "status"]),
         (Method::PUT, "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/ns/microvmclaims/c/lease", "update", "apis", "battery.liquidmetal-x.dev", "v1alpha1", "ns", "microvmclaims", "lease", "c", &["microvmclaims", "c", "lease"]),
         (Method::POST, "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/ns/microvmclaims/c/exec?command=sh&stdin=true", "create", "apis", "battery.liquidmetal-x.dev", "v1alpha1", "ns", "microvmclaims", "exec", "c", &["microvmclaims", "c", "exec"]),
-        (Method::GET, "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/ns/microvmclaims/c/exec", "get", "apis", "battery.liquidmetal-x.dev", "v1alpha1", "ns", "microvmclaims", "exec", "c", &["microvmclaims", "c", "exec"]),
+        (Method::GET, "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/ns/microvmclaims/c/exec", "create", "apis", "battery.liquidmetal-x.dev", "v1alpha1", "ns", "microvmclaims", "exec", "c", &["microvmclaims", "c", "exec"]),
+        // a WebSocket upgrade of pods/exec is a GET, authorized as create
+        (Method::GET, "/api/v1/namespaces/ns/pods/p/exec?command=ls", "create", "api", "", "v1", "ns", "pods", "exec", "p", &["pods", "p", "exec"]),
+        (Method::GET, "/api/v1/namespaces/ns/pods/p/log", "get", "api", "", "v1", "ns", "pods", "log", "p", &["pods", "p", "log"]),
         // trailing slashes are trimmed; inner empty segments are kept
         (Method::GET, "/apis/battery.liquidmetal-x.dev/v1alpha1/pools/", "list", "apis", "battery.liquidmetal-x.dev", "v1alpha1", "", "pools", "", "", &["pools"]),
         (Method::GET, "/apis/g/v/namespaces//pools", "list", "apis", "g", "v", "", "pools", "", "", &["pools"]),

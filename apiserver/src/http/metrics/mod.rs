@@ -212,6 +212,7 @@ pub struct Metrics {
     request_duration: Histograms<RouteLabels>,
     requests_in_flight: Gauge,
     watches_open: Gauge,
+    exec_sessions: Gauge,
     bind_duration: Histograms<OutcomeLabels>,
     battery_call_duration: Histograms<BatteryCallLabels>,
     pool_microvms: Family<PoolLabels, Gauge>,
@@ -246,6 +247,12 @@ impl Default for Metrics {
             "watches_open",
             "Watches streaming now",
             watches_open.clone(),
+        );
+        let exec_sessions = Gauge::default();
+        registry.register(
+            "exec_sessions",
+            "Exec sessions open now, from the upgrade to their end",
+            exec_sessions.clone(),
         );
         let bind_duration = histograms();
         registry.register_with_unit(
@@ -286,6 +293,7 @@ impl Default for Metrics {
             request_duration,
             requests_in_flight,
             watches_open,
+            exec_sessions,
             bind_duration,
             battery_call_duration,
             pool_microvms,
@@ -303,6 +311,11 @@ impl Metrics {
         self.request_duration
             .get_or_create(&route)
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// The gauge of open exec sessions, for the session registry to move.
+    pub fn exec_sessions(&self) -> Gauge {
+        self.exec_sessions.clone()
     }
 
     /// Records a claim's bind, from its intent to its answer.

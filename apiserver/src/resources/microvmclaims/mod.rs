@@ -26,8 +26,10 @@ use crate::http::metrics::{BindOutcome, Metrics};
 use crate::meta_store::{Key, MetaStore, StoreError};
 use crate::watch::ChangeType;
 
+mod exec;
 mod lease;
 
+pub use exec::{ClaimExec, DEFAULT_MAX_SESSIONS, ExecSessions};
 pub use lease::ClaimLeases;
 
 const RESOURCE: &str = "microvmclaims";
@@ -140,6 +142,8 @@ pub struct ClaimStorage {
     /// How long a create waits for a MicroVM when the pool has none available.
     bind_wait: Duration,
     metrics: Arc<Metrics>,
+    /// Live exec sessions, ended when their claim loses its lease.
+    exec_sessions: Arc<ExecSessions>,
 }
 
 impl ClaimStorage {
@@ -150,6 +154,7 @@ impl ClaimStorage {
         events: broadcast::Sender<BatteryEvent>,
         bind_wait: Duration,
         metrics: Arc<Metrics>,
+        exec_sessions: Arc<ExecSessions>,
     ) -> Self {
         Self {
             battery,
@@ -159,6 +164,7 @@ impl ClaimStorage {
             events,
             bind_wait,
             metrics,
+            exec_sessions,
         }
     }
 
@@ -185,6 +191,7 @@ impl ClaimStorage {
             claim.metadata.namespace.as_deref().unwrap_or_default(),
             claim.metadata.name.as_deref().unwrap_or_default(),
         );
+        let leaseless = secrets.lease.is_none();
         let record = |claim: &MicroVMClaim| ClaimRecord {
             metadata: claim.metadata.clone(),
             spec: claim.spec.clone(),
@@ -202,7 +209,12 @@ impl ClaimStorage {
                 Some(uid) => tx.delete_intent(uid),
                 None => Ok(()),
             },
-        )
+        )?;
+        // Released, expired or deleted: its MicroVM is no longer the Holder's to use.
+        if leaseless && let Some(uid) = &claim.metadata.uid {
+            self.exec_sessions.end_claim(uid);
+        }
+        Ok(())
     }
 
     /// The uids of the MicroVMs battery still leases, by request id.
@@ -651,6 +663,10 @@ impl Storage for ClaimStorage {
             .get::<ClaimRecord>(&key)?
             .ok_or_else(|| ApiError::not_found(info(), &name))?;
         if let Some(lease) = &record.lease {
+            // Before the release, whose deleting the MicroVM would end them less clearly.
+            if let Some(uid) = &record.metadata.uid {
+                self.exec_sessions.end_claim(uid);
+            }
             release(&self.battery, lease, &name).await?;
             crate::failpoint::crash_point("release:released");
         }

@@ -1,0 +1,178 @@
+//! The client of the exec agents' relay (`battery.agent.v1alpha1.Relay`): one `Exec`
+//! stream per exec session, to the agent on the claim's Host. The one place that knows
+//! the relay's gRPC, as `battery/` is for battery's.
+//!
+//! mTLS both ways: the agent's serving certificate must chain to the agent CA *and*
+//! name the Host the session is for (`domain_name`), whatever address the Host's
+//! `agentAddress` gives, so an agent of another Host, or anyone on that address,
+//! receives nothing. The API server presents its relay client certificate.
+
+use std::time::Duration;
+
+use battery_api_machinery::status::ApiError;
+use battery_proto::agent::v1alpha1::relay_client::RelayClient;
+use battery_proto::agent::v1alpha1::{ExecOpen, ExecRequest, ExecResponse, exec_request};
+use moka::sync::Cache;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+/// The relay's TLS material, PEM. `serve` reads it from its `--agent-*` files; `dev` may
+/// fill it from what it generates.
+#[derive(Clone, Debug)]
+pub struct AgentRelayTls {
+    /// The CA that signs the agents' serving certificates.
+    pub ca_pem: Vec<u8>,
+    /// The API server's relay client certificate (chain) and its key.
+    pub client_cert_pem: Vec<u8>,
+    pub client_key_pem: Vec<u8>,
+}
+
+/// stdin messages queued towards the agent: with the agent's own queue and the HTTP/2
+/// window, what a WebSocket may send ahead of the command reading it.
+pub const STDIN_BUFFER: usize = 4;
+/// The largest message decoded from an agent (its own limit on what it sends).
+const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+/// How long an agent gets to open a session: above the agent's own 10 s for flintlockd,
+/// so its answer, not ours, says what was slow.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(15);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Channels kept, one per Host and address; a channel reconnects by itself, so a
+/// restarted agent is reached again through the same entry.
+const CHANNELS: u64 = 1024;
+const CHANNEL_IDLE: Duration = Duration::from_secs(600);
+
+/// A session the agent accepted.
+pub struct RelaySession {
+    /// stdin chunks and the EOF, in order; sending waits while the agent is behind.
+    pub requests: mpsc::Sender<ExecRequest>,
+    /// stdout, stderr and, last, the exit status.
+    pub responses: tonic::Streaming<ExecResponse>,
+}
+
+/// Opens relay sessions; `None` TLS when `serve` was given no `--agent-*` files.
+pub struct AgentRelay {
+    tls: Option<(Certificate, Identity)>,
+    channels: Cache<(String, String), Channel>,
+}
+
+impl AgentRelay {
+    pub fn new(tls: Option<&AgentRelayTls>) -> Self {
+        Self {
+            tls: tls.map(|tls| {
+                (
+                    Certificate::from_pem(&tls.ca_pem),
+                    Identity::from_pem(&tls.client_cert_pem, &tls.client_key_pem),
+                )
+            }),
+            channels: crate::http::bounded_cache(CHANNEL_IDLE, CHANNELS),
+        }
+    }
+
+    /// The channel to the agent of `host` at `address`, verified for `host`'s name.
+    fn channel(&self, host: &str, address: &str) -> Result<Channel, ApiError> {
+        let Some((ca, identity)) = &self.tls else {
+            return Err(ApiError::service_unavailable(
+                "exec is not configured: the API server was started without \
+                 --agent-ca-file, --agent-client-cert-file and --agent-client-key-file",
+            ));
+        };
+        let key = (host.to_owned(), address.to_owned());
+        if let Some(channel) = self.channels.get(&key) {
+            return Ok(channel);
+        }
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(ca.clone())
+            .identity(identity.clone())
+            .domain_name(host);
+        let channel = Endpoint::from_shared(format!("https://{address}"))
+            .and_then(|endpoint| endpoint.tls_config(tls))
+            .map_err(|err| {
+                unavailable(
+                    host,
+                    address,
+                    format_args!("its address cannot be dialled: {}", chain(&err)),
+                )
+            })?
+            .connect_timeout(CONNECT_TIMEOUT)
+            // Exec carries keystrokes and prompts; Nagle would hold them back.
+            .tcp_nodelay(true)
+            .connect_lazy();
+        self.channels.insert(key, channel.clone());
+        Ok(channel)
+    }
+
+    /// Opens a session and waits for the agent to accept it (it has opened flintlockd's
+    /// exec), so that a refusal is a Status before the client's connection is upgraded.
+    pub async fn open(
+        &self,
+        host: &str,
+        address: &str,
+        open: ExecOpen,
+    ) -> Result<RelaySession, ApiError> {
+        let channel = self.channel(host, address)?;
+        let (requests, queue) = mpsc::channel(STDIN_BUFFER);
+        // The queue is new, so there is room for the first message.
+        requests
+            .try_send(ExecRequest {
+                payload: Some(exec_request::Payload::Open(open)),
+            })
+            .map_err(|_| ApiError::internal(std::io::Error::other("queueing the exec open")))?;
+        let mut client = RelayClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let opened = tokio::time::timeout(OPEN_TIMEOUT, client.exec(ReceiverStream::new(queue)))
+            .await
+            .map_err(|_| {
+                unavailable(
+                    host,
+                    address,
+                    format_args!(
+                        "it did not accept the session within {}s",
+                        OPEN_TIMEOUT.as_secs()
+                    ),
+                )
+            })?
+            .map_err(|status| {
+                unavailable(
+                    host,
+                    address,
+                    format_args!("it refused the session: {}", describe(&status)),
+                )
+            })?;
+        Ok(RelaySession {
+            requests,
+            responses: opened.into_inner(),
+        })
+    }
+}
+
+fn unavailable(host: &str, address: &str, why: impl std::fmt::Display) -> ApiError {
+    ApiError::service_unavailable(format!(
+        "cannot exec through the exec agent of Host {host} at {address}: {why}"
+    ))
+}
+
+/// A relay failure for a person: its code, message and causes (a TLS refusal is only in
+/// the causes).
+pub fn describe(status: &tonic::Status) -> String {
+    let mut text = format!("{:?}: {}", status.code(), status.message());
+    if let Some(source) = std::error::Error::source(status) {
+        text.push_str(": ");
+        text.push_str(&chain(source));
+    }
+    text
+}
+
+/// An error and its causes, on one line.
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let next = cause.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = cause.source();
+    }
+    text
+}

@@ -1,0 +1,337 @@
+//! `microvmclaims/<name>/exec`: runs a command in the claim's MicroVM, as `pods/exec`
+//! does in a container, through the exec agent on the claim's Host (DESIGN §4).
+//!
+//! Everything that can refuse does so before the upgrade, as a `Status`: the options,
+//! the handshake, the session cap, the claim (missing, Expired), the Holder rule, the
+//! Host's agent (none registered, unreachable, refusing). Only then is the connection
+//! upgraded and the session relayed (`session`).
+
+mod session;
+mod sessions;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use axum::response::{IntoResponse, Response};
+use battery_api_machinery::params::decode_query;
+use battery_api_machinery::status::ApiError;
+use battery_proto::agent::v1alpha1::{ClaimRef, ExecOpen};
+use battery_types::MicroVMClaimStatus;
+use battery_types::conditions::{self, ClaimHostReadyReason, ConditionStatus};
+use futures::future::BoxFuture;
+use http::request::Parts;
+use http::{HeaderMap, HeaderValue, StatusCode, header};
+use hyper_util::rt::TokioIo;
+use serde::Deserialize;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+
+pub use sessions::{DEFAULT_MAX_SESSIONS, ExecSessions};
+
+use super::lease::check_holder;
+use super::{ClaimRecord, ClaimStorage, info, key};
+use crate::agent_relay::AgentRelay;
+use crate::api::{Connect, RequestContext};
+use session::{Attached, Session};
+
+/// The largest WebSocket message read from a client: a stdin chunk, relayed as one
+/// relay message the agent accepts (its limit is 1 MiB).
+const MAX_MESSAGE_BYTES: usize = 1024 * 1024 - 64;
+
+/// The channel protocols served, best first. v1 to v3 (and `base64.channel.k8s.io`)
+/// are not: they cannot carry an exit code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// v4 with the close channel, so stdin can end before the session does.
+    V5,
+    /// Binary channels and a JSON `Status` on the error channel.
+    V4,
+    /// v4 in text frames, base64, for clients that cannot send binary (browsers).
+    V4Base64,
+}
+
+impl Protocol {
+    const ALL: [Protocol; 3] = [Protocol::V5, Protocol::V4, Protocol::V4Base64];
+
+    fn name(self) -> &'static str {
+        match self {
+            Protocol::V5 => "v5.channel.k8s.io",
+            Protocol::V4 => "v4.channel.k8s.io",
+            Protocol::V4Base64 => "v4.base64.channel.k8s.io",
+        }
+    }
+}
+
+/// `PodExecOptions`, as clients put them in the query (kube-rs starts it with `&`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ExecOptions {
+    command: Vec<String>,
+    stdin: bool,
+    stdout: bool,
+    stderr: bool,
+    tty: bool,
+    container: String,
+}
+
+impl ExecOptions {
+    fn parse(query: &str) -> Result<Self, ApiError> {
+        let options: Self = decode_query(query)?;
+        if options.tty {
+            return Err(ApiError::bad_request(
+                "tty is not supported: flintlock's exec API gives a command no terminal \
+                 (no TTY, resize or signals); run it without a TTY (kubectl exec without -t)",
+            ));
+        }
+        if !options.container.is_empty() {
+            return Err(ApiError::bad_request(format!(
+                "a MicroVM has no containers: leave out container (given {:?})",
+                options.container
+            )));
+        }
+        if options.command.is_empty() {
+            return Err(ApiError::bad_request(
+                "you must specify at least one command for the exec",
+            ));
+        }
+        if !(options.stdin || options.stdout || options.stderr) {
+            return Err(ApiError::bad_request(
+                "you must specify at least 1 of stdin, stdout, stderr",
+            ));
+        }
+        Ok(options)
+    }
+
+    fn attached(&self) -> Attached {
+        Attached {
+            stdin: self.stdin,
+            stdout: self.stdout,
+            stderr: self.stderr,
+        }
+    }
+}
+
+/// A WebSocket handshake we can accept.
+struct Handshake {
+    accept: String,
+    protocol: Protocol,
+}
+
+impl Handshake {
+    fn of(headers: &HeaderMap) -> Result<Self, ApiError> {
+        let has_token = |name: header::HeaderName, token: &str| {
+            headers.get_all(name).iter().any(|value| {
+                value
+                    .to_str()
+                    .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+            })
+        };
+        let key = headers.get(header::SEC_WEBSOCKET_KEY);
+        let (true, Some(key)) = (has_token(header::UPGRADE, "websocket"), key) else {
+            return Err(ApiError::bad_request(
+                "exec needs a WebSocket upgrade (v5.channel.k8s.io, v4.channel.k8s.io or \
+                 v4.base64.channel.k8s.io); SPDY is not served",
+            ));
+        };
+        if headers.get(header::SEC_WEBSOCKET_VERSION) != Some(&HeaderValue::from_static("13")) {
+            return Err(ApiError::bad_request("exec needs WebSocket version 13"));
+        }
+        let offered: Vec<&str> = headers
+            .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .collect();
+        let protocol = Protocol::ALL
+            .into_iter()
+            .find(|p| offered.contains(&p.name()))
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "none of the offered WebSocket subprotocols ({}) is served: offer \
+                     v5.channel.k8s.io, v4.channel.k8s.io or v4.base64.channel.k8s.io",
+                    offered.join(", ")
+                ))
+            })?;
+        Ok(Self {
+            accept: derive_accept_key(key.as_bytes()),
+            protocol,
+        })
+    }
+
+    fn response(&self) -> Result<Response, ApiError> {
+        let accept = HeaderValue::from_str(&self.accept).map_err(ApiError::internal)?;
+        Ok((
+            StatusCode::SWITCHING_PROTOCOLS,
+            [
+                (header::CONNECTION, HeaderValue::from_static("Upgrade")),
+                (header::UPGRADE, HeaderValue::from_static("websocket")),
+                (header::SEC_WEBSOCKET_ACCEPT, accept),
+                (
+                    header::SEC_WEBSOCKET_PROTOCOL,
+                    HeaderValue::from_static(self.protocol.name()),
+                ),
+            ],
+        )
+            .into_response())
+    }
+}
+
+/// Why the claim's Host cannot run an exec, when its agent said so (`HostReady` False).
+/// Without a report yet the agent is asked anyway: its answer says what is wrong.
+fn host_not_ready(status: &MicroVMClaimStatus) -> Option<String> {
+    let condition = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::HOST_READY)?;
+    let unreported = condition.reason == ClaimHostReadyReason::NoHostReport.as_str();
+    (condition.status == ConditionStatus::False.as_str() && !unreported)
+        .then(|| format!("{}: {}", condition.reason, condition.message))
+}
+
+/// Where a claim's session goes.
+struct Target {
+    claim: ClaimRef,
+    host: String,
+    agent_address: String,
+    microvm_uid: String,
+}
+
+/// The `exec` subresource of claims.
+pub struct ClaimExec {
+    pub claims: Arc<ClaimStorage>,
+    pub relay: Arc<AgentRelay>,
+}
+
+impl ClaimExec {
+    /// The claim's MicroVM and its Host's agent, if `ctx` may exec into it.
+    async fn target(&self, ctx: &RequestContext, name: &str) -> Result<Target, ApiError> {
+        let namespace = ctx.namespace.as_deref().unwrap_or_default();
+        let record = self
+            .claims
+            .store
+            .get::<ClaimRecord>(&key(namespace, name))?
+            .ok_or_else(|| ApiError::not_found(info(), name))?;
+        check_holder(ctx, &record, "exec into")?;
+        // As a read of the claim sees it: Expired as soon as battery no longer has the
+        // lease, even before the follower records it.
+        let live = if record.lease.is_some() {
+            self.claims.live_request_ids().await?
+        } else {
+            HashSet::new()
+        };
+        let record = self.claims.with_liveness(record, &live);
+        let (Some(_), Some(microvm), Some(host)) =
+            (&record.lease, &record.status.micro_vm, &record.status.host)
+        else {
+            return Err(ApiError::conflict(
+                info(),
+                name,
+                "the claim has expired or was never bound, so it has no MicroVM to exec into",
+            ));
+        };
+        if let Some(why) = host_not_ready(&record.status) {
+            return Err(ApiError::service_unavailable(format!(
+                "cannot exec into microvmclaim {namespace}/{name}: its Host {} is not ready: {why}",
+                host.node_name
+            )));
+        }
+        // The Host's current address: its agent may have registered after the bind.
+        let agent_address = self
+            .claims
+            .pools
+            .hosts()
+            .agent_address(&host.node_name)?
+            .or_else(|| host.agent_address.clone())
+            .ok_or_else(|| {
+                ApiError::service_unavailable(format!(
+                    "cannot exec into microvmclaim {namespace}/{name}: its Host {} has no \
+                     exec agent registered (the Host's spec.agentAddress is empty)",
+                    host.node_name
+                ))
+            })?;
+        Ok(Target {
+            claim: ClaimRef {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                uid: record.metadata.uid.clone().unwrap_or_default(),
+            },
+            host: host.node_name.clone(),
+            agent_address,
+            microvm_uid: microvm.uid.clone(),
+        })
+    }
+}
+
+impl Connect for Arc<ClaimExec> {
+    fn connect(
+        &self,
+        ctx: RequestContext,
+        name: String,
+        mut parts: Parts,
+    ) -> BoxFuture<'static, Result<Response, ApiError>> {
+        let exec = self.clone();
+        Box::pin(async move {
+            let options = ExecOptions::parse(parts.uri.query().unwrap_or_default())?;
+            let handshake = Handshake::of(&parts.headers)?;
+            let upgrade = parts
+                .extensions
+                .remove::<hyper::upgrade::OnUpgrade>()
+                .ok_or_else(|| {
+                    ApiError::bad_request("this connection cannot be upgraded to a WebSocket")
+                })?;
+            let sessions = &exec.claims.exec_sessions;
+            let permit = sessions.admit()?;
+            let target = exec.target(&ctx, &name).await?;
+            let command = format!("[{}]", options.command.join(" "));
+            let relay = exec
+                .relay
+                .open(
+                    &target.host,
+                    &target.agent_address,
+                    ExecOpen {
+                        claim: Some(target.claim.clone()),
+                        microvm_uid: target.microvm_uid,
+                        command: options.command.clone(),
+                        env: Default::default(),
+                        working_dir: String::new(),
+                        stdin: options.stdin,
+                        stdout: options.stdout,
+                        stderr: options.stderr,
+                    },
+                )
+                .await?;
+            let session = Session {
+                protocol: handshake.protocol,
+                attached: options.attached(),
+                command,
+                relay,
+                guard: sessions.register(&target.claim.uid, permit),
+            };
+            let response = handshake.response()?;
+            tokio::spawn(async move {
+                match upgrade.await {
+                    Ok(upgraded) => {
+                        let config = WebSocketConfig::default()
+                            .max_message_size(Some(MAX_MESSAGE_BYTES))
+                            .max_frame_size(Some(MAX_MESSAGE_BYTES));
+                        let ws = WebSocketStream::from_raw_socket(
+                            TokioIo::new(upgraded),
+                            Role::Server,
+                            Some(config),
+                        )
+                        .await;
+                        session.run(ws).await;
+                    }
+                    // Dropping the session ends the command the agent started.
+                    Err(error) => tracing::debug!(%error, "an exec upgrade did not complete"),
+                }
+            });
+            Ok(response)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,315 @@
+//! One exec session on an upgraded connection: kube's channel protocol
+//! (`v4.channel.k8s.io`, `v5.channel.k8s.io`) on the WebSocket, relayed to and from the
+//! agent's stream.
+//!
+//! Every message is a binary frame whose first byte is its channel. Backpressure holds
+//! because each direction is one loop that reads the next message only once the other
+//! side took the last: the WebSocket is read as fast as the relay takes stdin, the
+//! relay as fast as the WebSocket is written. The session ends with the first of: the
+//! exit status (sent on the error channel as the `Status` kubelet sends), the client
+//! going away (the relay stream is dropped, which ends the command), or the claim being
+//! released or expiring.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use battery_proto::agent::v1alpha1::{
+    ExecRequest, ExecResponse, ExitStatus, StdinEof, exec_request, exec_response, exit_status,
+};
+use futures::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+
+use super::Protocol;
+use super::sessions::SessionGuard;
+use crate::agent_relay::{RelaySession, describe};
+
+const STDIN: u8 = 0;
+const STDOUT: u8 = 1;
+const STDERR: u8 = 2;
+const ERROR: u8 = 3;
+/// v5: the payload's byte names a channel the client will write no more to.
+const CLOSE: u8 = 255;
+/// How long a client gets to answer our close before the connection is dropped.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+/// Which streams the client attached.
+#[derive(Clone, Copy, Debug)]
+pub struct Attached {
+    pub stdin: bool,
+    pub stdout: bool,
+    pub stderr: bool,
+}
+
+/// What the session is, for the messages it ends with.
+pub struct Session {
+    pub protocol: Protocol,
+    pub attached: Attached,
+    /// `[argv...]`, as kubelet names a command in its messages.
+    pub command: String,
+    pub relay: RelaySession,
+    pub guard: SessionGuard,
+}
+
+/// A message on `channel`: binary, or in the base64 protocol a text frame whose first
+/// character is the channel's digit.
+fn frame(protocol: Protocol, channel: u8, payload: &[u8]) -> Message {
+    if protocol == Protocol::V4Base64 {
+        let mut text = char::from(b'0' + channel).to_string();
+        BASE64.encode_string(payload, &mut text);
+        return Message::Text(text.into());
+    }
+    let mut bytes = Vec::with_capacity(payload.len() + 1);
+    bytes.push(channel);
+    bytes.extend_from_slice(payload);
+    Message::Binary(bytes.into())
+}
+
+/// A client's message as its channel and payload; `None` for what is not a frame of
+/// `protocol`.
+fn unframe(protocol: Protocol, message: Message) -> Option<(u8, Vec<u8>)> {
+    match (protocol, message) {
+        (Protocol::V4Base64, Message::Text(text)) => {
+            let text = text.as_str();
+            let channel = text.bytes().next()?.checked_sub(b'0')?;
+            Some((channel, BASE64.decode(&text[1..]).ok()?))
+        }
+        (Protocol::V5 | Protocol::V4, Message::Binary(data)) => {
+            let (&channel, payload) = data.split_first()?;
+            Some((channel, payload.to_vec()))
+        }
+        _ => None,
+    }
+}
+
+/// The `Status` kubelet writes on the error channel for an exit code.
+pub fn exit_status(command: &str, code: i32) -> Value {
+    if code == 0 {
+        return json!({"metadata": {}, "status": "Success"});
+    }
+    json!({
+        "metadata": {},
+        "status": "Failure",
+        "message": format!(
+            "command terminated with non-zero exit code: command {command} exited with {code}"
+        ),
+        "reason": "NonZeroExitCode",
+        "details": {"causes": [{"reason": "ExitCode", "message": code.to_string()}]},
+    })
+}
+
+/// An exec that did not end with an exit code.
+pub fn failure(message: String) -> Value {
+    json!({
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": "InternalError",
+        "code": 500,
+    })
+}
+
+impl Session {
+    pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(self, ws: WebSocketStream<S>) {
+        let Session {
+            protocol,
+            attached,
+            command,
+            relay,
+            guard,
+        } = self;
+        let RelaySession {
+            requests,
+            mut responses,
+        } = relay;
+        let (mut sink, mut stream) = ws.split();
+        // As kubelet does: an empty frame on the lowest channel the client reads tells
+        // it the session is established.
+        let first = if attached.stdout {
+            STDOUT
+        } else if attached.stderr {
+            STDERR
+        } else {
+            ERROR
+        };
+        if sink.send(frame(protocol, first, &[])).await.is_err() {
+            return;
+        }
+        let ending = tokio::select! {
+            ending = from_agent(&mut sink, &mut responses, protocol, &command) => ending,
+            () = to_agent(&mut stream, &requests, protocol, attached.stdin) => None,
+            () = guard.ended().cancelled() => Some(failure(format!(
+                "command {command} was ended: its claim was released or has expired"
+            ))),
+        };
+        // Dropping the relay stream resets it, which ends the command if it still runs.
+        drop((requests, responses));
+        let Some(status) = ending else {
+            return;
+        };
+        let _ = sink
+            .send(frame(protocol, ERROR, status.to_string().as_bytes()))
+            .await;
+        let _ = sink
+            .send(Message::Close(Some(CloseFrame {
+                code: CloseCode::Normal,
+                reason: "".into(),
+            })))
+            .await;
+        // Let the client answer the close, so it sees a clean end rather than a reset.
+        let _ = tokio::time::timeout(CLOSE_GRACE, async {
+            while let Some(Ok(_)) = stream.next().await {}
+        })
+        .await;
+    }
+}
+
+/// Relays the agent's output to the client; the `Status` to end with, or `None` when
+/// the client went away.
+async fn from_agent<W>(
+    sink: &mut W,
+    responses: &mut tonic::Streaming<ExecResponse>,
+    protocol: Protocol,
+    command: &str,
+) -> Option<Value>
+where
+    W: futures::Sink<Message> + Unpin,
+{
+    loop {
+        let message = match responses.message().await {
+            Ok(Some(ExecResponse {
+                payload: Some(payload),
+            })) => payload,
+            Ok(Some(ExecResponse { payload: None })) => continue,
+            Ok(None) => {
+                return Some(failure(format!(
+                    "command {command} did not finish: the exec agent ended the session \
+                     without an exit status"
+                )));
+            }
+            Err(status) => {
+                return Some(failure(format!(
+                    "command {command} did not finish: the exec agent's stream failed: {}",
+                    describe(&status)
+                )));
+            }
+        };
+        let out = match message {
+            exec_response::Payload::Stdout(bytes) => frame(protocol, STDOUT, &bytes),
+            exec_response::Payload::Stderr(bytes) => frame(protocol, STDERR, &bytes),
+            exec_response::Payload::Exit(ExitStatus { outcome }) => {
+                return Some(match outcome {
+                    Some(exit_status::Outcome::Code(code)) => exit_status(command, code),
+                    Some(exit_status::Outcome::Error(error)) => {
+                        failure(format!("error executing command {command}: {error}"))
+                    }
+                    None => failure(format!(
+                        "command {command} did not finish: the exec agent sent an empty exit status"
+                    )),
+                });
+            }
+        };
+        // Waits while the client is slow: the agent, then the command, wait with it.
+        if sink.send(out).await.is_err() {
+            return None;
+        }
+    }
+}
+
+/// Relays the client's stdin (and, in v5, its end) to the agent; returns when the
+/// client closes or goes away.
+async fn to_agent<R>(
+    stream: &mut R,
+    requests: &tokio::sync::mpsc::Sender<ExecRequest>,
+    protocol: Protocol,
+    stdin: bool,
+) where
+    R: futures::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+{
+    // Once the agent takes no more (the command exited), stdin is read and dropped
+    // until the exit status ends the session.
+    let mut open = stdin;
+    while let Some(Ok(message)) = stream.next().await {
+        if let Message::Close(_) = message {
+            return;
+        }
+        // Pings are answered by the WebSocket itself.
+        let Some((channel, payload)) = unframe(protocol, message) else {
+            continue;
+        };
+        let request = match channel {
+            // Clients may open with an empty frame per channel.
+            STDIN if payload.is_empty() => continue,
+            STDIN => exec_request::Payload::Stdin(payload),
+            CLOSE if protocol == Protocol::V5 && payload.first() == Some(&STDIN) => {
+                exec_request::Payload::StdinEof(StdinEof {})
+            }
+            // Resize (4): flintlock's exec has no terminal. Anything else is not ours.
+            _ => continue,
+        };
+        if open {
+            let sent = requests
+                .send(ExecRequest {
+                    payload: Some(request),
+                })
+                .await;
+            open = sent.is_ok();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_statuses_are_kubelets() {
+        assert_eq!(
+            exit_status("[true]", 0).to_string(),
+            r#"{"metadata":{},"status":"Success"}"#
+        );
+        let failed = exit_status("[sh -c exit 3]", 3);
+        assert_eq!(failed["status"], "Failure");
+        assert_eq!(failed["reason"], "NonZeroExitCode");
+        assert_eq!(
+            failed["details"]["causes"],
+            json!([{"reason": "ExitCode", "message": "3"}])
+        );
+        assert_eq!(
+            failed["message"],
+            "command terminated with non-zero exit code: command [sh -c exit 3] exited with 3"
+        );
+    }
+
+    #[test]
+    fn a_frame_is_its_channel_then_its_payload() {
+        let binary = frame(Protocol::V4, STDERR, b"x");
+        assert_eq!(binary, Message::Binary(vec![2, b'x'].into()));
+        assert_eq!(unframe(Protocol::V4, binary), Some((STDERR, b"x".to_vec())));
+        assert_eq!(
+            frame(Protocol::V5, STDOUT, &[]),
+            Message::Binary(vec![1].into())
+        );
+        let text = frame(Protocol::V4Base64, STDOUT, b"hi\n");
+        assert_eq!(text, Message::Text("1aGkK".into()));
+        assert_eq!(
+            unframe(Protocol::V4Base64, Message::Text("0aGkK".into())),
+            Some((STDIN, b"hi\n".to_vec()))
+        );
+        // A frame of the other kind, or not base64, is not the protocol's.
+        assert_eq!(
+            unframe(Protocol::V4Base64, Message::Binary(vec![0].into())),
+            None
+        );
+        assert_eq!(
+            unframe(Protocol::V4Base64, Message::Text("0!!".into())),
+            None
+        );
+        assert_eq!(unframe(Protocol::V5, Message::Text("0aGkK".into())), None);
+    }
+}

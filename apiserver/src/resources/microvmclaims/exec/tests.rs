@@ -1,0 +1,91 @@
+use super::*;
+
+#[test]
+fn options_are_read_as_kube_rs_sends_them() {
+    let options =
+        ExecOptions::parse("&stdout=true&stderr=true&command=sh&command=-c&command=exit%203")
+            .unwrap();
+    assert_eq!(options.command, ["sh", "-c", "exit 3"]);
+    assert!(options.stdout && options.stderr && !options.stdin);
+}
+
+#[test]
+fn refused_options_say_why() {
+    let refused = |query: &str| ExecOptions::parse(query).unwrap_err();
+    let tty = refused("command=sh&stdin=true&tty=true");
+    assert_eq!(tty.code(), StatusCode::BAD_REQUEST);
+    assert!(tty.message().contains("no terminal"), "{}", tty.message());
+    assert!(refused("stdout=true").message().contains("command"));
+    assert!(
+        refused("command=ls")
+            .message()
+            .contains("stdin, stdout, stderr")
+    );
+    assert!(
+        refused("command=ls&stdout=1&container=c")
+            .message()
+            .contains("no containers")
+    );
+}
+
+fn upgrade(protocols: &str) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    headers.insert(
+        header::SEC_WEBSOCKET_VERSION,
+        HeaderValue::from_static("13"),
+    );
+    headers.insert(
+        header::SEC_WEBSOCKET_KEY,
+        HeaderValue::from_static("dGhlIHNhbXBsZSBub25jZQ=="),
+    );
+    headers.insert(
+        header::SEC_WEBSOCKET_PROTOCOL,
+        HeaderValue::from_str(protocols).unwrap(),
+    );
+    headers
+}
+
+#[test]
+fn the_handshake_picks_v5_over_v4_and_refuses_others() {
+    let both = Handshake::of(&upgrade("v4.channel.k8s.io, v5.channel.k8s.io")).unwrap();
+    assert_eq!(both.protocol, Protocol::V5);
+    // RFC 6455's example key and answer.
+    assert_eq!(both.accept, "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+    let v4 = Handshake::of(&upgrade("v4.channel.k8s.io")).unwrap();
+    assert_eq!(v4.protocol, Protocol::V4);
+    let base64 = Handshake::of(&upgrade("base64.channel.k8s.io"))
+        .err()
+        .unwrap();
+    assert_eq!(base64.code(), StatusCode::BAD_REQUEST);
+    let spdy = Handshake::of(&HeaderMap::new()).err().unwrap();
+    assert!(spdy.message().contains("SPDY"), "{}", spdy.message());
+}
+
+#[test]
+fn a_host_its_agent_reports_not_ready_refuses_and_an_unreported_one_is_tried() {
+    let with = |status: &str, reason: &str| {
+        let condition = k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: conditions::HOST_READY.to_owned(),
+            status: status.to_owned(),
+            reason: reason.to_owned(),
+            message: "flintlockd's exec API is disabled".to_owned(),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ),
+            observed_generation: None,
+        };
+        MicroVMClaimStatus {
+            conditions: vec![condition],
+            ..Default::default()
+        }
+    };
+    assert_eq!(
+        host_not_ready(&with("False", "ExecDisabled")).as_deref(),
+        Some("ExecDisabled: flintlockd's exec API is disabled")
+    );
+    assert_eq!(host_not_ready(&with("False", "NoHostReport")), None);
+    assert_eq!(host_not_ready(&with("True", "Ready")), None);
+    assert_eq!(host_not_ready(&MicroVMClaimStatus::default()), None);
+}

@@ -1,0 +1,460 @@
+//! The harness of `exec.rs`: the server on a real socket, behind a front end that names
+//! the caller by a header; one in-process agent per simulated Host; rcgen certificates;
+//! and the two clients.
+
+use std::borrow::Cow;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::common::{self, CLAIMS, HOSTS, Harness, POOLS, claim, pool, settings};
+use axum::extract::Request;
+use axum::middleware::Next;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use battery_agent::flintlock::{FlintlockConfig, FlintlockTls};
+use battery_api_machinery::request_info::RequestInfo;
+use battery_api_machinery::status::ApiError;
+use battery_apiserver::agent_relay::AgentRelayTls;
+use battery_apiserver::api::UserInfo;
+use battery_apiserver::http::authz::{Authorizer, Decision};
+use battery_apiserver::server::Settings;
+use futures::future::BoxFuture;
+use futures::{SinkExt, StreamExt};
+use http::{HeaderName, HeaderValue, Request as HttpRequest, StatusCode};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, AttachParams};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+};
+use serde_json::{Value, json};
+use tokio::io::AsyncReadExt;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+/// The header the test front end reads the caller from (its authentication).
+pub const USER_HEADER: &str = "x-test-user";
+pub const OTHER_USER: &str = "system:serviceaccount:default:someone-else";
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A CA that signs one trust domain's certificates.
+pub struct Ca {
+    pub pem: String,
+    pub issuer: Issuer<'static, KeyPair>,
+}
+
+/// A signed certificate and its key, PEM.
+pub struct Signed {
+    pub cert: String,
+    pub key: String,
+}
+
+impl Ca {
+    pub fn new(name: &str) -> Self {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let pem = params.self_signed(&key).unwrap().pem();
+        Self {
+            pem,
+            issuer: Issuer::new(params, key),
+        }
+    }
+
+    pub fn sign(&self, mut params: CertificateParams, purpose: ExtendedKeyUsagePurpose) -> Signed {
+        params.extended_key_usages = vec![purpose];
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        Signed {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        }
+    }
+
+    /// An agent's serving certificate for the Host `name`.
+    pub fn serving(&self, name: &str) -> Signed {
+        let params = CertificateParams::new(vec![name.to_owned()]).unwrap();
+        self.sign(params, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
+    pub fn client(&self, cn: &str) -> Signed {
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(DnType::CommonName, cn);
+        self.sign(params, ExtendedKeyUsagePurpose::ClientAuth)
+    }
+}
+
+/// An agent in its own runtime, so that killing it ends its connections and sessions at
+/// once, as a killed process would.
+pub struct AgentProcess {
+    pub runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl AgentProcess {
+    /// Serves on `listen` as the agent of a Host at `flintlock`, with `serving` as its
+    /// certificate, accepting clients of `client_ca`.
+    pub fn start(
+        listen: SocketAddr,
+        flintlock: SocketAddr,
+        serving: &Signed,
+        client_ca: &Ca,
+    ) -> Self {
+        Self::serve(None, listen, flintlock, serving, client_ca)
+    }
+
+    /// As [`AgentProcess::start`], on the address of a killed agent once it is free.
+    pub async fn restart(
+        listen: SocketAddr,
+        flintlock: SocketAddr,
+        serving: &Signed,
+        client_ca: &Ca,
+    ) -> Self {
+        let listener =
+            common::eventually(DEADLINE, || async { std::net::TcpListener::bind(listen) }).await;
+        Self::serve(Some(listener), listen, flintlock, serving, client_ca)
+    }
+
+    pub fn serve(
+        listener: Option<std::net::TcpListener>,
+        listen: SocketAddr,
+        flintlock: SocketAddr,
+        serving: &Signed,
+        client_ca: &Ca,
+    ) -> Self {
+        let config = battery_agent::Config {
+            listen,
+            identity: tonic::transport::Identity::from_pem(&serving.cert, &serving.key),
+            client_ca: tonic::transport::Certificate::from_pem(&client_ca.pem),
+            flintlock: FlintlockConfig::new(&flintlock.to_string(), FlintlockTls::Insecure)
+                .unwrap(),
+        };
+        let listener = listener.unwrap_or_else(|| std::net::TcpListener::bind(listen).unwrap());
+        listener.set_nonblocking(true).unwrap();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            let agent = battery_agent::build(config).unwrap();
+            agent.serve(listener, std::future::pending()).await.unwrap();
+        });
+        Self {
+            runtime: Some(runtime),
+        }
+    }
+
+    pub fn kill(mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// Allows everyone everything, except `microvmclaims/exec` to `no-rbac`, and records
+/// the verb each exec was authorized as.
+#[derive(Default)]
+pub struct RecordingAuthorizer {
+    pub exec_verbs: Mutex<Vec<String>>,
+}
+
+impl Authorizer for RecordingAuthorizer {
+    fn authorize<'a>(
+        &'a self,
+        user: &'a UserInfo,
+        request: &'a RequestInfo,
+    ) -> BoxFuture<'a, Result<Decision, ApiError>> {
+        let exec = request.subresource == "exec";
+        if exec {
+            self.exec_verbs.lock().unwrap().push(request.verb.clone());
+        }
+        let decision = if exec && user.name == "no-rbac" {
+            Decision::Deny(String::new())
+        } else {
+            Decision::Allow
+        };
+        Box::pin(async move { Ok(decision) })
+    }
+}
+
+/// Puts the user named in [`USER_HEADER`] on the request, as authentication would.
+pub async fn test_user(mut request: Request, next: Next) -> axum::response::Response {
+    if let Some(name) = request
+        .headers()
+        .get(USER_HEADER)
+        .and_then(|v| v.to_str().ok())
+    {
+        let user = UserInfo {
+            name: name.to_owned(),
+            groups: vec!["system:authenticated".into()],
+            ..UserInfo::default()
+        };
+        request.extensions_mut().insert(user);
+    }
+    next.run(request).await
+}
+
+/// The server on a socket, its agents, and what the tests need of them.
+pub struct Exec {
+    pub h: Harness,
+    pub address: SocketAddr,
+    pub authorizer: Arc<RecordingAuthorizer>,
+    pub agent_ca: Ca,
+    pub client_ca: Ca,
+    pub agents: Vec<(String, SocketAddr, Option<AgentProcess>)>,
+}
+
+impl Exec {
+    pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    /// As [`Exec::start`], with `tweak` applied to the server's settings.
+    pub async fn start_with(tweak: impl FnOnce(&mut Settings)) -> Self {
+        let agent_ca = Ca::new("agent-ca");
+        let client_ca = Ca::new("apiserver-relay-client-ca");
+        let relay_client = client_ca.client("battery-apiserver");
+        let authorizer = Arc::new(RecordingAuthorizer::default());
+        let mut settings = Settings {
+            agent_relay: Some(AgentRelayTls {
+                ca_pem: agent_ca.pem.clone().into_bytes(),
+                client_cert_pem: relay_client.cert.into_bytes(),
+                client_key_pem: relay_client.key.into_bytes(),
+            }),
+            authorizer: Some(authorizer.clone()),
+            ..settings()
+        };
+        tweak(&mut settings);
+        let h = Harness::with_settings(settings).await;
+        h.eventually(HOSTS, |_, list| {
+            list["items"]
+                .as_array()
+                .is_some_and(|items| items.len() == 2)
+        })
+        .await;
+        let mut agents = Vec::new();
+        for host in h.battery().hosts() {
+            let listen = free_address();
+            let agent = AgentProcess::start(
+                listen,
+                host.address(),
+                &agent_ca.serving(host.name()),
+                &client_ca,
+            );
+            agents.push((host.name().to_owned(), listen, Some(agent)));
+        }
+        let this_agents: Vec<(String, SocketAddr)> =
+            agents.iter().map(|(n, a, _)| (n.clone(), *a)).collect();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let router = h.router().layer(axum::middleware::from_fn(test_user));
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        let exec = Self {
+            h,
+            address,
+            authorizer,
+            agent_ca,
+            client_ca,
+            agents,
+        };
+        for (host, agent) in this_agents {
+            exec.register(&host, agent).await;
+        }
+        let mut body = pool("p", 2);
+        body["spec"]["replenishment"] = json!({"type": "ReplaceOnDelete"});
+        exec.h.create(POOLS, &body).await;
+        exec.h.wait_available("p", 2).await;
+        exec
+    }
+
+    /// Sets the Host's `agentAddress`, as an admin (or its agent) would.
+    pub async fn register(&self, host: &str, agent: SocketAddr) {
+        let request = HttpRequest::patch(format!("{HOSTS}/{host}"))
+            .header(http::header::CONTENT_TYPE, "application/merge-patch+json")
+            .body(axum::body::Body::from(
+                json!({"spec": {"agentAddress": agent.to_string()}}).to_string(),
+            ))
+            .unwrap();
+        let (status, body) = self.h.json(request).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+
+    /// Claims a MicroVM as the dev user's ServiceAccount; the claim's Host.
+    pub async fn claim(&self, name: &str) -> String {
+        let bound = self.h.create(CLAIMS, &claim(name, "p")).await;
+        bound["status"]["host"]["nodeName"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    pub fn agent_of(&self, host: &str) -> SocketAddr {
+        self.agents.iter().find(|(n, ..)| n == host).unwrap().1
+    }
+
+    /// A kube-rs client of the server, as `user`.
+    pub fn kube(&self, user: &str) -> kube::Client {
+        let mut config = kube::Config::new(format!("http://{}", self.address).parse().unwrap());
+        config.headers = vec![(
+            HeaderName::from_static(USER_HEADER),
+            HeaderValue::from_str(user).unwrap(),
+        )];
+        kube::Client::try_from(config).unwrap()
+    }
+
+    pub fn claims(&self, user: &str) -> Api<ClaimExec> {
+        Api::namespaced(self.kube(user), "default")
+    }
+
+    /// Opens `query` on the claim's exec with the hand-written client, offering
+    /// `protocol`, as `user`.
+    pub async fn raw(
+        &self,
+        user: &str,
+        claim: &str,
+        query: &str,
+        protocol: &str,
+    ) -> Result<Raw, (StatusCode, Value)> {
+        let url = format!("ws://{}{CLAIMS}/{claim}/exec?{query}", self.address);
+        let mut request = url.into_client_request().unwrap();
+        request.headers_mut().insert(
+            "sec-websocket-protocol",
+            HeaderValue::from_str(protocol).unwrap(),
+        );
+        request
+            .headers_mut()
+            .insert(USER_HEADER, HeaderValue::from_str(user).unwrap());
+        match tokio_tungstenite::connect_async(request).await {
+            Ok((ws, response)) => {
+                assert_eq!(
+                    response.headers()["sec-websocket-protocol"],
+                    protocol.split(',').next().unwrap().trim()
+                );
+                Ok(Raw { ws })
+            }
+            Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+                let status = response.status();
+                let body = response.into_body().unwrap_or_default();
+                Err((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
+            }
+            Err(other) => panic!("connecting: {other}"),
+        }
+    }
+}
+
+/// What the hand-written client read of a session.
+#[derive(Debug, Default)]
+pub struct Output {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub status: Value,
+}
+
+pub struct Raw {
+    pub ws: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+}
+
+impl Raw {
+    pub async fn send(&mut self, channel: u8, payload: &[u8]) {
+        let mut frame = vec![channel];
+        frame.extend_from_slice(payload);
+        self.ws.send(Message::Binary(frame.into())).await.unwrap();
+    }
+
+    /// Reads until the server closes.
+    pub async fn read_all(&mut self) -> Output {
+        let mut output = Output::default();
+        while let Some(message) = tokio::time::timeout(DEADLINE, self.ws.next())
+            .await
+            .unwrap()
+        {
+            let (channel, payload) = match message {
+                Ok(Message::Binary(data)) => (data[0], data[1..].to_vec()),
+                // v4.base64: the channel's digit, then base64.
+                Ok(Message::Text(text)) => (
+                    text.as_bytes()[0] - b'0',
+                    BASE64.decode(&text.as_str()[1..]).unwrap(),
+                ),
+                _ => continue,
+            };
+            match channel {
+                1 => output.stdout.extend_from_slice(&payload),
+                2 => output.stderr.extend_from_slice(&payload),
+                3 => output.status = serde_json::from_slice(&payload).unwrap(),
+                other => panic!("a frame on channel {other}"),
+            }
+        }
+        output
+    }
+}
+
+/// `MicroVMClaim` as kube-rs's exec takes it: kube-rs offers `exec` only on resources
+/// marked `Execute`.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct ClaimExec {
+    pub metadata: ObjectMeta,
+}
+
+impl kube::Resource for ClaimExec {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        "MicroVMClaim".into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        battery_types::GROUP.into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        battery_types::VERSION.into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        "microvmclaims".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl kube::api::Execute for ClaimExec {}
+
+pub fn free_address() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// What kube-rs's exec of `command` printed, and its Status.
+pub async fn kube_exec(api: &Api<ClaimExec>, claim: &str, command: &[&str]) -> (String, Value) {
+    let mut attached = api
+        .exec(
+            claim,
+            command.to_vec(),
+            &AttachParams::default().stderr(false),
+        )
+        .await
+        .unwrap();
+    let mut stdout = attached.stdout().unwrap();
+    let status = attached.take_status().unwrap();
+    let mut printed = String::new();
+    stdout.read_to_string(&mut printed).await.unwrap();
+    let status = status.await.expect("a Status on the error channel");
+    attached.join().await.unwrap();
+    (printed, serde_json::to_value(status).unwrap())
+}
