@@ -156,13 +156,6 @@ impl RequestInfo {
         {
             info.subresource = subresource.clone();
         }
-        // A connect subresource is authorized as `create` whichever method opens it: a
-        // WebSocket upgrade is a GET, and must not need less than SPDY's POST
-        // (kube-apiserver does this for `pods/exec` since 1.31).
-        if info.verb == "get" && CONNECT_SUBRESOURCES.contains(&info.subresource.as_str()) {
-            info.verb = "create".to_owned();
-        }
-
         let values = QueryValues::parse(query.unwrap_or_default());
         if info.name.is_empty() && info.verb == "get" {
             // Go decodes the whole ListOptions; if any of it is malformed, it still honours
@@ -199,6 +192,24 @@ impl RequestInfo {
 
     /// The verb as one of the resource verbs this server serves, or `None` for `proxy`, an
     /// unknown HTTP method, or a non-resource request.
+    /// The same request as authorization must see it. A connect subresource is
+    /// authorized as `create` whichever method opens it: a WebSocket upgrade is a GET and
+    /// must not need less than SPDY's POST. kube-apiserver keeps `get` in its request info
+    /// and adds this as a second, synthetic check for `pods/exec` since 1.31
+    /// (`AuthorizePodWebsocketUpgradeCreatePermission`); an aggregated server behind it
+    /// makes that check itself, so through a cluster a Holder needs `get` (the
+    /// aggregator's check) and `create` (ours).
+    pub fn for_authorization(&self) -> std::borrow::Cow<'_, Self> {
+        if self.verb == "get" && CONNECT_SUBRESOURCES.contains(&self.subresource.as_str()) {
+            std::borrow::Cow::Owned(Self {
+                verb: "create".to_owned(),
+                ..self.clone()
+            })
+        } else {
+            std::borrow::Cow::Borrowed(self)
+        }
+    }
+
     pub fn resource_verb(&self) -> Option<Verb> {
         if !self.is_resource_request {
             return None;

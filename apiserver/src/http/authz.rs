@@ -202,11 +202,12 @@ pub async fn authorize(
         ))
         .into_response();
     };
-    let decision = authorizer.authorize(user, info).await;
+    let attributes = info.for_authorization();
+    let decision = authorizer.authorize(user, &attributes).await;
     match decision {
         Ok(Decision::Allow) => next.run(request).await,
         Ok(Decision::Deny(reason)) => {
-            ApiError::forbidden(&user.name, info, &reason).into_response()
+            ApiError::forbidden(&user.name, &attributes, &reason).into_response()
         }
         Err(error) => error.into_response(),
     }

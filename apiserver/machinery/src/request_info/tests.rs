@@ -72,9 +72,9 @@ fn resource_requests() {
         (Method::GET, "/apis/battery.liquidmetal-x.dev/v1alpha1/hosts/h1/status", "get", "apis", "battery.liquidmetal-x.dev", "v1alpha1", "", "hosts", "status", "h1", &["hosts", "h1", "status"]),
         (Method::PUT, "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/ns/microvmclaims/c/lease", "update", "apis", "battery.liquidmetal-x.dev", "v1alpha1", "ns", "microvmclaims", "lease", "c", &["microvmclaims", "c", "lease"]),
         (Method::POST, "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/ns/microvmclaims/c/exec?command=sh&stdin=true", "create", "apis", "battery.liquidmetal-x.dev", "v1alpha1", "ns", "microvmclaims", "exec", "c", &["microvmclaims", "c", "exec"]),
-        (Method::GET, "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/ns/microvmclaims/c/exec", "create", "apis", "battery.liquidmetal-x.dev", "v1alpha1", "ns", "microvmclaims", "exec", "c", &["microvmclaims", "c", "exec"]),
-        // a WebSocket upgrade of pods/exec is a GET, authorized as create
-        (Method::GET, "/api/v1/namespaces/ns/pods/p/exec?command=ls", "create", "api", "", "v1", "ns", "pods", "exec", "p", &["pods", "p", "exec"]),
+        (Method::GET, "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/ns/microvmclaims/c/exec", "get", "apis", "battery.liquidmetal-x.dev", "v1alpha1", "ns", "microvmclaims", "exec", "c", &["microvmclaims", "c", "exec"]),
+        // a WebSocket upgrade of pods/exec is a GET (authorization makes it create)
+        (Method::GET, "/api/v1/namespaces/ns/pods/p/exec?command=ls", "get", "api", "", "v1", "ns", "pods", "exec", "p", &["pods", "p", "exec"]),
         (Method::GET, "/api/v1/namespaces/ns/pods/p/log", "get", "api", "", "v1", "ns", "pods", "log", "p", &["pods", "p", "log"]),
         // trailing slashes are trimmed; inner empty segments are kept
         (Method::GET, "/apis/battery.liquidmetal-x.dev/v1alpha1/pools/", "list", "apis", "battery.liquidmetal-x.dev", "v1alpha1", "", "pools", "", "", &["pools"]),
@@ -177,6 +177,37 @@ fn selectors() {
         assert_eq!(info.field_selector, fields, "fieldSelector of {url}");
         assert_eq!(info.label_selector, labels, "labelSelector of {url}");
     }
+}
+
+#[test]
+fn a_get_opening_a_stream_is_authorized_as_create_and_nothing_else_changes() {
+    let authorized =
+        |method: Method, url: &str| parse(method, url).for_authorization().verb.clone();
+    let exec =
+        "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/ns/microvmclaims/c/exec?command=ls";
+    assert_eq!(authorized(Method::GET, exec), "create");
+    assert_eq!(authorized(Method::POST, exec), "create");
+    assert_eq!(
+        authorized(Method::GET, "/api/v1/namespaces/ns/pods/p/attach"),
+        "create"
+    );
+    assert_eq!(
+        authorized(Method::GET, "/api/v1/namespaces/ns/pods/p/log"),
+        "get"
+    );
+    assert_eq!(
+        authorized(
+            Method::GET,
+            "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/ns/microvmclaims/c/lease"
+        ),
+        "get"
+    );
+    let info = parse(Method::GET, exec);
+    assert_eq!(info.for_authorization().subresource, "exec");
+    assert_eq!(
+        info.verb, "get",
+        "the request itself keeps kube-apiserver's verb"
+    );
 }
 
 #[test]
