@@ -15,9 +15,9 @@ use std::sync::Arc;
 
 use battery_api_machinery::status::ApiError;
 use battery_api_machinery::table::TableColumnDefinition;
-use battery_types::conditions;
 use battery_types::validation::FieldError;
 use battery_types::{HasResourceInfo, Host, HostSpec, HostStatus};
+use battery_types::{agent_identity, conditions};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -81,6 +81,23 @@ fn key(name: &str) -> Key {
 
 fn info() -> &'static battery_types::ResourceInfo {
     &Host::INFO
+}
+
+/// Holds an exec agent to its own Host, as the Node authorizer holds a kubelet to its
+/// Node: a user whose identity names Host `h` (`battery_types::agent_identity`) may write
+/// Host `h` and its status, and no other Host. Anyone else is left to authorization.
+fn hold_agent_to_own_host(ctx: &RequestContext, name: &str) -> Result<(), ApiError> {
+    match agent_identity::agent_host(&ctx.user.name, &ctx.user.groups) {
+        Some(host) if host != name => Err(ApiError::forbidden_object(
+            info(),
+            name,
+            format!(
+                "user {:?} is the exec agent of Host {host:?} and may write only Host {host:?}",
+                ctx.user.name
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn adopted_metadata(name: &str) -> ObjectMeta {
@@ -416,8 +433,9 @@ impl Storage for HostStorage {
         Ok((items, rv))
     }
 
-    async fn create(&self, _ctx: &RequestContext, host: Host) -> Result<Host, ApiError> {
+    async fn create(&self, ctx: &RequestContext, host: Host) -> Result<Host, ApiError> {
         let name = host.metadata.name.clone().unwrap_or_default();
+        hold_agent_to_own_host(ctx, &name)?;
         let _guard = self.locks.lock(&key(&name)).await;
         let mut added = self
             .battery()
@@ -445,11 +463,12 @@ impl Storage for HostStorage {
 
     async fn update(
         &self,
-        _ctx: &RequestContext,
+        ctx: &RequestContext,
         _old: Host,
         mut new: Host,
     ) -> Result<Host, ApiError> {
         let name = new.metadata.name.clone().unwrap_or_default();
+        hold_agent_to_own_host(ctx, &name)?;
         let _guard = self.locks.lock(&key(&name)).await;
         let current = self.read(&name).await?;
         check_resource_version(info(), &current.metadata, &new.metadata)?;
@@ -487,7 +506,8 @@ impl Storage for HostStorage {
     /// A graceful deletion in battery's order (`reference/battery-api.md` §4.8): the
     /// Host is cordoned and leaves every Pool's placement at once; it stays, marked, until
     /// battery has no MicroVM on it, and then is removed (`leaving.rs`).
-    async fn delete(&self, _ctx: &RequestContext, host: Host) -> Result<Deleted<Host>, ApiError> {
+    async fn delete(&self, ctx: &RequestContext, host: Host) -> Result<Deleted<Host>, ApiError> {
+        hold_agent_to_own_host(ctx, host.metadata.name.as_deref().unwrap_or_default())?;
         self.begin_deletion(host).await
     }
 }
@@ -505,11 +525,12 @@ impl crate::api::Subresource for HostStatusWriter {
 
     async fn update(
         &self,
-        _ctx: &RequestContext,
+        ctx: &RequestContext,
         name: &str,
         new: Host,
         dry_run: bool,
     ) -> Result<Host, ApiError> {
+        hold_agent_to_own_host(ctx, name)?;
         let storage = &self.0;
         let _guard = storage.locks.lock(&key(name)).await;
         let mut current = storage.read(name).await?;
