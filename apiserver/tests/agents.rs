@@ -2,11 +2,15 @@
 //! report reaches the claims on that Host and battery's placement.
 
 mod common;
+mod dev_process;
 
 use axum::body::Body;
 use battery_apiserver::api::UserInfo;
+use battery_types::Host;
 use battery_types::agent_identity::{AGENT_GROUP, agent_username};
-use common::{HOSTS, Harness};
+use battery_types::conditions::{self, HostReadyReason};
+use common::{DEADLINE, HOSTS, Harness, eventually};
+use dev_process::DevProcess;
 use http::{Request, StatusCode, header};
 use serde_json::{Value, json};
 
@@ -117,4 +121,57 @@ async fn an_agent_writes_its_own_host_and_is_refused_every_other() {
     let (_, host1) = h.get(&format!("{HOSTS}/host-1")).await;
     assert!(host1["spec"].get("agentAddress").is_none(), "{host1}");
     assert!(common::condition(&host1, "Ready").is_none(), "{host1}");
+}
+
+#[tokio::test]
+async fn in_dev_each_agent_registers_its_host_and_reports_it_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = DevProcess::start(
+        &dir.path().join("dev"),
+        &["--pool-size", "0"],
+        &[],
+        std::process::Stdio::null(),
+    );
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(dev.dir.join("kubeconfig")).unwrap(),
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    let hosts: kube::Api<Host> = kube::Api::all(kube::Client::try_from(config).unwrap());
+    let listed = eventually(DEADLINE, || async {
+        let list = hosts
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let ready = list.items.iter().all(|host| {
+            host.spec.agent_address.is_some()
+                && host.status.as_ref().is_some_and(|s| {
+                    conditions::is_status_condition_true(&s.conditions, conditions::READY)
+                })
+        });
+        if list.items.len() == 2 && ready {
+            Ok(list.items)
+        } else {
+            Err(format!("{:?}", list.items))
+        }
+    })
+    .await;
+    for host in listed {
+        let status = host.status.unwrap();
+        let ready =
+            conditions::find_status_condition(&status.conditions, conditions::READY).unwrap();
+        assert_eq!(ready.reason, HostReadyReason::Ready.as_str());
+        // The simulated Hosts have neither; the report must not claim them.
+        assert!(
+            ready
+                .message
+                .contains("not checked (turned off): KVM, the thin pool"),
+            "{}",
+            ready.message
+        );
+        let agent = host.spec.agent_address.unwrap();
+        assert!(agent.starts_with("127.0.0.1:"), "{agent}");
+    }
+    assert!(dev.stop().success());
 }
