@@ -175,3 +175,153 @@ async fn in_dev_each_agent_registers_its_host_and_reports_it_ready() {
     }
     assert!(dev.stop().success());
 }
+
+/// The agent of `host` reports `Ready` as `status` with `reason`.
+async fn report(h: &Harness, host: &str, status: &str, reason: &str) {
+    let (code, body) = as_agent(
+        h,
+        host,
+        "PATCH",
+        &format!("{HOSTS}/{host}/status"),
+        MERGE,
+        ready_report(status, reason, &format!("{host} says {reason}")),
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+}
+
+async fn hosts_listed(h: &Harness) {
+    h.eventually(HOSTS, |_, list| {
+        list["items"].as_array().is_some_and(|i| i.len() == 2)
+    })
+    .await;
+}
+
+/// The admin sets `spec.unschedulable` of `host`, retrying the conflicts the follow
+/// loop's own writes cause; the patched Host.
+async fn admin_cordon(h: &Harness, host: &str, unschedulable: bool) -> Value {
+    eventually(DEADLINE, || async {
+        let (status, _, body) = h
+            .call(
+                "PATCH",
+                &format!("{HOSTS}/{host}"),
+                MERGE,
+                Some(json!({"spec": {"unschedulable": unschedulable}})),
+            )
+            .await;
+        match status {
+            StatusCode::OK => Ok(body),
+            StatusCode::CONFLICT => Err(body.to_string()),
+            other => panic!("{other}: {body}"),
+        }
+    })
+    .await
+}
+
+/// Waits until Host `host` is cordoned in battery (or not), as its status shows.
+async fn wait_cordoned(h: &Harness, host: &str, why: Option<&str>) -> Value {
+    h.eventually(&format!("{HOSTS}/{host}"), |_, object| match why {
+        Some(why) => object["status"]["cordonedReason"]
+            .as_str()
+            .is_some_and(|r| r.contains(why)),
+        None => object["status"].get("cordonedReason").is_none(),
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_not_ready_report_reaches_the_bound_claims_on_that_host() {
+    let h = Harness::start().await;
+    hosts_listed(&h).await;
+    report(&h, "host-0", "True", "Ready").await;
+    report(&h, "host-1", "True", "Ready").await;
+    h.create(common::POOLS, &common::pool("p", 1)).await;
+    h.wait_available("p", 1).await;
+    let (status, _, claim) = h.claim("c", "p").await;
+    assert_eq!(status, StatusCode::CREATED, "{claim}");
+    let host = claim["status"]["host"]["nodeName"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let ready = common::condition(&claim, "HostReady").expect("HostReady at bind");
+    assert_eq!(
+        (&ready["status"], &ready["reason"]),
+        (&json!("True"), &json!("Ready"))
+    );
+
+    report(&h, &host, "False", "KVMUnavailable").await;
+    let uri = format!("{}/c", common::CLAIMS);
+    let claim = h
+        .eventually(&uri, |_, claim| {
+            common::condition(claim, "HostReady").is_some_and(|c| c["status"] == "False")
+        })
+        .await;
+    let ready = common::condition(&claim, "HostReady").unwrap();
+    assert_eq!(ready["reason"], "KVMUnavailable");
+    assert_eq!(ready["message"], format!("{host} says KVMUnavailable"));
+    assert_eq!(
+        claim["status"]["phase"], "Bound",
+        "HostReady changes neither phase nor Bound"
+    );
+
+    report(&h, &host, "True", "Ready").await;
+    h.eventually(&uri, |_, claim| {
+        common::condition(claim, "HostReady").is_some_and(|c| c["status"] == "True")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn new_microvms_skip_a_host_that_is_not_ready() {
+    let h = Harness::start().await;
+    hosts_listed(&h).await;
+    report(&h, "host-0", "False", "ThinPoolMissing").await;
+    report(&h, "host-1", "True", "Ready").await;
+    let host0 = wait_cordoned(&h, "host-0", Some("not ready: ThinPoolMissing")).await;
+    assert_ne!(
+        host0["spec"]["unschedulable"], true,
+        "the admin did not cordon it"
+    );
+
+    h.create(common::POOLS, &common::pool("p", 2)).await;
+    h.wait_available("p", 2).await;
+    let (_, host0) = h.get(&format!("{HOSTS}/host-0")).await;
+    let (_, host1) = h.get(&format!("{HOSTS}/host-1")).await;
+    assert_eq!(host0["status"]["vmCount"], 0, "{host0}");
+    assert_eq!(host1["status"]["vmCount"], 2, "{host1}");
+    let (status, _, claim) = h.claim("c", "p").await;
+    assert_eq!(status, StatusCode::CREATED, "{claim}");
+    assert_eq!(claim["status"]["host"]["nodeName"], "host-1");
+
+    // Ready again: placed on again.
+    report(&h, "host-0", "True", "Ready").await;
+    wait_cordoned(&h, "host-0", None).await;
+}
+
+#[tokio::test]
+async fn the_admins_cordon_survives_readiness_flapping() {
+    let h = Harness::start().await;
+    hosts_listed(&h).await;
+    admin_cordon(&h, "host-1", true).await;
+    report(&h, "host-1", "False", "FlintlockdNotReady").await;
+    let host = wait_cordoned(&h, "host-1", Some("not ready")).await;
+    assert_eq!(host["spec"]["unschedulable"], true);
+    report(&h, "host-1", "True", "Ready").await;
+    let host = wait_cordoned(&h, "host-1", Some("spec.unschedulable is true")).await;
+    assert_eq!(host["spec"]["unschedulable"], true);
+
+    // Uncordoned by the admin while not ready: battery stays cordoned until ready.
+    report(&h, "host-1", "False", "FlintlockdNotReady").await;
+    wait_cordoned(&h, "host-1", Some("not ready")).await;
+    let body = admin_cordon(&h, "host-1", false).await;
+    assert_ne!(body["spec"]["unschedulable"], true);
+    assert!(
+        body["status"]["cordonedReason"]
+            .as_str()
+            .unwrap()
+            .contains("not ready")
+    );
+    report(&h, "host-1", "True", "Ready").await;
+    let host = wait_cordoned(&h, "host-1", None).await;
+    assert_ne!(host["spec"]["unschedulable"], true);
+}
