@@ -1,12 +1,14 @@
 //! `hosts`: battery's host registry (HostAdmin) holds each Host's flintlockd address,
 //! TLS files, cordon and version; the metadata store holds its Kubernetes metadata (its
 //! labels are what Pools select), the exec agent's address, the agent's readiness
-//! report, battery's view when last recorded and, once deletion began, the state of its
-//! graceful removal (`leaving.rs`).
+//! report and when it came, battery's view when last recorded and, once deletion began,
+//! the state of its graceful removal (`leaving.rs`). An exec agent may write only its
+//! own Host; a Host whose report says not ready, or is stale, is cordoned in battery so
+//! that new MicroVMs go elsewhere (`readiness.rs`).
 //!
 //! battery has no host events, so [`HostStorage::sync`], run on a short interval, is how
 //! a Host added, changed or removed by another client (HostAdmin, `poolmgrctl`) reaches
-//! lists, watches and Pools' placement.
+//! lists, watches and Pools' placement, and how readiness moves the cordon.
 
 mod leaving;
 mod readiness;
