@@ -7,11 +7,16 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use std::time::Duration;
+
+use battery_types::HostTls;
 use clap::{Parser, ValueEnum};
 use thiserror::Error;
 use tonic::transport::{Certificate, Identity};
 
 use crate::flintlock::{FlintlockConfig, FlintlockTls};
+use crate::readiness::{Check, CheckConfig};
+use crate::register::Registration;
 
 /// The Exec Agent on each Host: relays the API server's exec sessions to flintlockd's
 /// exec API over mTLS.
@@ -69,6 +74,82 @@ pub struct Cli {
         default_value_t = LogFormat::Text
     )]
     pub log_format: LogFormat,
+
+    /// The name of this agent's Host, as the Host object is named. Defaults to the
+    /// `NODE_NAME` environment variable (a DaemonSet's `spec.nodeName`). Without either,
+    /// the agent relays only: it neither registers its Host nor reports readiness.
+    #[arg(long, env = "BATTERY_AGENT_HOST_NAME")]
+    pub host_name: Option<String>,
+
+    /// The relay's address as the API server dials it (host:port), published as the
+    /// Host's `spec.agentAddress`. Required with a Host name.
+    #[arg(long, env = "BATTERY_AGENT_ADVERTISE_ADDRESS")]
+    pub advertise_address: Option<String>,
+
+    /// The kubeconfig of the agent's identity towards the Kubernetes API; without it,
+    /// `KUBECONFIG`, `~/.kube/config` or the in-cluster service account, as kubectl finds
+    /// them.
+    #[arg(long, env = "BATTERY_AGENT_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// flintlockd's address as battery dials it, written as the Host's `spec.address`
+    /// when the agent creates the Host. Defaults to --flintlock-address.
+    #[arg(long, env = "BATTERY_AGENT_HOST_FLINTLOCK_ADDRESS")]
+    pub host_flintlock_address: Option<String>,
+
+    /// battery reaches flintlockd without TLS (the Host's `spec.tls.insecure`, written
+    /// only when the agent creates the Host).
+    #[arg(
+        long,
+        env = "BATTERY_AGENT_HOST_TLS_INSECURE",
+        conflicts_with_all = ["host_tls_ca_file", "host_tls_cert_file", "host_tls_key_file"]
+    )]
+    pub host_tls_insecure: bool,
+
+    /// The Host's `spec.tls.caFile`: a path on battery's machine.
+    #[arg(long, env = "BATTERY_AGENT_HOST_TLS_CA_FILE")]
+    pub host_tls_ca_file: Option<String>,
+
+    /// The Host's `spec.tls.certFile`: a path on battery's machine.
+    #[arg(long, env = "BATTERY_AGENT_HOST_TLS_CERT_FILE")]
+    pub host_tls_cert_file: Option<String>,
+
+    /// The Host's `spec.tls.keyFile`: a path on battery's machine.
+    #[arg(long, env = "BATTERY_AGENT_HOST_TLS_KEY_FILE")]
+    pub host_tls_key_file: Option<String>,
+
+    /// How often the readiness report is sent when nothing changed: the heartbeat. The
+    /// API server takes a Host whose report is older than four intervals as not ready.
+    #[arg(
+        long,
+        env = "BATTERY_AGENT_REPORT_INTERVAL",
+        default_value = "10s",
+        value_parser = humantime::parse_duration
+    )]
+    pub report_interval: Duration,
+
+    /// The KVM device: a character device the agent can open read-write.
+    #[arg(long, env = "BATTERY_AGENT_KVM_DEVICE", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
+
+    /// containerd's devmapper thin pool, as device-mapper names it under /dev/mapper.
+    #[arg(
+        long,
+        env = "BATTERY_AGENT_THIN_POOL_DEVICE",
+        default_value = "/dev/mapper/flintlock-thinpool"
+    )]
+    pub thin_pool_device: PathBuf,
+
+    /// A readiness check not to run (repeatable, or comma-separated); the Ready message
+    /// then says it was not checked. Only for Hosts without the thing checked, such as
+    /// `battery-apiserver dev`'s simulated Hosts, which have no KVM or thin pool.
+    #[arg(
+        long,
+        env = "BATTERY_AGENT_SKIP_CHECK",
+        value_enum,
+        value_delimiter = ','
+    )]
+    pub skip_check: Vec<Check>,
 }
 
 /// The shape of a log line.
@@ -89,6 +170,8 @@ pub struct Config {
     /// The CA that client certificates must chain to.
     pub client_ca: Certificate,
     pub flintlock: FlintlockConfig,
+    /// How the agent registers its Host and reports its readiness; `None` relays only.
+    pub registration: Option<Registration>,
 }
 
 /// A flag whose value cannot be used, named so the message says which to fix.
@@ -107,6 +190,12 @@ pub enum ConfigError {
         "--flintlock-address {0:?}: give host:port (e.g. 10.0.0.5:9090), without a scheme or path"
     )]
     FlintlockAddress(String),
+    #[error("--advertise-address is required with a Host name (--host-name or NODE_NAME)")]
+    AdvertiseAddressMissing,
+    #[error("the Host {host:?} this agent would register is invalid: {errors}")]
+    HostSpec { host: String, errors: String },
+    #[error("--report-interval must be above zero")]
+    ReportInterval,
     #[error(
         "flintlockd needs TLS: give --flintlock-ca-file, --flintlock-cert-file and \
          --flintlock-key-file (missing: {missing}), or --flintlock-insecure for a simulated Host"
@@ -154,12 +243,70 @@ impl Cli {
         };
         let flintlock = FlintlockConfig::new(&self.flintlock_address, tls)
             .ok_or_else(|| ConfigError::FlintlockAddress(self.flintlock_address.clone()))?;
+        let registration = self.registration()?;
         Ok(Config {
             listen: self.listen,
             identity,
             client_ca,
             flintlock,
+            registration,
         })
+    }
+
+    /// The registration and readiness settings, when the agent knows its Host's name.
+    fn registration(&self) -> Result<Option<Registration>, ConfigError> {
+        let Some(host) = self
+            .host_name
+            .clone()
+            .or_else(|| std::env::var("NODE_NAME").ok())
+            .filter(|name| !name.is_empty())
+        else {
+            return Ok(None);
+        };
+        let advertise_address = self
+            .advertise_address
+            .clone()
+            .ok_or(ConfigError::AdvertiseAddressMissing)?;
+        if self.report_interval.is_zero() {
+            return Err(ConfigError::ReportInterval);
+        }
+        let spec = battery_types::HostSpec {
+            address: self
+                .host_flintlock_address
+                .clone()
+                .unwrap_or_else(|| self.flintlock_address.clone()),
+            unschedulable: false,
+            tls: HostTls {
+                insecure: self.host_tls_insecure,
+                ca_file: self.host_tls_ca_file.clone(),
+                cert_file: self.host_tls_cert_file.clone(),
+                key_file: self.host_tls_key_file.clone(),
+            },
+            agent_address: Some(advertise_address),
+        };
+        // Checked here, so a Host the API server would refuse stops the agent at start.
+        let errors = spec.validate();
+        if !errors.is_empty() {
+            let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            return Err(ConfigError::HostSpec {
+                host,
+                errors: errors.join("; "),
+            });
+        }
+        Ok(Some(Registration {
+            host,
+            spec,
+            kubeconfig: self.kubeconfig.clone(),
+            report_interval: self.report_interval,
+            checks: CheckConfig {
+                kvm_device: (!self.skip_check.contains(&Check::Kvm))
+                    .then(|| self.kvm_device.clone()),
+                thin_pool_device: (!self.skip_check.contains(&Check::ThinPool))
+                    .then(|| self.thin_pool_device.clone()),
+                flintlockd: !self.skip_check.contains(&Check::Flintlockd),
+                exec_api: !self.skip_check.contains(&Check::ExecApi),
+            },
+        }))
     }
 }
 
@@ -341,5 +488,70 @@ mod tests {
                 .expect_err("invalid");
             assert!(error.to_string().contains(want), "{args:?}: {error}");
         }
+    }
+
+    #[test]
+    fn a_host_name_registers_with_its_advertised_address_and_the_checks_asked_for() {
+        let files = Files::new();
+        let registration = files
+            .cli(&[
+                "--flintlock-address",
+                "127.0.0.1:9090",
+                "--flintlock-insecure",
+                "--host-name",
+                "host-0",
+                "--advertise-address",
+                "127.0.0.1:10270",
+                "--host-tls-insecure",
+                "--skip-check",
+                "kvm,thin-pool",
+                "--report-interval",
+                "2s",
+            ])
+            .expect("parses")
+            .into_config()
+            .expect("valid")
+            .registration
+            .expect("registers");
+        assert_eq!(registration.host, "host-0");
+        assert_eq!(registration.spec.address, "127.0.0.1:9090");
+        assert_eq!(
+            registration.spec.agent_address.as_deref(),
+            Some("127.0.0.1:10270")
+        );
+        assert_eq!(
+            registration.report_interval,
+            std::time::Duration::from_secs(2)
+        );
+        assert!(registration.checks.kvm_device.is_none());
+        assert!(registration.checks.thin_pool_device.is_none());
+        assert!(registration.checks.flintlockd && registration.checks.exec_api);
+    }
+
+    #[test]
+    fn registering_needs_an_advertised_address_and_a_valid_host() {
+        let files = Files::new();
+        let base = [
+            "--flintlock-address",
+            "127.0.0.1:9090",
+            "--flintlock-insecure",
+            "--host-name",
+            "host-0",
+        ];
+        let error = files
+            .cli(&base)
+            .expect("parses")
+            .into_config()
+            .expect_err("no address");
+        assert!(error.to_string().contains("--advertise-address"), "{error}");
+        // Neither insecure nor a CA: battery could not reach flintlockd.
+        let mut args = base.to_vec();
+        args.extend(["--advertise-address", "127.0.0.1:10270"]);
+        let error = files
+            .cli(&args)
+            .expect("parses")
+            .into_config()
+            .expect_err("no TLS for battery");
+        assert!(error.to_string().contains("spec.tls.caFile"), "{error}");
     }
 }

@@ -61,6 +61,8 @@ impl FlintlockConfig {
 #[derive(Clone, Debug)]
 pub struct Flintlock {
     client: MicroVmExecClient<Channel>,
+    /// The same connection, for the readiness checks' calls on flintlockd's other services.
+    channel: Channel,
 }
 
 impl Flintlock {
@@ -76,9 +78,15 @@ impl Flintlock {
             endpoint = endpoint
                 .tls_config(ClientTlsConfig::new().ca_certificate(ca).identity(identity))?;
         }
-        let client = MicroVmExecClient::new(endpoint.connect_lazy())
-            .max_decoding_message_size(MAX_MESSAGE_BYTES);
-        Ok(Self { client })
+        let channel = endpoint.connect_lazy();
+        let client =
+            MicroVmExecClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES);
+        Ok(Self { client, channel })
+    }
+
+    /// The connection to flintlockd, shared with the exec client.
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
     }
 
     /// Opens one `ExecCommand` stream; `requests` must start with `start`. Answers once

@@ -4,11 +4,14 @@
 //! [`config`] turns the command line into a checked [`Config`]; [`build`] makes the
 //! server from it (TLS material is parsed here, still before any port is bound);
 //! [`Agent::serve`] serves [`relay`] on a listener, each session relayed through the
-//! [`flintlock`] client.
+//! [`flintlock`] client. Given its Host's name, the agent also [`register`]s the Host and
+//! reports its [`readiness`] on the Kubernetes API while it serves.
 
 pub mod config;
 pub mod flintlock;
 pub mod logging;
+pub mod readiness;
+pub mod register;
 pub mod relay;
 
 use std::future::Future;
@@ -42,11 +45,15 @@ pub enum AgentError {
     Bind(SocketAddr, #[source] std::io::Error),
     #[error("serving the relay")]
     Serve(#[source] tonic::transport::Error),
+    #[error("making the Kubernetes client (--kubeconfig)")]
+    Kube(#[source] anyhow::Error),
 }
 
 /// A built agent, not yet listening.
 pub struct Agent {
     router: Router,
+    /// The Host to register and report, with the flintlockd client its checks call.
+    registration: Option<(register::Registration, Flintlock)>,
 }
 
 /// Builds the agent's server: parses the TLS material, so a key that does not match
@@ -58,6 +65,7 @@ pub fn build(config: Config) -> Result<Agent, AgentError> {
         // Required, not optional: a client without a certificate from this CA is
         // refused in the handshake, before any request is read.
         .client_ca_root(config.client_ca);
+    let registration = config.registration.map(|r| (r, flintlock.clone()));
     let relay =
         RelayServer::new(RelayService::new(flintlock)).max_decoding_message_size(MAX_MESSAGE_BYTES);
     let router = Server::builder()
@@ -65,16 +73,31 @@ pub fn build(config: Config) -> Result<Agent, AgentError> {
         .map_err(AgentError::ServingTls)?
         .initial_stream_window_size(STREAM_WINDOW_BYTES)
         .add_service(relay);
-    Ok(Agent { router })
+    Ok(Agent {
+        router,
+        registration,
+    })
 }
 
 impl Agent {
-    /// Serves until `shutdown` completes, then lets open sessions finish.
+    /// Serves until `shutdown` completes, then lets open sessions finish. Registers and
+    /// reports the Host meanwhile, if it has one; the reports stop with the relay.
     pub async fn serve(
         self,
         listener: TcpListener,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), AgentError> {
+        let _reporting = match self.registration {
+            Some((registration, flintlock)) => {
+                let client = register::client(registration.kubeconfig.as_ref())
+                    .await
+                    .map_err(AgentError::Kube)?;
+                Some(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
+                    register::run(registration, client, flintlock),
+                )))
+            }
+            None => None,
+        };
         // Exec carries keystrokes and small prompts; Nagle would hold them back.
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
         self.router

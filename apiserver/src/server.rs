@@ -238,11 +238,15 @@ pub fn build(
     );
     let adopt_pools = pools.clone();
     let followed_hosts = hosts.clone();
+    let host_ready_claims = claims.clone();
     tasks.spawn(async move {
         loop {
             tokio::time::sleep(HOST_SYNC_INTERVAL).await;
             if let Err(err) = followed_hosts.sync().await {
                 tracing::warn!(error = %err, "following battery's hosts");
+            }
+            if let Err(err) = host_ready_claims.refresh_host_ready().await {
+                tracing::warn!(error = %err, "following Hosts' readiness on their claims");
             }
         }
     });

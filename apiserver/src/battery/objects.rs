@@ -2,11 +2,15 @@
 //! a claim's bound or expired status and a Host's status are made from what battery said,
 //! beside the metadata the API server keeps (as `registry/<kind>/strategy.go` owns one
 //! kind's conversion in k8s.io/apiserver). The storages keep records and compute no
-//! status from battery's answers; the one condition they add is the Host storage's
-//! `Draining`, which reports its own graceful deletion (`resources/hosts/leaving.rs`).
+//! status from battery's answers; the conditions they add are the Host storage's
+//! `Draining`, which reports its own graceful deletion (`resources/hosts/leaving.rs`), and
+//! its `Ready=False AgentNotReporting` over a stale agent report (`resources/hosts/
+//! readiness.rs`). A claim's `HostReady` is made here from what the Host storage says of
+//! its Host ([`HostReadiness`]).
 
 use battery_types::conditions::{
-    self, ClaimBoundReason, ConditionStatus, PoolExhaustedReason, PoolReadyReason,
+    self, ClaimBoundReason, ClaimHostReadyReason, ConditionStatus, PoolExhaustedReason,
+    PoolReadyReason,
 };
 use battery_types::{
     ClaimHost, ClaimPhase, ClaimedMicroVM, Host, MicroVMClaimStatus, Placement, Pool, PoolSpec,
@@ -166,11 +170,78 @@ fn bound_condition(
     }
 }
 
+/// What the API server knows of a Host's readiness, for its claims' `HostReady`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HostReadiness {
+    /// No such Host is registered.
+    NotFound,
+    /// The Host's agent has not reported yet.
+    NoReport,
+    /// The Host's `Ready` condition, stale reports already counted as not ready.
+    Reported(Condition),
+}
+
+/// The longest condition message Kubernetes accepts.
+const MAX_CONDITION_MESSAGE: usize = 32768;
+
+/// A Bound claim's `HostReady`: its Host's `Ready` (status, reason and message) or, with
+/// no report to copy, False with why.
+pub fn claim_host_ready(readiness: &HostReadiness, generation: Option<i64>) -> Condition {
+    let (status, reason, message) = match readiness {
+        HostReadiness::NotFound => (
+            ConditionStatus::False.as_str().to_owned(),
+            ClaimHostReadyReason::HostNotFound.as_str().to_owned(),
+            "the MicroVM's Host is not a registered Host".to_owned(),
+        ),
+        HostReadiness::NoReport => (
+            ConditionStatus::False.as_str().to_owned(),
+            ClaimHostReadyReason::NoHostReport.as_str().to_owned(),
+            "the Host's exec agent has not reported its readiness".to_owned(),
+        ),
+        HostReadiness::Reported(ready) if ready.status == ConditionStatus::True.as_str() => (
+            ready.status.clone(),
+            ready.reason.clone(),
+            ready.message.clone(),
+        ),
+        HostReadiness::Reported(ready) => {
+            // Anything but True is not ready; a report without a reason gets ours.
+            let reason = if ready.reason.is_empty() {
+                ClaimHostReadyReason::HostNotReady.as_str().to_owned()
+            } else {
+                ready.reason.clone()
+            };
+            (
+                ConditionStatus::False.as_str().to_owned(),
+                reason,
+                ready.message.clone(),
+            )
+        }
+    };
+    let mut message = message;
+    if message.len() > MAX_CONDITION_MESSAGE {
+        let mut end = MAX_CONDITION_MESSAGE;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+    }
+    Condition {
+        type_: conditions::HOST_READY.to_owned(),
+        status,
+        reason,
+        message,
+        observed_generation: generation,
+        last_transition_time: server_now(),
+    }
+}
+
 /// A claim's status once battery leased it a MicroVM, and the lease id the claim keeps
-/// (never shown). `agent_address` is the Host's agent, which battery does not know.
+/// (never shown). `agent_address` and `readiness` are the Host's agent's, which battery
+/// does not know.
 pub fn bound_status(
     lease: Lease,
     agent_address: Option<String>,
+    readiness: &HostReadiness,
     generation: Option<i64>,
 ) -> (MicroVMClaimStatus, LeaseId) {
     let bound = lease.claimed_at.unwrap_or_else(server_now);
@@ -185,19 +256,39 @@ pub fn bound_status(
         bound_time: Some(bound),
         lease_expires_at: lease.expires_at,
         network_interfaces: lease.network_interfaces,
-        conditions: vec![bound_condition(
-            ConditionStatus::True,
-            ClaimBoundReason::Bound,
-            "battery leased a MicroVM to the claim",
-            generation,
-        )],
+        conditions: vec![
+            bound_condition(
+                ConditionStatus::True,
+                ClaimBoundReason::Bound,
+                "battery leased a MicroVM to the claim",
+                generation,
+            ),
+            claim_host_ready(readiness, generation),
+        ],
     };
     (status, lease.id)
 }
 
-/// A claim's status once battery no longer has its lease: phase Expired, `Bound=False`.
+/// Brings a Bound claim's `HostReady` in line with `readiness`; answers whether it
+/// changed. `lastTransitionTime` moves only when the status does.
+pub fn refresh_host_ready(
+    status: &mut MicroVMClaimStatus,
+    readiness: &HostReadiness,
+    generation: Option<i64>,
+) -> bool {
+    conditions::set_status_condition(
+        &mut status.conditions,
+        claim_host_ready(readiness, generation),
+    )
+}
+
+/// A claim's status once battery no longer has its lease: phase Expired, `Bound=False`,
+/// and no `HostReady` (set only while Bound).
 pub fn expire(status: &mut MicroVMClaimStatus, generation: Option<i64>) {
     status.phase = Some(ClaimPhase::Expired);
+    status
+        .conditions
+        .retain(|c| c.type_ != conditions::HOST_READY);
     conditions::set_status_condition(
         &mut status.conditions,
         bound_condition(

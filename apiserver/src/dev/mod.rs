@@ -1,7 +1,9 @@
 //! `battery-apiserver dev`: the server on loopback with the embedded battery and its
 //! simulated Hosts, self-made certificates, a Pool to claim from, and a kubeconfig whose
-//! user is the dev ServiceAccount (DESIGN §6). It prints the next command to type.
+//! user is the dev ServiceAccount (DESIGN §6), and one exec agent per simulated Host
+//! (`agents.rs`). It prints the next command to type.
 
+mod agents;
 pub mod pki;
 
 use std::path::Path;
@@ -34,7 +36,6 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         .dir
         .canonicalize()
         .with_context(|| format!("resolving {}", args.dir.display()))?;
-    let pki = pki::write_dev_pki(&dir)?;
     let local = LocalBattery::start(LocalBatteryConfig {
         data_dir: args.data_dir.as_ref().map(|d| d.join("battery")),
         hosts: args.hosts,
@@ -49,6 +50,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     })
     .await
     .context("starting the embedded battery")?;
+    let host_names: Vec<&str> = local.hosts().iter().map(|h| h.name()).collect();
+    let pki = pki::write_dev_pki_with_agents(&dir, &host_names)?;
     let battery = BatteryClient::connect_lazy(&format!("http://{}", local.address()))?;
     let store = open_store(
         args.data_dir
@@ -91,7 +94,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     })?;
     let addr = listener.local_addr()?;
     let kubeconfig = dir.join("kubeconfig");
-    write_kubeconfig(&kubeconfig, &format!("https://{addr}"), &pki)?;
+    let server = format!("https://{addr}");
+    write_kubeconfig(&kubeconfig, &server, &pki)?;
+    let mut agents = agents::start(local.hosts(), &pki, &server).await?;
     let shutdown = shutdown_signal();
     crate::logging::announce(&[
         format!("battery-apiserver dev: serving https://{addr}"),
@@ -100,7 +105,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             local.hosts().len()
         ),
         format!(
-            "  policy: you ({}, the kubeconfig's user) may do everything; anyone else nothing",
+            "  exec agents: one per simulated Host, registering it and reporting its readiness (checks turned off: {})",
+            agents::SKIPPED_CHECKS
+        ),
+        format!(
+            "  policy: you ({}, the kubeconfig's user) may do everything; each agent its own Host; anyone else nothing",
             pki::DEV_USER
         ),
         format!(
@@ -109,6 +118,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         ),
     ]);
     serve::serve(listener, acceptor, app.router, shutdown).await;
+    agents.shutdown().await;
     local.shutdown().await;
     Ok(())
 }
@@ -162,6 +172,23 @@ async fn create_dev_pool(router: &axum::Router, size: i32) -> anyhow::Result<()>
 
 /// A kubeconfig for the dev user, pointing at the certificate files.
 pub fn write_kubeconfig(path: &Path, server: &str, pki: &pki::DevPki) -> anyhow::Result<()> {
+    write_kubeconfig_for(
+        path,
+        server,
+        &pki.ca_cert,
+        &pki.client_cert,
+        &pki.client_key,
+    )
+}
+
+/// A kubeconfig for the user of the client certificate `cert`, trusting `ca`.
+fn write_kubeconfig_for(
+    path: &Path,
+    server: &str,
+    ca: &Path,
+    cert: &Path,
+    key: &Path,
+) -> anyhow::Result<()> {
     use kube::config::{
         AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
     };
@@ -173,7 +200,7 @@ pub fn write_kubeconfig(path: &Path, server: &str, pki: &pki::DevPki) -> anyhow:
             name: NAME.to_owned(),
             cluster: Some(Cluster {
                 server: Some(server.to_owned()),
-                certificate_authority: Some(pki.ca_cert.display().to_string()),
+                certificate_authority: Some(ca.display().to_string()),
                 ..Cluster::default()
             }),
             other: Default::default(),
@@ -181,8 +208,8 @@ pub fn write_kubeconfig(path: &Path, server: &str, pki: &pki::DevPki) -> anyhow:
         auth_infos: vec![NamedAuthInfo {
             name: NAME.to_owned(),
             auth_info: Some(AuthInfo {
-                client_certificate: Some(pki.client_cert.display().to_string()),
-                client_key: Some(pki.client_key.display().to_string()),
+                client_certificate: Some(cert.display().to_string()),
+                client_key: Some(key.display().to_string()),
                 ..AuthInfo::default()
             }),
             other: Default::default(),

@@ -1,10 +1,16 @@
 //! The certificates `dev` makes for itself: one CA, a serving certificate for loopback,
-//! and a client certificate for the dev user. Written as PEM files beside the kubeconfig
-//! that points at them; the keys are readable by their owner only.
+//! and a client certificate for the dev user; and for its exec agents, an agent CA that
+//! signs each agent's relay serving certificate (for its Host's name), a relay client CA
+//! that signs the API server's relay client certificate (the only client the agents
+//! accept), and each agent's Kubernetes identity (`system:battery-agent:<host>` in
+//! `battery:agents`), signed by the first CA, which client-certificate authentication
+//! trusts. Written as PEM files beside the kubeconfig that points at them; the keys are
+//! readable by their owner only.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use battery_types::agent_identity::{AGENT_GROUP, agent_username};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType,
@@ -23,6 +29,28 @@ pub struct DevPki {
     pub ca_cert: PathBuf,
     pub serving_cert: PathBuf,
     pub serving_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+    /// Signs the agents' relay serving certificates: what the API server's relay client
+    /// verifies an agent against.
+    pub agent_ca_cert: PathBuf,
+    /// Signs the API server's relay client certificate: what the agents accept.
+    pub relay_client_ca_cert: PathBuf,
+    /// The API server's relay client certificate and key, to present to the agents.
+    pub relay_client_cert: PathBuf,
+    pub relay_client_key: PathBuf,
+    /// One per Host given to [`write_dev_pki_with_agents`].
+    pub agents: Vec<AgentPki>,
+}
+
+/// One exec agent's files.
+#[derive(Debug, Clone)]
+pub struct AgentPki {
+    pub host: String,
+    /// The relay's serving certificate: the Host's name, and loopback where it listens.
+    pub serving_cert: PathBuf,
+    pub serving_key: PathBuf,
+    /// The agent's client certificate towards the API server.
     pub client_cert: PathBuf,
     pub client_key: PathBuf,
 }
@@ -83,19 +111,39 @@ pub fn client_params(user: &str, groups: &[&str]) -> Result<CertificateParams, P
     Ok(params)
 }
 
-/// Makes a new CA and the certificates it signs, and writes them into `dir`.
-pub fn write_dev_pki(dir: &Path) -> Result<DevPki, PkiError> {
-    let ca_key = KeyPair::generate().map_err(generate("CA key"))?;
-    let mut ca_params = CertificateParams::default();
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "battery-apiserver dev CA");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca_cert = ca_params
-        .self_signed(&ca_key)
+/// A new self-signed CA: its PEM and its issuer.
+fn new_ca(cn: &str) -> Result<(String, Issuer<'static, KeyPair>), PkiError> {
+    let key = KeyPair::generate().map_err(generate("CA key"))?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name.push(DnType::CommonName, cn);
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let cert = params
+        .self_signed(&key)
         .map_err(generate("CA certificate"))?;
-    let ca = Issuer::new(ca_params, ca_key);
+    Ok((cert.pem(), Issuer::new(params, key)))
+}
+
+/// Signs `params` with a new key; the certificate's and the key's PEM.
+fn sign(
+    what: &'static str,
+    params: CertificateParams,
+    ca: &Issuer<'_, KeyPair>,
+) -> Result<(String, String), PkiError> {
+    let key = KeyPair::generate().map_err(generate(what))?;
+    let cert = params.signed_by(&key, ca).map_err(generate(what))?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// Makes a new CA and the certificates it signs, and writes them into `dir`, with no
+/// agent's.
+pub fn write_dev_pki(dir: &Path) -> Result<DevPki, PkiError> {
+    write_dev_pki_with_agents(dir, &[])
+}
+
+/// As [`write_dev_pki`], with the files of the agents of `hosts` in `dir/agents/<host>/`.
+pub fn write_dev_pki_with_agents(dir: &Path, hosts: &[&str]) -> Result<DevPki, PkiError> {
+    let (ca_cert, ca) = new_ca("battery-apiserver dev CA")?;
 
     let serving_key = KeyPair::generate().map_err(generate("serving key"))?;
     let serving_cert = loopback_serving_params("battery-apiserver")
@@ -108,14 +156,68 @@ pub fn write_dev_pki(dir: &Path) -> Result<DevPki, PkiError> {
         .signed_by(&client_key, &ca)
         .map_err(generate("client certificate"))?;
 
+    let (agent_ca_cert, agent_ca) = new_ca("battery-apiserver dev agent CA")?;
+    let (relay_client_ca_cert, relay_client_ca) = new_ca("battery-apiserver dev relay client CA")?;
+    let relay_client = sign(
+        "relay client certificate",
+        client_params("battery-apiserver", &[])?,
+        &relay_client_ca,
+    )?;
+
+    let agents_dir = dir.join("agents");
+    let mut agents = Vec::new();
+    for host in hosts {
+        let host_dir = agents_dir.join(host);
+        std::fs::create_dir_all(&host_dir).map_err(|source| PkiError::Write {
+            path: host_dir.clone(),
+            source,
+        })?;
+        let mut serving_params =
+            loopback_serving_params(host).map_err(generate("agent serving certificate"))?;
+        let host_name = (*host)
+            .to_owned()
+            .try_into()
+            .map_err(generate("agent serving certificate"))?;
+        serving_params
+            .subject_alt_names
+            .push(SanType::DnsName(host_name));
+        let serving = sign("agent serving certificate", serving_params, &agent_ca)?;
+        let identity = sign(
+            "agent client certificate",
+            client_params(&agent_username(host), &[AGENT_GROUP])?,
+            &ca,
+        )?;
+        let agent = AgentPki {
+            host: (*host).to_owned(),
+            serving_cert: host_dir.join("serving.crt"),
+            serving_key: host_dir.join("serving.key"),
+            client_cert: host_dir.join("agent.crt"),
+            client_key: host_dir.join("agent.key"),
+        };
+        write_file(&agent.serving_cert, &serving.0, false)?;
+        write_file(&agent.serving_key, &serving.1, true)?;
+        write_file(&agent.client_cert, &identity.0, false)?;
+        write_file(&agent.client_key, &identity.1, true)?;
+        agents.push(agent);
+    }
+
     let pki = DevPki {
         ca_cert: dir.join("ca.crt"),
         serving_cert: dir.join("serving.crt"),
         serving_key: dir.join("serving.key"),
         client_cert: dir.join("dev.crt"),
         client_key: dir.join("dev.key"),
+        agent_ca_cert: dir.join("agent-ca.crt"),
+        relay_client_ca_cert: dir.join("relay-client-ca.crt"),
+        relay_client_cert: dir.join("relay-client.crt"),
+        relay_client_key: dir.join("relay-client.key"),
+        agents,
     };
-    write_file(&pki.ca_cert, &ca_cert.pem(), false)?;
+    write_file(&pki.agent_ca_cert, &agent_ca_cert, false)?;
+    write_file(&pki.relay_client_ca_cert, &relay_client_ca_cert, false)?;
+    write_file(&pki.relay_client_cert, &relay_client.0, false)?;
+    write_file(&pki.relay_client_key, &relay_client.1, true)?;
+    write_file(&pki.ca_cert, &ca_cert, false)?;
     write_file(&pki.serving_cert, &serving_cert.pem(), false)?;
     write_file(&pki.serving_key, &serving_key.serialize_pem(), true)?;
     write_file(&pki.client_cert, &client_cert.pem(), false)?;
@@ -167,5 +269,48 @@ mod tests {
         let mode = std::fs::metadata(&pki.client_key).unwrap().permissions();
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(mode.mode() & 0o777, 0o600);
+    }
+
+    fn names(pem_path: &Path) -> (Vec<String>, Vec<String>, Vec<String>) {
+        let pem = std::fs::read(pem_path).unwrap();
+        let (_, pem) = parse_x509_pem(&pem).unwrap();
+        let cert = pem.parse_x509().unwrap();
+        let attr = |it: &mut dyn Iterator<Item = &AttributeTypeAndValue<'_>>| {
+            it.map(|a| a.as_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        };
+        let cn = attr(&mut cert.subject().iter_common_name());
+        let orgs = attr(&mut cert.subject().iter_organization());
+        let dns = cert
+            .subject_alternative_name()
+            .unwrap()
+            .map(|san| {
+                san.value
+                    .general_names
+                    .iter()
+                    .filter_map(|n| match n {
+                        GeneralName::DNSName(d) => Some((*d).to_owned()),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        (cn, orgs, dns)
+    }
+
+    #[test]
+    fn each_agent_gets_a_serving_certificate_for_its_host_and_an_agent_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = write_dev_pki_with_agents(dir.path(), &["host-0", "host-1"]).unwrap();
+        assert_eq!(pki.agents.len(), 2);
+        let agent = &pki.agents[1];
+        assert_eq!(agent.host, "host-1");
+        let (_, _, dns) = names(&agent.serving_cert);
+        assert!(dns.contains(&"host-1".to_owned()), "{dns:?}");
+        let (cn, orgs, _) = names(&agent.client_cert);
+        assert_eq!(cn, ["system:battery-agent:host-1"]);
+        assert_eq!(orgs, [AGENT_GROUP]);
+        let (cn, _, _) = names(&pki.relay_client_cert);
+        assert_eq!(cn, ["battery-apiserver"]);
     }
 }

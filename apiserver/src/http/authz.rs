@@ -61,7 +61,9 @@ pub trait Authorizer: Send + Sync {
     ) -> BoxFuture<'a, Result<Decision, ApiError>>;
 }
 
-/// `dev`'s policy: its one user may do everything; anyone else nothing.
+/// `dev`'s policy: its one user may do everything; an exec agent (named for its Host by
+/// [`agent_identity`](battery_types::agent_identity)) exactly its own Host's verbs; anyone
+/// else nothing.
 pub struct LocalPolicy {
     pub user: String,
 }
@@ -70,15 +72,46 @@ impl Authorizer for LocalPolicy {
     fn authorize<'a>(
         &'a self,
         user: &'a UserInfo,
-        _: &'a RequestInfo,
+        request: &'a RequestInfo,
     ) -> BoxFuture<'a, Result<Decision, ApiError>> {
         let decision = if user.name == self.user {
             Decision::Allow
+        } else if let Some(host) =
+            battery_types::agent_identity::agent_host(&user.name, &user.groups)
+        {
+            if agent_may(host, request) {
+                Decision::Allow
+            } else {
+                Decision::Deny(format!(
+                    "dev allows the agent of Host {host:?} only get, create, update and patch of \
+                     that Host and its status, and create of its certificate"
+                ))
+            }
         } else {
             Decision::Deny(format!("dev allows only {}", self.user))
         };
         Box::pin(async move { Ok(decision) })
     }
+}
+
+/// What an agent may do in `dev`: what kubelet's Node authorizer allows a node of its
+/// Node, for a Host. A create carries no name in its attributes (as in Kubernetes), so
+/// the Host storage holds a create to the agent's own Host.
+fn agent_may(host: &str, request: &RequestInfo) -> bool {
+    if !request.is_resource_request
+        || request.api_group != battery_types::GROUP
+        || request.resource != "hosts"
+    {
+        return false;
+    }
+    let verb = request.verb.as_str();
+    let named = request.name == host || (verb == "create" && request.name.is_empty());
+    named
+        && match request.subresource.as_str() {
+            "" | "status" => matches!(verb, "get" | "create" | "update" | "patch"),
+            "certificate" => verb == "create",
+            _ => false,
+        }
 }
 
 /// `serve` without a cluster to ask: whoever a CA or the front proxy vouches for may do
@@ -309,5 +342,60 @@ mod tests {
                 .as_deref(),
             Some("/metrics")
         );
+    }
+
+    #[tokio::test]
+    async fn dev_lets_an_agent_do_its_own_hosts_verbs_and_nothing_else() {
+        use battery_types::agent_identity::{AGENT_GROUP, agent_username};
+        let policy = LocalPolicy {
+            user: "dev".to_owned(),
+        };
+        let agent = UserInfo {
+            name: agent_username("host-0"),
+            groups: vec![AGENT_GROUP.to_owned()],
+            ..UserInfo::default()
+        };
+        let hosts = "/apis/battery.liquidmetal-x.dev/v1alpha1/hosts";
+        let allowed = [
+            (Method::GET, format!("{hosts}/host-0")),
+            (Method::POST, hosts.to_owned()),
+            (Method::PUT, format!("{hosts}/host-0")),
+            (Method::PATCH, format!("{hosts}/host-0")),
+            (Method::GET, format!("{hosts}/host-0/status")),
+            (Method::PUT, format!("{hosts}/host-0/status")),
+            (Method::PATCH, format!("{hosts}/host-0/status")),
+            (Method::POST, format!("{hosts}/host-0/certificate")),
+        ];
+        for (method, path) in allowed {
+            let decision = policy.authorize(&agent, &info(method.clone(), &path)).await;
+            assert_eq!(decision.unwrap(), Decision::Allow, "{method} {path}");
+        }
+        let denied = [
+            (Method::PATCH, format!("{hosts}/host-1")),
+            (Method::PATCH, format!("{hosts}/host-1/status")),
+            (Method::DELETE, format!("{hosts}/host-0")),
+            (Method::GET, hosts.to_owned()),
+            (Method::GET, format!("{hosts}/host-0/certificate")),
+            (
+                Method::GET,
+                "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/default/pools".to_owned(),
+            ),
+        ];
+        for (method, path) in denied {
+            let decision = policy.authorize(&agent, &info(method.clone(), &path)).await;
+            assert!(
+                matches!(decision, Ok(Decision::Deny(ref why)) if why.contains("\"host-0\"")),
+                "{method} {path}: {decision:?}"
+            );
+        }
+        // The name alone, without the agents' group, is nobody.
+        let impostor = UserInfo {
+            name: agent_username("host-0"),
+            ..UserInfo::default()
+        };
+        let decision = policy
+            .authorize(&impostor, &info(Method::GET, &format!("{hosts}/host-0")))
+            .await;
+        assert!(matches!(decision, Ok(Decision::Deny(_))));
     }
 }

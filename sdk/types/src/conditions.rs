@@ -4,6 +4,7 @@
 //! `Condition.reason` as the string it is and compare it with `as_str()`.
 
 use std::fmt;
+use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
@@ -17,6 +18,13 @@ pub const BOUND: &str = "Bound";
 pub const HOST_READY: &str = "HostReady";
 /// Condition type of a Host being deleted that waits for its MicroVMs to go.
 pub const DRAINING: &str = "Draining";
+
+/// How often an exec agent reports its Host's readiness by default, as a heartbeat.
+pub const HOST_REPORT_INTERVAL: Duration = Duration::from_secs(10);
+/// A Host whose agent has not reported for this long (four default report intervals)
+/// counts as not ready (`AgentNotReporting`): an agent that died cannot say so itself.
+pub const HOST_REPORT_STALE_AFTER: Duration =
+    Duration::from_secs(4 * HOST_REPORT_INTERVAL.as_secs());
 
 /// Declares a reason enum: unit variants with their CamelCase wire text, `as_str`, `ALL`
 /// and `Display`.
@@ -110,6 +118,10 @@ reasons! {
         FlintlockdNotReady = "FlintlockdNotReady",
         /// flintlockd answers but its exec API is disabled, so exec cannot reach MicroVMs.
         ExecDisabled = "ExecDisabled",
+        /// The API server's, not the agent's: the agent's last report is older than
+        /// [`HOST_REPORT_STALE_AFTER`], so the Host counts
+        /// as not ready whatever it last said.
+        AgentNotReporting = "AgentNotReporting",
     }
 }
 

@@ -80,6 +80,11 @@ pub struct HostStatus {
     /// The Host's conditions. `Ready` is the exec agent's report: true when KVM, the
     /// thin pool, flintlockd and its exec API are all usable, otherwise false with a reason
     /// such as `KVMUnavailable`, `ThinPoolMissing`, `FlintlockdNotReady` or `ExecDisabled`.
+    /// A report older than 40 seconds (four of the agent's 10-second heartbeats) is
+    /// replaced by `Ready=False` with reason `AgentNotReporting`. While `Ready` is false
+    /// battery places no new MicroVMs on the Host (it is cordoned, `cordonedReason`
+    /// says why, and `spec.unschedulable` keeps the admin's own choice); a Host with no
+    /// report at all is placed on as before.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

@@ -1,23 +1,26 @@
 //! `hosts`: battery's host registry (HostAdmin) holds each Host's flintlockd address,
 //! TLS files, cordon and version; the metadata store holds its Kubernetes metadata (its
 //! labels are what Pools select), the exec agent's address, the agent's readiness
-//! report, battery's view when last recorded and, once deletion began, the state of its
-//! graceful removal (`leaving.rs`).
+//! report and when it came, battery's view when last recorded and, once deletion began,
+//! the state of its graceful removal (`leaving.rs`). An exec agent may write only its
+//! own Host; a Host whose report says not ready, or is stale, is cordoned in battery so
+//! that new MicroVMs go elsewhere (`readiness.rs`).
 //!
 //! battery has no host events, so [`HostStorage::sync`], run on a short interval, is how
 //! a Host added, changed or removed by another client (HostAdmin, `poolmgrctl`) reaches
-//! lists, watches and Pools' placement.
+//! lists, watches and Pools' placement, and how readiness moves the cordon.
 
 mod leaving;
+mod readiness;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use battery_api_machinery::status::ApiError;
 use battery_api_machinery::table::TableColumnDefinition;
-use battery_types::conditions;
 use battery_types::validation::FieldError;
 use battery_types::{HasResourceInfo, Host, HostSpec, HostStatus};
+use battery_types::{agent_identity, conditions};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -31,6 +34,8 @@ use crate::meta_store::{Key, MetaStore};
 use crate::watch::ChangeType;
 
 const RESOURCE: &str = "hosts";
+/// battery's cordon reason for a Host its admin marked unschedulable.
+const ADMIN_CORDON_REASON: &str = "spec.unschedulable is true";
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct HostRecord {
@@ -48,6 +53,10 @@ struct HostRecord {
     /// Set from the moment the Host's deletion is accepted until battery removed it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     leaving: Option<leaving::Leaving>,
+    /// When the agent last reported, and the cordon the API server keeps while the Host
+    /// is not ready (`readiness.rs`).
+    #[serde(default)]
+    reporting: readiness::Reporting,
 }
 
 /// battery's part of a Host: its spec without `agentAddress`, its status without
@@ -81,6 +90,23 @@ fn key(name: &str) -> Key {
 
 fn info() -> &'static battery_types::ResourceInfo {
     &Host::INFO
+}
+
+/// Holds an exec agent to its own Host, as the Node authorizer holds a kubelet to its
+/// Node: a user whose identity names Host `h` (`battery_types::agent_identity`) may write
+/// Host `h` and its status, and no other Host. Anyone else is left to authorization.
+fn hold_agent_to_own_host(ctx: &RequestContext, name: &str) -> Result<(), ApiError> {
+    match agent_identity::agent_host(&ctx.user.name, &ctx.user.groups) {
+        Some(host) if host != name => Err(ApiError::forbidden_object(
+            info(),
+            name,
+            format!(
+                "user {:?} is the exec agent of Host {host:?} and may write only Host {host:?}",
+                ctx.user.name
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn adopted_metadata(name: &str) -> ObjectMeta {
@@ -148,6 +174,15 @@ impl HostDirectory {
             .and_then(|r| r.agent_address))
     }
 
+    /// What its claims' `HostReady` says of the Host `name`.
+    pub fn readiness(&self, name: &str) -> Result<objects::HostReadiness, ApiError> {
+        let record = self.store.get::<HostRecord>(&key(name))?;
+        Ok(readiness::of_record(
+            record.as_ref(),
+            k8s_openapi::jiff::Timestamp::now(),
+        ))
+    }
+
     /// Resolves when a Host changed since the last call returned.
     pub async fn changed(&self) {
         self.changed.notified().await;
@@ -180,12 +215,26 @@ impl HostStorage {
             metadata: adopted_metadata(&host.name),
             ..HostRecord::default()
         });
+        // A stale report shows as AgentNotReporting; the admin's cordon as they set it.
+        let mut conditions = record.conditions.clone();
+        if let Some(ready) = readiness::effective_ready(
+            &record.conditions,
+            &record.reporting,
+            k8s_openapi::jiff::Timestamp::now(),
+        ) {
+            conditions::set_status_condition(&mut conditions, ready);
+        }
+        let cordoned_not_ready = record.reporting.cordoned_not_ready;
+        let admin_unschedulable = record.reporting.admin_unschedulable;
         let meta = HostMeta {
             metadata: record.metadata,
             agent_address: record.agent_address,
-            conditions: record.conditions,
+            conditions,
         };
         let mut object = objects::host(meta, host);
+        if cordoned_not_ready {
+            object.spec.unschedulable = admin_unschedulable;
+        }
         if let Some(leaving) = &record.leaving
             && let Some(status) = object.status.as_mut()
         {
@@ -219,27 +268,62 @@ impl HostStorage {
             .and_then(|r| r.leaving))
     }
 
-    /// Writes `object`'s record with a new resourceVersion and tells watchers. Callers
-    /// whose change can move a Pool's placement wake the directory themselves.
+    /// Writes `object`'s record with a new resourceVersion and tells watchers, keeping
+    /// the agent's reporting as recorded. Callers whose change can move a Pool's
+    /// placement wake the directory themselves.
     fn commit(
         &self,
         object: &mut Host,
         change: ChangeType,
         leaving: Option<leaving::Leaving>,
     ) -> Result<(), ApiError> {
+        let name = object.metadata.name.clone().unwrap_or_default();
+        let reporting = self
+            .store()
+            .get::<HostRecord>(&key(&name))?
+            .map(|r| r.reporting)
+            .unwrap_or_default();
+        self.commit_reporting(object, change, leaving, reporting)
+    }
+
+    /// As [`Self::commit`], with `reporting` recorded.
+    fn commit_reporting(
+        &self,
+        object: &mut Host,
+        change: ChangeType,
+        leaving: Option<leaving::Leaving>,
+        reporting: readiness::Reporting,
+    ) -> Result<(), ApiError> {
         let key = key(object.metadata.name.as_deref().unwrap_or_default());
-        let record = |host: &Host| HostRecord {
-            metadata: host.metadata.clone(),
-            agent_address: host.spec.agent_address.clone(),
-            conditions: host
+        let previous = self.store().get::<HostRecord>(&key)?;
+        let record = |host: &Host| {
+            let conditions: Vec<Condition> = host
                 .status
                 .iter()
                 .flat_map(|s| s.conditions.iter())
                 .filter(|c| c.type_ != conditions::DRAINING)
                 .cloned()
-                .collect(),
-            observed: Some(Observed::of_object(host)),
-            leaving,
+                .collect();
+            // A stale report's AgentNotReporting is derived on read: keep the report.
+            let derived = conditions::find_status_condition(&conditions, conditions::READY)
+                .is_some_and(|c| {
+                    c.reason == conditions::HostReadyReason::AgentNotReporting.as_str()
+                });
+            let conditions = match (&previous, derived) {
+                (Some(previous), true) => previous.conditions.clone(),
+                _ => conditions,
+            };
+            let mut observed = Observed::of_object(host);
+            // battery's view: our not-ready cordon is on whatever the admin chose.
+            observed.spec.unschedulable |= reporting.cordoned_not_ready;
+            HostRecord {
+                metadata: host.metadata.clone(),
+                agent_address: host.spec.agent_address.clone(),
+                conditions,
+                observed: Some(observed),
+                leaving,
+                reporting,
+            }
         };
         commit(self.store(), &key, object, change, record, |_| Ok(()))
     }
@@ -273,6 +357,7 @@ impl HostStorage {
         for name in gone.into_keys() {
             placement_changed |= self.sync_one(&name).await?;
         }
+        placement_changed |= self.follow_readiness().await?;
         if placement_changed {
             self.directory.changed.notify_one();
         }
@@ -330,9 +415,7 @@ impl HostStorage {
     /// Cordons or uncordons the Host in battery to match `unschedulable`.
     async fn set_cordon(&self, name: &str, unschedulable: bool) -> Result<(), ApiError> {
         let result = if unschedulable {
-            self.battery()
-                .cordon_host(name, "spec.unschedulable is true")
-                .await
+            self.battery().cordon_host(name, ADMIN_CORDON_REASON).await
         } else {
             self.battery().uncordon_host(name).await
         };
@@ -416,8 +499,9 @@ impl Storage for HostStorage {
         Ok((items, rv))
     }
 
-    async fn create(&self, _ctx: &RequestContext, host: Host) -> Result<Host, ApiError> {
+    async fn create(&self, ctx: &RequestContext, host: Host) -> Result<Host, ApiError> {
         let name = host.metadata.name.clone().unwrap_or_default();
+        hold_agent_to_own_host(ctx, &name)?;
         let _guard = self.locks.lock(&key(&name)).await;
         let mut added = self
             .battery()
@@ -445,11 +529,12 @@ impl Storage for HostStorage {
 
     async fn update(
         &self,
-        _ctx: &RequestContext,
+        ctx: &RequestContext,
         _old: Host,
         mut new: Host,
     ) -> Result<Host, ApiError> {
         let name = new.metadata.name.clone().unwrap_or_default();
+        hold_agent_to_own_host(ctx, &name)?;
         let _guard = self.locks.lock(&key(&name)).await;
         let current = self.read(&name).await?;
         check_resource_version(info(), &current.metadata, &new.metadata)?;
@@ -464,8 +549,19 @@ impl Storage for HostStorage {
                 .await
                 .map_err(|e| e.into_api_error(info(), &name))?;
         }
+        let mut reporting = self
+            .store()
+            .get::<HostRecord>(&key(&name))?
+            .map(|r| r.reporting)
+            .unwrap_or_default();
         if current.spec.unschedulable != new.spec.unschedulable {
-            self.set_cordon(&name, new.spec.unschedulable).await?;
+            if reporting.cordoned_not_ready {
+                // battery stays cordoned while the Host is not ready; the admin's choice
+                // applies once it is ready again.
+                reporting.admin_unschedulable = new.spec.unschedulable;
+            } else {
+                self.set_cordon(&name, new.spec.unschedulable).await?;
+            }
         }
         let refreshed = self
             .battery()
@@ -478,7 +574,10 @@ impl Storage for HostStorage {
             conditions: current.status.map(|s| s.conditions).unwrap_or_default(),
         };
         let mut new = objects::host(meta, refreshed);
-        self.commit(&mut new, ChangeType::Modified, leaving)?;
+        if reporting.cordoned_not_ready {
+            new.spec.unschedulable = reporting.admin_unschedulable;
+        }
+        self.commit_reporting(&mut new, ChangeType::Modified, leaving, reporting)?;
         // Labels or the cordon may have changed what Pools select.
         self.directory.changed.notify_one();
         Ok(new)
@@ -487,7 +586,8 @@ impl Storage for HostStorage {
     /// A graceful deletion in battery's order (`reference/battery-api.md` §4.8): the
     /// Host is cordoned and leaves every Pool's placement at once; it stays, marked, until
     /// battery has no MicroVM on it, and then is removed (`leaving.rs`).
-    async fn delete(&self, _ctx: &RequestContext, host: Host) -> Result<Deleted<Host>, ApiError> {
+    async fn delete(&self, ctx: &RequestContext, host: Host) -> Result<Deleted<Host>, ApiError> {
+        hold_agent_to_own_host(ctx, host.metadata.name.as_deref().unwrap_or_default())?;
         self.begin_deletion(host).await
     }
 }
@@ -505,11 +605,12 @@ impl crate::api::Subresource for HostStatusWriter {
 
     async fn update(
         &self,
-        _ctx: &RequestContext,
+        ctx: &RequestContext,
         name: &str,
         new: Host,
         dry_run: bool,
     ) -> Result<Host, ApiError> {
+        hold_agent_to_own_host(ctx, name)?;
         let storage = &self.0;
         let _guard = storage.locks.lock(&key(name)).await;
         let mut current = storage.read(name).await?;
@@ -527,19 +628,28 @@ impl crate::api::Subresource for HostStatusWriter {
             return Err(ApiError::invalid(info(), name, &errors));
         }
         let mut status = current.status.take().unwrap_or_default();
-        // `Draining` is the API server's, not the agent's: it stays as it was.
+        let record = storage.store().get::<HostRecord>(&key(name))?;
+        // `Draining` is the API server's, not the agent's: it stays as it was. A condition
+        // whose status did not change keeps its transition time, whatever the agent sent.
         let draining =
             conditions::find_status_condition(&status.conditions, conditions::DRAINING).cloned();
-        status.conditions = report
-            .conditions
-            .into_iter()
-            .filter(|c| c.type_ != conditions::DRAINING)
-            .chain(draining)
-            .collect();
+        let mut reported = record
+            .as_ref()
+            .map(|r| r.conditions.clone())
+            .unwrap_or_default();
+        reported.retain(|c| report.conditions.iter().any(|n| n.type_ == c.type_));
+        for condition in report.conditions {
+            if condition.type_ != conditions::DRAINING {
+                conditions::set_status_condition(&mut reported, condition);
+            }
+        }
+        status.conditions = reported.into_iter().chain(draining).collect();
         current.status = Some(status);
         if !dry_run {
             let leaving = storage.leaving(name)?;
-            storage.commit(&mut current, ChangeType::Modified, leaving)?;
+            let mut reporting = record.map(|r| r.reporting).unwrap_or_default();
+            reporting.reported_at = Some(crate::api::server_now());
+            storage.commit_reporting(&mut current, ChangeType::Modified, leaving, reporting)?;
         }
         Ok(current)
     }

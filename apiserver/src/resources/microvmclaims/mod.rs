@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::broadcast;
 
+use super::hosts::HostDirectory;
 use super::pools::PoolStorage;
 use super::{KeyLocks, check_resource_version, commit};
 use crate::api::{Deleted, RequestContext, Storage};
@@ -338,11 +339,7 @@ impl ClaimStorage {
             return Ok(());
         }
         let secrets = LeaseRecord {
-            lease: Some(bind_status(
-                &mut claim,
-                self.pools.hosts().agent_address(&lease.host_name)?,
-                lease,
-            )),
+            lease: Some(bind_status(&mut claim, self.pools.hosts(), lease)?),
             duration_seconds: self.lease_duration(&namespace, &pool).await,
         };
         self.commit(&mut claim, secrets, ChangeType::Added, Some(uid))?;
@@ -418,11 +415,7 @@ impl ClaimStorage {
         };
         crate::failpoint::crash_point("bind:claimed");
         let secrets = LeaseRecord {
-            lease: Some(bind_status(
-                &mut claim,
-                self.pools.hosts().agent_address(&lease.host_name)?,
-                lease,
-            )),
+            lease: Some(bind_status(&mut claim, self.pools.hosts(), lease)?),
             duration_seconds: self.lease_duration(&namespace, &pool).await,
         };
         self.commit(&mut claim, secrets, ChangeType::Added, Some(&uid))?;
@@ -456,6 +449,43 @@ impl ClaimStorage {
         self.commit(&mut claim, secrets, ChangeType::Modified, None)
     }
 
+    /// Brings every Bound claim's `HostReady` in line with what the Host directory says
+    /// of its Host now, recording (and telling watchers of) those that changed, so get,
+    /// list and watch show it. Run on the Host follow loop: a report, or its going stale,
+    /// reaches the claims within one loop.
+    pub async fn refresh_host_ready(&self) -> Result<(), ApiError> {
+        let (records, _) = self.store.list::<ClaimRecord>(RESOURCE, None)?;
+        for record in records {
+            let Some(host) = bound_host(&record) else {
+                continue;
+            };
+            let readiness = self.pools.hosts().readiness(&host)?;
+            let mut status = record.status.clone();
+            if !objects::refresh_host_ready(&mut status, &readiness, record.metadata.generation) {
+                continue;
+            }
+            // Again under the claim's lock: a release or an expiry may have raced the list.
+            let key = key(
+                record.metadata.namespace.as_deref().unwrap_or_default(),
+                record.metadata.name.as_deref().unwrap_or_default(),
+            );
+            let _guard = self.locks.lock(&key).await;
+            let Some(mut current) = self.store.get::<ClaimRecord>(&key)? else {
+                continue;
+            };
+            let generation = current.metadata.generation;
+            if bound_host(&current).as_deref() != Some(host.as_str())
+                || !objects::refresh_host_ready(&mut current.status, &readiness, generation)
+            {
+                continue;
+            }
+            let secrets = current.lease_record();
+            let mut claim = Self::object(current);
+            self.commit(&mut claim, secrets, ChangeType::Modified, None)?;
+        }
+        Ok(())
+    }
+
     /// The pool's lease lifetime in seconds, if battery still has the pool.
     async fn lease_duration(&self, namespace: &str, pool: &str) -> Option<i32> {
         let pool = self.pools.read(namespace, pool).await.ok()?;
@@ -464,16 +494,27 @@ impl ClaimStorage {
     }
 }
 
-/// Fills a claim's status from battery's answer and its Host's exec agent address,
-/// returning the lease id to keep.
+/// Fills a claim's status from battery's answer and what `hosts` says of its Host's exec
+/// agent (its address and readiness), returning the lease id to keep.
 fn bind_status(
     claim: &mut MicroVMClaim,
-    agent_address: Option<String>,
+    hosts: &HostDirectory,
     lease: crate::battery::Lease,
-) -> LeaseId {
-    let (status, id) = objects::bound_status(lease, agent_address, claim.metadata.generation);
+) -> Result<LeaseId, ApiError> {
+    let agent_address = hosts.agent_address(&lease.host_name)?;
+    let readiness = hosts.readiness(&lease.host_name)?;
+    let (status, id) =
+        objects::bound_status(lease, agent_address, &readiness, claim.metadata.generation);
     claim.status = Some(status);
-    id
+    Ok(id)
+}
+
+/// The Host of a Bound claim's MicroVM.
+fn bound_host(record: &ClaimRecord) -> Option<String> {
+    if record.status.phase != Some(battery_types::ClaimPhase::Bound) {
+        return None;
+    }
+    record.status.host.as_ref().map(|h| h.node_name.clone())
 }
 
 /// The record of a claim whose lease is gone.

@@ -1,0 +1,86 @@
+//! `dev`'s exec agents: one `battery-agent` per simulated Host, in this process, as a
+//! DaemonSet runs one per Host. Each registers its Host and reports its readiness to the
+//! dev server with its own identity (`system:battery-agent:<host>`), and relays exec
+//! sessions to its simulated Host's `MicroVMExec` in plain gRPC. The simulated Hosts have
+//! no KVM device and no thin pool, so those two checks are turned off, and every Ready
+//! message says so.
+
+use std::path::Path;
+
+use anyhow::Context;
+use battery_embedded::simhost::SimulatedHost;
+use clap::Parser;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+
+use super::pki::DevPki;
+
+/// The checks a simulated Host cannot pass, turned off by name.
+pub const SKIPPED_CHECKS: &str = "kvm,thin-pool";
+
+/// Starts one agent per Host in `hosts`, reporting to the server at `server`; they stop
+/// when the returned set is dropped or shut down.
+pub async fn start(
+    hosts: &[SimulatedHost],
+    pki: &DevPki,
+    server: &str,
+) -> anyhow::Result<JoinSet<()>> {
+    let mut agents = JoinSet::new();
+    for host in hosts {
+        let files = pki
+            .agents
+            .iter()
+            .find(|a| a.host == host.name())
+            .with_context(|| format!("no certificates were made for Host {}", host.name()))?;
+        let kubeconfig = files
+            .serving_cert
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join("kubeconfig");
+        super::write_kubeconfig_for(
+            &kubeconfig,
+            server,
+            &pki.ca_cert,
+            &files.client_cert,
+            &files.client_key,
+        )?;
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .context("binding an agent's relay")?;
+        let address = listener.local_addr()?.to_string();
+        let path = |p: &Path| p.display().to_string();
+        let cli = battery_agent::Cli::try_parse_from([
+            "battery-agent".to_owned(),
+            "--listen".to_owned(),
+            address.clone(),
+            "--tls-cert-file".to_owned(),
+            path(&files.serving_cert),
+            "--tls-private-key-file".to_owned(),
+            path(&files.serving_key),
+            "--client-ca-file".to_owned(),
+            path(&pki.relay_client_ca_cert),
+            "--flintlock-address".to_owned(),
+            host.address().to_string(),
+            "--flintlock-insecure".to_owned(),
+            "--host-name".to_owned(),
+            host.name().to_owned(),
+            "--advertise-address".to_owned(),
+            address,
+            "--kubeconfig".to_owned(),
+            path(&kubeconfig),
+            "--host-tls-insecure".to_owned(),
+            "--skip-check".to_owned(),
+            SKIPPED_CHECKS.to_owned(),
+        ])
+        .context("the dev agent's flags")?;
+        let config = cli.into_config().context("the dev agent's configuration")?;
+        let agent = battery_agent::build(config).context("building a dev agent")?;
+        let name = host.name().to_owned();
+        agents.spawn(async move {
+            if let Err(error) = agent.serve(listener, std::future::pending()).await {
+                tracing::error!(host = %name, error = %anyhow::Error::from(error), "a dev agent stopped");
+            }
+        });
+    }
+    Ok(agents)
+}
