@@ -12,7 +12,9 @@ use std::time::Duration;
 use axum::Router;
 use battery_api_machinery::discovery::Discovery;
 use battery_api_machinery::openapi::OpenApi;
-use battery_types::{GROUP, HasResourceInfo, Host, MicroVMClaim, Pool, RESOURCES, VERSION};
+use battery_types::{
+    GROUP, HasResourceInfo, Host, HostCertificateRequest, MicroVMClaim, Pool, RESOURCES, VERSION,
+};
 use kube::CustomResourceExt;
 use tokio::sync::broadcast;
 use tokio::task::JoinSet;
@@ -28,6 +30,7 @@ use crate::http::{NonResource, nonresource_router};
 use crate::http::{recover, request_info};
 use crate::meta_store::MetaStore;
 use crate::resources::follow::Follower;
+use crate::resources::hosts::certificate::{AgentSigner, HostCertificates};
 use crate::resources::hosts::{HostDirectory, HostStatusWriter, HostStorage};
 use crate::resources::microvmclaims::{ClaimLeases, ClaimStorage};
 use crate::resources::pools::PoolStorage;
@@ -120,11 +123,23 @@ pub struct App {
     pub tasks: JoinSet<()>,
 }
 
-/// Builds the server over `battery` and `store`, and starts its background work.
+/// Builds the server over `battery` and `store`, and starts its background work. It
+/// signs no agent certificates: see [`build_with_agent_signer`].
 pub fn build(
     battery: BatteryClient,
     store: Arc<MetaStore>,
     settings: &Settings,
+) -> anyhow::Result<App> {
+    build_with_agent_signer(battery, store, settings, None)
+}
+
+/// As [`build`], with the CA that signs exec agents' serving certificates at
+/// `hosts/<name>/certificate`; without one that subresource answers 503.
+pub fn build_with_agent_signer(
+    battery: BatteryClient,
+    store: Arc<MetaStore>,
+    settings: &Settings,
+    agent_signer: Option<Arc<AgentSigner>>,
 ) -> anyhow::Result<App> {
     let (events, _) = broadcast::channel(EVENT_FANOUT);
     // One registry per server: `/metrics` serves it, and whatever records into it (the
@@ -155,10 +170,18 @@ pub fn build(
                 .with_subresource("lease", Arc::new(Arc::new(ClaimLeases(claims.clone())))),
         ),
         Arc::new(
-            ResourceEndpoint::new(hosts.clone(), store.clone()).with_subresource(
-                "status",
-                Arc::new(Arc::new(HostStatusWriter(hosts.clone()))),
-            ),
+            ResourceEndpoint::new(hosts.clone(), store.clone())
+                .with_subresource(
+                    "status",
+                    Arc::new(Arc::new(HostStatusWriter(hosts.clone()))),
+                )
+                .with_subresource(
+                    "certificate",
+                    Arc::new(Arc::new(HostCertificates {
+                        hosts: hosts.clone(),
+                        signer: agent_signer,
+                    })),
+                ),
         ),
     ];
     let kinds = [
@@ -168,7 +191,12 @@ pub fn build(
     ];
     let nonresource = Arc::new(NonResource {
         discovery: Discovery::new(GROUP, VERSION, RESOURCES),
-        openapi: OpenApi::new(GROUP, VERSION, &kinds)?,
+        openapi: OpenApi::with_subresource_kinds(
+            GROUP,
+            VERSION,
+            &kinds,
+            &[("HostCertificateRequest", schema::<HostCertificateRequest>())],
+        )?,
         battery: battery.clone(),
         metrics: metrics.clone(),
     });

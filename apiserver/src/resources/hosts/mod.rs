@@ -8,6 +8,7 @@
 //! a Host added, changed or removed by another client (HostAdmin, `poolmgrctl`) reaches
 //! lists, watches and Pools' placement.
 
+pub mod certificate;
 mod leaving;
 
 use std::collections::BTreeMap;
