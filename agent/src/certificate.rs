@@ -197,7 +197,8 @@ impl ServingCertificate {
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = certified;
     }
 
-    fn current(&self) -> Arc<CertifiedKey> {
+    /// What the next handshake gets.
+    pub fn current(&self) -> Arc<CertifiedKey> {
         self.current
             .read()
             .unwrap_or_else(|e| e.into_inner())

@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 mod common;
@@ -86,11 +87,37 @@ async fn api_server(ca: &SigningCa) -> (App, LocalBattery) {
 
 /// A kube client whose requests reach `app` as `user` would, past authentication.
 fn kube_client(app: &App, user: UserInfo) -> kube::Client {
+    flaky_kube_client(app, user, Arc::default()).0
+}
+
+/// As [`kube_client`], but while `failing` is set every request is answered 503; the
+/// counter counts those requests.
+fn flaky_kube_client(
+    app: &App,
+    user: UserInfo,
+    failing: Arc<AtomicBool>,
+) -> (kube::Client, Arc<AtomicUsize>) {
     let router = app.router.clone();
+    let refused = Arc::new(AtomicUsize::new(0));
+    let counter = refused.clone();
     let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
         let router = router.clone();
         let user = user.clone();
+        let failing = failing.clone();
+        let counter = counter.clone();
         async move {
+            if failing.load(Ordering::SeqCst) {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let status = serde_json::json!({
+                    "apiVersion": "v1", "kind": "Status", "status": "Failure",
+                    "reason": "ServiceUnavailable", "code": 503, "message": "down for the test"
+                });
+                return Ok(http::Response::builder()
+                    .status(503)
+                    .header("content-type", "application/json")
+                    .body(Body::from(status.to_string()))
+                    .unwrap());
+            }
             let (parts, body) = request.into_parts();
             let body = body.collect().await?.to_bytes();
             let mut request = http::Request::from_parts(parts, Body::from(body));
@@ -98,7 +125,7 @@ fn kube_client(app: &App, user: UserInfo) -> kube::Client {
             router.oneshot(request).await.map_err(tower::BoxError::from)
         }
     });
-    kube::Client::new(service, "default")
+    (kube::Client::new(service, "default"), refused)
 }
 
 fn agent_user() -> UserInfo {
@@ -395,4 +422,39 @@ async fn a_static_certificate_must_match_its_key() {
             .contains("loading the serving certificate"),
         "{error}"
     );
+}
+
+#[tokio::test]
+async fn a_failed_renewal_is_retried_and_the_old_certificate_served_meanwhile() {
+    let ca = signing_ca();
+    let (app, _battery) = api_server(&ca).await;
+    let failing = Arc::new(AtomicBool::new(false));
+    let (client, refused) = flaky_kube_client(&app, agent_user(), failing.clone());
+    register(&client, SocketAddr::from(([127, 0, 0, 1], 10270))).await;
+    let (key, issued, serving) = certificate::first(&client, HOST).await.unwrap();
+    let first = issued.certified.cert[0].clone();
+    let renew_at = issued.renew_at();
+
+    failing.store(true, Ordering::SeqCst);
+    tokio::spawn(certificate::keep_renewed(
+        client,
+        HOST.to_owned(),
+        key,
+        issued,
+        serving.clone(),
+    ));
+    // Past the renewal time, two attempts were refused (the second after a backoff),
+    // and the first certificate is still the one served.
+    wait_until("two renewals were refused", async || {
+        refused.load(Ordering::SeqCst) >= 2
+    })
+    .await;
+    assert!(std::time::SystemTime::now() >= renew_at);
+    assert_eq!(serving.current().cert[0], first);
+
+    failing.store(false, Ordering::SeqCst);
+    wait_until("a retry succeeds", async || {
+        serving.current().cert[0] != first
+    })
+    .await;
 }
