@@ -9,14 +9,17 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use base64::Engine;
+use battery_api_machinery::request_info::RequestInfo;
 use battery_apiserver::api::UserInfo;
 use battery_apiserver::battery::BatteryClient;
+use battery_apiserver::http::authz::{Authorizer, Decision};
 use battery_apiserver::meta_store::MetaStore;
 use battery_apiserver::resources::hosts::certificate::AgentSigner;
-use battery_apiserver::server::{self, App};
+use battery_apiserver::server::{self, App, Settings};
 use battery_embedded::local::LocalBattery;
 use battery_types::agent_identity::{AGENT_GROUP, agent_username};
 use common::{HOSTS, as_dev, eventually, fast_battery, settings};
+use futures::future::BoxFuture;
 use http::{Request, StatusCode, header};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose, PublicKeyData,
@@ -59,6 +62,10 @@ impl Server {
     /// The server over an embedded battery, signing with `ca` (or not at all), once its
     /// Hosts are adopted and `host-0` has the agent address [`AGENT_ADDRESS`].
     async fn start(ca: Option<&Ca>) -> Self {
+        Self::with_settings(ca, settings()).await
+    }
+
+    async fn with_settings(ca: Option<&Ca>, settings: Settings) -> Self {
         let battery = fast_battery().await;
         let client = BatteryClient::connect_lazy(&format!("http://{}", battery.address())).unwrap();
         let signer = ca.map(|ca| {
@@ -67,7 +74,7 @@ impl Server {
         let app = server::build_with_agent_signer(
             client,
             Arc::new(MetaStore::in_memory().unwrap()),
-            &settings(),
+            &settings,
             signer,
         )
         .unwrap();
@@ -98,13 +105,24 @@ impl Server {
 
     /// POSTs a HostCertificateRequest for `csr` to `hosts/<host>/certificate` as `user`.
     async fn request(&self, user: UserInfo, host: &str, csr: &str) -> (StatusCode, Value) {
+        self.request_query(user, host, csr, "").await
+    }
+
+    /// As [`Server::request`], with `query` after the path.
+    async fn request_query(
+        &self,
+        user: UserInfo,
+        host: &str,
+        csr: &str,
+        query: &str,
+    ) -> (StatusCode, Value) {
         let body = json!({
             "apiVersion": "battery.liquidmetal-x.dev/v1alpha1",
             "kind": "HostCertificateRequest",
             "metadata": {},
             "spec": { "request": csr }
         });
-        let mut request = Request::post(format!("{HOSTS}/{host}/certificate"))
+        let mut request = Request::post(format!("{HOSTS}/{host}/certificate{query}"))
             .header(header::CONTENT_TYPE, "application/json")
             .body(Body::from(body.to_string()))
             .unwrap();
@@ -299,6 +317,19 @@ async fn extra_names_a_bad_request_and_a_missing_host_are_refused() {
 
     let (status, body) = server.request(agent("host-9"), "host-9", &request).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+
+    // A dry run checks the request and signs nothing.
+    let (good, _) = csr(&["host-0"]);
+    let (status, body) = server
+        .request_query(agent("host-0"), "host-0", &good, "?dryRun=All")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body["status"].is_null(), "{body}");
+    let (request, _) = csr(&["evil.example"]);
+    let (status, body) = server
+        .request_query(agent("host-0"), "host-0", &request, "?dryRun=All")
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
 }
 
 #[tokio::test]
@@ -355,5 +386,60 @@ async fn discovery_and_openapi_show_the_subresource() {
     assert!(
         schema["properties"]["spec"]["properties"]["request"].is_object(),
         "{schema}"
+    );
+}
+
+/// RBAC as a cluster would hold it for this test: the dev user may do anything (it
+/// registers the Host), and `agents` may only create `hosts/certificate`.
+struct Rbac {
+    agents: Vec<String>,
+}
+
+impl Authorizer for Rbac {
+    fn authorize<'a>(
+        &'a self,
+        user: &'a UserInfo,
+        request: &'a RequestInfo,
+    ) -> BoxFuture<'a, Result<Decision, battery_api_machinery::status::ApiError>> {
+        let certificate = request.verb == "create"
+            && request.resource == "hosts"
+            && request.subresource == "certificate";
+        let allowed = user.name == battery_apiserver::dev::pki::DEV_USER
+            || (certificate && self.agents.contains(&user.name));
+        let decision = if allowed {
+            Decision::Allow
+        } else {
+            Decision::Deny("no RBAC rule allows it".to_owned())
+        };
+        Box::pin(async move { Ok(decision) })
+    }
+}
+
+#[tokio::test]
+async fn rbac_create_on_hosts_certificate_is_checked_first() {
+    let ca = ca();
+    let server = Server::with_settings(
+        Some(&ca),
+        Settings {
+            authorizer: Some(Arc::new(Rbac {
+                agents: vec![agent_username("host-0")],
+            })),
+            ..settings()
+        },
+    )
+    .await;
+    let (request, _) = csr(&["host-0"]);
+    let (status, body) = server.request(agent("host-0"), "host-0", &request).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    // The agent of host-1 without the RBAC rule is refused by the authorizer, before the
+    // subresource's own rule is asked.
+    let (status, body) = server.request(agent("host-1"), "host-1", &request).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.contains("cannot create resource \"hosts/certificate\"")
+            && message.contains("no RBAC rule allows it"),
+        "{message}"
     );
 }
