@@ -263,3 +263,85 @@ impl Subresource for HostCertificates {
         Ok(request)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use battery_types::HostSpec;
+    use rcgen::{BasicConstraints, KeyUsagePurpose};
+
+    use super::*;
+
+    fn ca(valid_for: Duration) -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(DnType::CommonName, "CA");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign];
+        params.not_after = ASN1Time::now().to_datetime() + valid_for;
+        (params.self_signed(&key).unwrap().pem(), key.serialize_pem())
+    }
+
+    fn csr() -> String {
+        let key = KeyPair::generate().unwrap();
+        let params = CertificateParams::new(vec!["host-0".to_owned()]).unwrap();
+        params.serialize_request(&key).unwrap().pem().unwrap()
+    }
+
+    fn host(agent_address: Option<&str>) -> Host {
+        Host::new(
+            "host-0",
+            HostSpec {
+                agent_address: agent_address.map(str::to_owned),
+                ..HostSpec::default()
+            },
+        )
+    }
+
+    #[test]
+    fn no_certificate_outlives_its_ca() {
+        let (cert, key) = ca(Duration::from_secs(3600));
+        let signer = AgentSigner::from_pem(&cert, &key, Duration::from_secs(86400)).unwrap();
+        let names = host_names(&host(None)).unwrap();
+        let status = signer
+            .sign("host-0", &names, &csr(), false)
+            .unwrap()
+            .unwrap();
+        let expires = status.expiration_time.unwrap().0.as_second();
+        assert_eq!(expires, signer.ca_not_after);
+    }
+
+    #[test]
+    fn a_key_of_another_certificate_is_refused() {
+        let (cert, _) = ca(Duration::from_secs(3600));
+        let (_, other_key) = ca(Duration::from_secs(3600));
+        let error = AgentSigner::from_pem(&cert, &other_key, Duration::from_secs(60)).unwrap_err();
+        assert!(error.to_string().contains("does not belong"), "{error}");
+    }
+
+    #[test]
+    fn the_agent_address_adds_an_ip_or_a_dns_name() {
+        let dns = |name: &str| SanType::DnsName(name.try_into().unwrap());
+        let cases = [
+            (None, vec![dns("host-0")]),
+            (
+                Some("10.0.0.5:10270"),
+                vec![dns("host-0"), SanType::IpAddress([10, 0, 0, 5].into())],
+            ),
+            (
+                Some("[2001:db8::5]:10270"),
+                vec![
+                    dns("host-0"),
+                    SanType::IpAddress("2001:db8::5".parse().unwrap()),
+                ],
+            ),
+            (
+                Some("node-5.example:10270"),
+                vec![dns("host-0"), dns("node-5.example")],
+            ),
+            (Some("host-0:10270"), vec![dns("host-0")]),
+        ];
+        for (address, want) in cases {
+            assert_eq!(host_names(&host(address)).unwrap(), want, "{address:?}");
+        }
+    }
+}
