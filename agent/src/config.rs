@@ -27,13 +27,33 @@ pub struct Cli {
     #[arg(long, env = "BATTERY_AGENT_LISTEN", default_value = "0.0.0.0:10270")]
     pub listen: SocketAddr,
 
-    /// The relay's serving certificate (PEM), naming the Host.
-    #[arg(long, env = "BATTERY_AGENT_TLS_CERT_FILE")]
-    pub tls_cert_file: PathBuf,
+    /// The relay's serving certificate (PEM), naming the Host; served as it is, never
+    /// renewed. The alternative to --serving-certificate-from-api-server.
+    #[arg(
+        long,
+        env = "BATTERY_AGENT_TLS_CERT_FILE",
+        requires = "tls_private_key_file"
+    )]
+    pub tls_cert_file: Option<PathBuf>,
 
     /// The serving certificate's key (PEM).
-    #[arg(long, env = "BATTERY_AGENT_TLS_PRIVATE_KEY_FILE")]
-    pub tls_private_key_file: PathBuf,
+    #[arg(
+        long,
+        env = "BATTERY_AGENT_TLS_PRIVATE_KEY_FILE",
+        requires = "tls_cert_file"
+    )]
+    pub tls_private_key_file: Option<PathBuf>,
+
+    /// Get the relay's serving certificate from the API server
+    /// (`hosts/<Host name>/certificate`) with a key made at start, and renew it at 2/3
+    /// of its lifetime. Needs the Host's name; the API server is reached as --kubeconfig
+    /// or the pod's service account says.
+    #[arg(
+        long,
+        env = "BATTERY_AGENT_SERVING_CERTIFICATE_FROM_API_SERVER",
+        conflicts_with_all = ["tls_cert_file", "tls_private_key_file"]
+    )]
+    pub serving_certificate_from_api_server: bool,
 
     /// CA bundle (PEM) of the API server's client certificate: a client whose
     /// certificate does not chain to it is refused during the TLS handshake.
@@ -165,13 +185,31 @@ pub enum LogFormat {
 #[derive(Debug)]
 pub struct Config {
     pub listen: SocketAddr,
-    /// The relay's serving certificate and key.
-    pub identity: Identity,
-    /// The CA that client certificates must chain to.
-    pub client_ca: Certificate,
+    /// Where the relay's serving certificate comes from.
+    pub serving: Serving,
+    /// The CA bundle (PEM) that client certificates must chain to.
+    pub client_ca: Vec<u8>,
     pub flintlock: FlintlockConfig,
     /// How the agent registers its Host and reports its readiness; `None` relays only.
     pub registration: Option<Registration>,
+}
+
+/// Where the relay's serving certificate comes from.
+pub enum Serving {
+    /// PEM files, served as they are.
+    Files { cert: Vec<u8>, key: Vec<u8> },
+    /// The API server signs it for the agent's Host (ADR 0011), and renews it.
+    FromApiServer,
+}
+
+impl std::fmt::Debug for Serving {
+    // The key is a secret: never print it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Files { .. } => f.write_str("Files"),
+            Self::FromApiServer => f.write_str("FromApiServer"),
+        }
+    }
 }
 
 /// A flag whose value cannot be used, named so the message says which to fix.
@@ -201,16 +239,25 @@ pub enum ConfigError {
          --flintlock-key-file (missing: {missing}), or --flintlock-insecure for a simulated Host"
     )]
     FlintlockTlsMissing { missing: String },
+    #[error(
+        "the relay needs a serving certificate: give --tls-cert-file and \
+         --tls-private-key-file, or --serving-certificate-from-api-server with --host-name"
+    )]
+    ServingMissing,
 }
 
 impl Cli {
     /// Reads every file and checks every value, before anything is bound or dialled.
     pub fn into_config(self) -> Result<Config, ConfigError> {
-        let identity = Identity::from_pem(
-            read_pem("tls-cert-file", &self.tls_cert_file)?,
-            read_pem("tls-private-key-file", &self.tls_private_key_file)?,
-        );
-        let client_ca = Certificate::from_pem(read_pem("client-ca-file", &self.client_ca_file)?);
+        let serving = match (&self.tls_cert_file, &self.tls_private_key_file) {
+            (Some(cert), Some(key)) => Serving::Files {
+                cert: read_pem("tls-cert-file", cert)?,
+                key: read_pem("tls-private-key-file", key)?,
+            },
+            _ if self.serving_certificate_from_api_server => Serving::FromApiServer,
+            _ => return Err(ConfigError::ServingMissing),
+        };
+        let client_ca = read_pem("client-ca-file", &self.client_ca_file)?;
         let tls = if self.flintlock_insecure {
             FlintlockTls::Insecure
         } else {
@@ -244,9 +291,12 @@ impl Cli {
         let flintlock = FlintlockConfig::new(&self.flintlock_address, tls)
             .ok_or_else(|| ConfigError::FlintlockAddress(self.flintlock_address.clone()))?;
         let registration = self.registration()?;
+        if matches!(serving, Serving::FromApiServer) && registration.is_none() {
+            return Err(ConfigError::ServingMissing);
+        }
         Ok(Config {
             listen: self.listen,
-            identity,
+            serving,
             client_ca,
             flintlock,
             registration,
@@ -430,6 +480,64 @@ mod tests {
             message.contains("missing: --flintlock-ca-file, --flintlock-key-file"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn the_serving_certificate_comes_from_files_or_the_api_server() {
+        let files = Files::new();
+        let base = ["--flintlock-address", "h:1", "--flintlock-insecure"];
+        let config = files.cli(&base).unwrap().into_config().unwrap();
+        assert!(matches!(config.serving, Serving::Files { .. }));
+
+        let path = |name: &str| files.dir.path().join(name).display().to_string();
+        let fetch = |extra: &[&str]| {
+            let mut argv = vec!["battery-agent".to_owned()];
+            argv.extend(["--client-ca-file".to_owned(), path("ca.crt")]);
+            argv.extend(base.iter().chain(extra).map(|arg| (*arg).to_owned()));
+            Cli::try_parse_from(argv)
+        };
+        let config = fetch(&[
+            "--serving-certificate-from-api-server",
+            "--host-name",
+            "host-0",
+            "--advertise-address",
+            "127.0.0.1:10270",
+            "--host-tls-insecure",
+        ])
+        .unwrap()
+        .into_config()
+        .unwrap();
+        assert!(
+            matches!(config.serving, Serving::FromApiServer),
+            "{:?}",
+            config.serving
+        );
+        assert_eq!(
+            config.registration.map(|r| r.host).as_deref(),
+            Some("host-0")
+        );
+        // Without a Host name there is nothing to ask a certificate for.
+        let error = fetch(&["--serving-certificate-from-api-server"])
+            .unwrap()
+            .into_config()
+            .unwrap_err();
+        assert!(matches!(error, ConfigError::ServingMissing), "{error}");
+        let error = fetch(&[]).unwrap().into_config().unwrap_err();
+        assert!(
+            error.to_string().contains("needs a serving certificate"),
+            "{error}"
+        );
+        let error = files
+            .cli(&[
+                "--flintlock-address",
+                "h:1",
+                "--flintlock-insecure",
+                "--serving-certificate-from-api-server",
+                "--host-name",
+                "host-0",
+            ])
+            .unwrap_err();
+        assert_eq!(error.kind(), clap::error::ErrorKind::ArgumentConflict);
     }
 
     #[test]

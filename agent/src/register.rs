@@ -54,13 +54,14 @@ pub async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client
 /// Registers the Host, then reports its readiness until the task is dropped. Never
 /// returns an error: every failure is retried.
 pub async fn run(registration: Registration, client: kube::Client, flintlock: Flintlock) {
+    register(&client, &registration).await;
+    report(registration, client, flintlock).await;
+}
+
+/// Reports the readiness of a registered Host until the task is dropped.
+pub async fn report(registration: Registration, client: kube::Client, flintlock: Flintlock) {
     let hosts: Api<Host> = Api::all(client);
     let host = registration.host.as_str();
-    retry("registering the Host", host, || {
-        register(&hosts, host, &registration.spec)
-    })
-    .await;
-    tracing::info!(host, agent_address = ?registration.spec.agent_address, "registered the Host");
     // Checks run more often than the heartbeat, so a change is reported within a probe.
     let probe = registration.report_interval.min(CHANGE_PROBE);
     let mut last: Option<(Report, Instant)> = None;
@@ -91,8 +92,23 @@ pub async fn run(registration: Registration, client: kube::Client, flintlock: Fl
 /// How often the checks run between heartbeats, to notice a change.
 const CHANGE_PROBE: Duration = Duration::from_secs(1);
 
+/// Registers the Host, retrying until it is done.
+pub async fn register(client: &kube::Client, registration: &Registration) {
+    let hosts: Api<Host> = Api::all(client.clone());
+    let host = registration.host.as_str();
+    retry("registering the Host", host, || {
+        create_or_point(&hosts, host, &registration.spec)
+    })
+    .await;
+    tracing::info!(host, agent_address = ?registration.spec.agent_address, "registered the Host");
+}
+
 /// Creates the Host, or sets only its `agentAddress` if it exists.
-async fn register(hosts: &Api<Host>, name: &str, spec: &HostSpec) -> Result<(), kube::Error> {
+async fn create_or_point(
+    hosts: &Api<Host>,
+    name: &str,
+    spec: &HostSpec,
+) -> Result<(), kube::Error> {
     let host = Host::new(name, spec.clone());
     match hosts.create(&post_params(), &host).await {
         Ok(_) => Ok(()),

@@ -183,6 +183,48 @@ pub struct ServeArgs {
     /// Exec sessions open at once; more are answered 429.
     #[arg(long, env = "BATTERY_APISERVER_MAX_EXEC_SESSIONS", default_value_t = crate::resources::microvmclaims::DEFAULT_MAX_SESSIONS)]
     pub max_exec_sessions: usize,
+
+    /// CA certificate (PEM) that signs exec agents' serving certificates at
+    /// hosts/<name>/certificate. Without it that subresource answers 503.
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_AGENT_SIGNING_CERT_FILE",
+        requires = "agent_signing_key_file"
+    )]
+    pub agent_signing_cert_file: Option<PathBuf>,
+
+    /// The key (PEM) of --agent-signing-cert-file.
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_AGENT_SIGNING_KEY_FILE",
+        requires = "agent_signing_cert_file"
+    )]
+    pub agent_signing_key_file: Option<PathBuf>,
+
+    /// How long an exec agent's serving certificate lives; agents renew at 2/3 of it.
+    /// Short lifetimes stand in for revocation. Between 1m and 30d.
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_AGENT_CERTIFICATE_LIFETIME",
+        default_value = "24h",
+        value_parser = certificate_lifetime
+    )]
+    pub agent_certificate_lifetime: Duration,
+}
+
+/// An agent certificate's lifetime: long enough to be renewed calmly, short enough that
+/// an agent whose identity was withdrawn is locked out soon (ADR 0011).
+fn certificate_lifetime(value: &str) -> Result<Duration, String> {
+    const MIN: Duration = Duration::from_secs(60);
+    const MAX: Duration = Duration::from_secs(30 * 24 * 3600);
+    let lifetime = humantime::parse_duration(value).map_err(|e| e.to_string())?;
+    if (MIN..=MAX).contains(&lifetime) {
+        Ok(lifetime)
+    } else {
+        Err(format!(
+            "{value} is outside 1m..30d; agents renew at 2/3 of the lifetime (try 24h)"
+        ))
+    }
 }
 
 /// Options of `dev`.
@@ -369,6 +411,53 @@ mod tests {
         ])
         .unwrap_err();
         assert!(err.to_string().contains("not a positive number"), "{err}");
+    }
+
+    fn serve_with(extra: &[&str]) -> Result<Box<ServeArgs>, clap::Error> {
+        let mut argv = vec![
+            "battery-apiserver",
+            "serve",
+            "--battery-address",
+            "http://127.0.0.1:9090",
+            "--tls-cert-file",
+            "c",
+            "--tls-private-key-file",
+            "k",
+        ];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Serve(args) => Ok(args),
+            _ => panic!("parsed another command"),
+        }
+    }
+
+    #[test]
+    fn agent_signing_flags_come_together_and_bound_the_lifetime() {
+        let args = serve_with(&[]).unwrap();
+        assert_eq!(args.agent_certificate_lifetime, Duration::from_secs(86400));
+        assert!(args.agent_signing_cert_file.is_none());
+        let args = serve_with(&[
+            "--agent-signing-cert-file",
+            "ca.crt",
+            "--agent-signing-key-file",
+            "ca.key",
+            "--agent-certificate-lifetime",
+            "2h",
+        ])
+        .unwrap();
+        assert_eq!(args.agent_certificate_lifetime, Duration::from_secs(7200));
+        let err = serve_with(&["--agent-signing-cert-file", "ca.crt"]).unwrap_err();
+        assert!(
+            err.to_string().contains("--agent-signing-key-file"),
+            "{err}"
+        );
+        for lifetime in ["30s", "31d", "soon"] {
+            let err = serve_with(&["--agent-certificate-lifetime", lifetime]).unwrap_err();
+            assert!(
+                err.to_string().contains("--agent-certificate-lifetime"),
+                "{lifetime}: {err}"
+            );
+        }
     }
 
     #[test]

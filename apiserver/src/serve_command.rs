@@ -15,6 +15,7 @@ use crate::http::authn::{
 };
 use crate::http::authz::{AuthenticatedOnly, Authorizer, SubjectAccessReviewer};
 use crate::meta_store::MetaStore;
+use crate::resources::hosts::certificate::AgentSigner;
 use crate::serve::{self, TlsFiles};
 use crate::server::{self, Settings};
 
@@ -71,6 +72,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let battery = BatteryClient::connect_lazy(&args.battery_address)
         .with_context(|| format!("--battery-address {}", args.battery_address))?;
     let store = open_store(args.data_dir.as_deref())?;
+    let agent_signer = match (&args.agent_signing_cert_file, &args.agent_signing_key_file) {
+        (Some(cert), Some(key)) => Some(Arc::new(AgentSigner::from_files(
+            cert,
+            key,
+            args.agent_certificate_lifetime,
+        )?)),
+        _ => None,
+    };
     let app = server::build(
         battery,
         store,
@@ -90,6 +99,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             authentication,
             agent_relay,
             max_exec_sessions: args.max_exec_sessions,
+            agent_signer,
         },
     )?;
     let listener = TcpListener::bind(args.listen)

@@ -12,7 +12,9 @@ use std::time::Duration;
 use axum::Router;
 use battery_api_machinery::discovery::Discovery;
 use battery_api_machinery::openapi::OpenApi;
-use battery_types::{GROUP, HasResourceInfo, Host, MicroVMClaim, Pool, RESOURCES, VERSION};
+use battery_types::{
+    GROUP, HasResourceInfo, Host, HostCertificateRequest, MicroVMClaim, Pool, RESOURCES, VERSION,
+};
 use kube::CustomResourceExt;
 use tokio::sync::broadcast;
 use tokio::task::JoinSet;
@@ -29,6 +31,7 @@ use crate::http::{NonResource, nonresource_router};
 use crate::http::{recover, request_info};
 use crate::meta_store::MetaStore;
 use crate::resources::follow::Follower;
+use crate::resources::hosts::certificate::{AgentSigner, HostCertificates};
 use crate::resources::hosts::{HostDirectory, HostStatusWriter, HostStorage};
 use crate::resources::microvmclaims::{
     ClaimExec, ClaimLeases, ClaimStorage, DEFAULT_MAX_SESSIONS, ExecSessions,
@@ -59,6 +62,9 @@ pub struct Settings {
     pub agent_relay: Option<AgentRelayTls>,
     /// Exec sessions open at once; more are answered 429.
     pub max_exec_sessions: usize,
+    /// The CA that signs exec agents' serving certificates at `hosts/<name>/certificate`;
+    /// `None` answers that subresource 503.
+    pub agent_signer: Option<Arc<AgentSigner>>,
 }
 
 impl Default for Settings {
@@ -71,6 +77,7 @@ impl Default for Settings {
             authorizer: None,
             agent_relay: None,
             max_exec_sessions: DEFAULT_MAX_SESSIONS,
+            agent_signer: None,
         }
     }
 }
@@ -173,10 +180,18 @@ pub fn build(
                 .with_connect("exec", Arc::new(exec)),
         ),
         Arc::new(
-            ResourceEndpoint::new(hosts.clone(), store.clone()).with_subresource(
-                "status",
-                Arc::new(Arc::new(HostStatusWriter(hosts.clone()))),
-            ),
+            ResourceEndpoint::new(hosts.clone(), store.clone())
+                .with_subresource(
+                    "status",
+                    Arc::new(Arc::new(HostStatusWriter(hosts.clone()))),
+                )
+                .with_subresource(
+                    "certificate",
+                    Arc::new(Arc::new(HostCertificates {
+                        hosts: hosts.clone(),
+                        signer: settings.agent_signer.clone(),
+                    })),
+                ),
         ),
     ];
     let kinds = [
@@ -186,7 +201,12 @@ pub fn build(
     ];
     let nonresource = Arc::new(NonResource {
         discovery: Discovery::new(GROUP, VERSION, RESOURCES),
-        openapi: OpenApi::new(GROUP, VERSION, &kinds)?,
+        openapi: OpenApi::with_subresource_kinds(
+            GROUP,
+            VERSION,
+            &kinds,
+            &[("HostCertificateRequest", schema::<HostCertificateRequest>())],
+        )?,
         battery: battery.clone(),
         metrics: metrics.clone(),
     });

@@ -1,7 +1,8 @@
 //! `dev`'s exec agents: one `battery-agent` per simulated Host, in this process, as a
 //! DaemonSet runs one per Host. Each registers its Host and reports its readiness to the
 //! dev server with its own identity (`system:battery-agent:<host>`), and relays exec
-//! sessions to its simulated Host's `MicroVMExec` in plain gRPC. The simulated Hosts have
+//! sessions to its simulated Host's `MicroVMExec` in plain gRPC, serving the relay with a
+//! certificate the dev server signs for its Host (`hosts/<name>/certificate`). The simulated Hosts have
 //! no KVM device and no thin pool, so those two checks are turned off, and every Ready
 //! message says so.
 
@@ -33,7 +34,7 @@ pub async fn start(
             .find(|a| a.host == host.name())
             .with_context(|| format!("no certificates were made for Host {}", host.name()))?;
         let kubeconfig = files
-            .serving_cert
+            .client_cert
             .parent()
             .unwrap_or(Path::new("."))
             .join("kubeconfig");
@@ -53,10 +54,7 @@ pub async fn start(
             "battery-agent".to_owned(),
             "--listen".to_owned(),
             address.clone(),
-            "--tls-cert-file".to_owned(),
-            path(&files.serving_cert),
-            "--tls-private-key-file".to_owned(),
-            path(&files.serving_key),
+            "--serving-certificate-from-api-server".to_owned(),
             "--client-ca-file".to_owned(),
             path(&pki.relay_client_ca_cert),
             "--flintlock-address".to_owned(),
@@ -74,10 +72,15 @@ pub async fn start(
         ])
         .context("the dev agent's flags")?;
         let config = cli.into_config().context("the dev agent's configuration")?;
-        let agent = battery_agent::build(config).context("building a dev agent")?;
         let name = host.name().to_owned();
+        // Spawned whole: the agent registers and gets its certificate from the server,
+        // which serves only once every agent is started.
         agents.spawn(async move {
-            if let Err(error) = agent.serve(listener, std::future::pending()).await {
+            let served = match battery_agent::start(config).await {
+                Ok(agent) => agent.serve(listener, std::future::pending()).await,
+                Err(error) => Err(error),
+            };
+            if let Err(error) = served {
                 tracing::error!(host = %name, error = %anyhow::Error::from(error), "a dev agent stopped");
             }
         });

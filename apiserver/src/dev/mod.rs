@@ -17,14 +17,20 @@ use http::{Request, StatusCode};
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
+use crate::agent_relay::AgentRelayTls;
 use crate::api::UserInfo;
 use crate::battery::BatteryClient;
 use crate::config::DevArgs;
 use crate::http::authn::{Authentication, Trust, TrustConfig};
 use crate::http::authz::LocalPolicy;
+use crate::resources::hosts::certificate::AgentSigner;
 use crate::serve::{self, TlsFiles};
 use crate::serve_command::{open_store, shutdown_signal};
 use crate::server::{self, Settings};
+
+/// How long the agents' serving certificates live in `dev`: short, so a session of
+/// trying things by hand sees a renewal.
+const DEV_AGENT_CERTIFICATE_LIFETIME: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// The Pool `dev` makes, so a claim works at once.
 pub const DEV_POOL: &str = "dev";
@@ -76,6 +82,16 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             authorizer: Some(Arc::new(LocalPolicy {
                 user: pki::DEV_USER.to_owned(),
             })),
+            agent_relay: Some(AgentRelayTls {
+                ca_pem: std::fs::read(&pki.agent_ca_cert)?,
+                client_cert_pem: std::fs::read(&pki.relay_client_cert)?,
+                client_key_pem: std::fs::read(&pki.relay_client_key)?,
+            }),
+            agent_signer: Some(Arc::new(AgentSigner::from_files(
+                &pki.agent_ca_cert,
+                &pki.agent_ca_key,
+                DEV_AGENT_CERTIFICATE_LIFETIME,
+            )?)),
             ..Settings::default()
         },
     )?;

@@ -31,9 +31,11 @@ pub struct DevPki {
     pub serving_key: PathBuf,
     pub client_cert: PathBuf,
     pub client_key: PathBuf,
-    /// Signs the agents' relay serving certificates: what the API server's relay client
-    /// verifies an agent against.
+    /// Signs the agents' relay serving certificates (the server signs them at
+    /// `hosts/<name>/certificate`): what the API server's relay client verifies an agent
+    /// against.
     pub agent_ca_cert: PathBuf,
+    pub agent_ca_key: PathBuf,
     /// Signs the API server's relay client certificate: what the agents accept.
     pub relay_client_ca_cert: PathBuf,
     /// The API server's relay client certificate and key, to present to the agents.
@@ -47,9 +49,6 @@ pub struct DevPki {
 #[derive(Debug, Clone)]
 pub struct AgentPki {
     pub host: String,
-    /// The relay's serving certificate: the Host's name, and loopback where it listens.
-    pub serving_cert: PathBuf,
-    pub serving_key: PathBuf,
     /// The agent's client certificate towards the API server.
     pub client_cert: PathBuf,
     pub client_key: PathBuf,
@@ -112,7 +111,8 @@ pub fn client_params(user: &str, groups: &[&str]) -> Result<CertificateParams, P
 }
 
 /// A new self-signed CA: its PEM and its issuer.
-fn new_ca(cn: &str) -> Result<(String, Issuer<'static, KeyPair>), PkiError> {
+/// A new CA: its certificate's and key's PEM, and the issuer that signs with it.
+fn new_ca(cn: &str) -> Result<(String, String, Issuer<'static, KeyPair>), PkiError> {
     let key = KeyPair::generate().map_err(generate("CA key"))?;
     let mut params = CertificateParams::default();
     params.distinguished_name.push(DnType::CommonName, cn);
@@ -121,7 +121,7 @@ fn new_ca(cn: &str) -> Result<(String, Issuer<'static, KeyPair>), PkiError> {
     let cert = params
         .self_signed(&key)
         .map_err(generate("CA certificate"))?;
-    Ok((cert.pem(), Issuer::new(params, key)))
+    Ok((cert.pem(), key.serialize_pem(), Issuer::new(params, key)))
 }
 
 /// Signs `params` with a new key; the certificate's and the key's PEM.
@@ -143,7 +143,7 @@ pub fn write_dev_pki(dir: &Path) -> Result<DevPki, PkiError> {
 
 /// As [`write_dev_pki`], with the files of the agents of `hosts` in `dir/agents/<host>/`.
 pub fn write_dev_pki_with_agents(dir: &Path, hosts: &[&str]) -> Result<DevPki, PkiError> {
-    let (ca_cert, ca) = new_ca("battery-apiserver dev CA")?;
+    let (ca_cert, _, ca) = new_ca("battery-apiserver dev CA")?;
 
     let serving_key = KeyPair::generate().map_err(generate("serving key"))?;
     let serving_cert = loopback_serving_params("battery-apiserver")
@@ -156,8 +156,11 @@ pub fn write_dev_pki_with_agents(dir: &Path, hosts: &[&str]) -> Result<DevPki, P
         .signed_by(&client_key, &ca)
         .map_err(generate("client certificate"))?;
 
-    let (agent_ca_cert, agent_ca) = new_ca("battery-apiserver dev agent CA")?;
-    let (relay_client_ca_cert, relay_client_ca) = new_ca("battery-apiserver dev relay client CA")?;
+    // The server signs each agent's serving certificate with this at
+    // `hosts/<name>/certificate`, as it does in a cluster.
+    let (agent_ca_cert, agent_ca_key, _) = new_ca("battery-apiserver dev agent CA")?;
+    let (relay_client_ca_cert, _, relay_client_ca) =
+        new_ca("battery-apiserver dev relay client CA")?;
     let relay_client = sign(
         "relay client certificate",
         client_params("battery-apiserver", &[])?,
@@ -172,16 +175,6 @@ pub fn write_dev_pki_with_agents(dir: &Path, hosts: &[&str]) -> Result<DevPki, P
             path: host_dir.clone(),
             source,
         })?;
-        let mut serving_params =
-            loopback_serving_params(host).map_err(generate("agent serving certificate"))?;
-        let host_name = (*host)
-            .to_owned()
-            .try_into()
-            .map_err(generate("agent serving certificate"))?;
-        serving_params
-            .subject_alt_names
-            .push(SanType::DnsName(host_name));
-        let serving = sign("agent serving certificate", serving_params, &agent_ca)?;
         let identity = sign(
             "agent client certificate",
             client_params(&agent_username(host), &[AGENT_GROUP])?,
@@ -189,13 +182,9 @@ pub fn write_dev_pki_with_agents(dir: &Path, hosts: &[&str]) -> Result<DevPki, P
         )?;
         let agent = AgentPki {
             host: (*host).to_owned(),
-            serving_cert: host_dir.join("serving.crt"),
-            serving_key: host_dir.join("serving.key"),
             client_cert: host_dir.join("agent.crt"),
             client_key: host_dir.join("agent.key"),
         };
-        write_file(&agent.serving_cert, &serving.0, false)?;
-        write_file(&agent.serving_key, &serving.1, true)?;
         write_file(&agent.client_cert, &identity.0, false)?;
         write_file(&agent.client_key, &identity.1, true)?;
         agents.push(agent);
@@ -208,12 +197,14 @@ pub fn write_dev_pki_with_agents(dir: &Path, hosts: &[&str]) -> Result<DevPki, P
         client_cert: dir.join("dev.crt"),
         client_key: dir.join("dev.key"),
         agent_ca_cert: dir.join("agent-ca.crt"),
+        agent_ca_key: dir.join("agent-ca.key"),
         relay_client_ca_cert: dir.join("relay-client-ca.crt"),
         relay_client_cert: dir.join("relay-client.crt"),
         relay_client_key: dir.join("relay-client.key"),
         agents,
     };
     write_file(&pki.agent_ca_cert, &agent_ca_cert, false)?;
+    write_file(&pki.agent_ca_key, &agent_ca_key, true)?;
     write_file(&pki.relay_client_ca_cert, &relay_client_ca_cert, false)?;
     write_file(&pki.relay_client_cert, &relay_client.0, false)?;
     write_file(&pki.relay_client_key, &relay_client.1, true)?;
@@ -299,14 +290,12 @@ mod tests {
     }
 
     #[test]
-    fn each_agent_gets_a_serving_certificate_for_its_host_and_an_agent_identity() {
+    fn each_agent_gets_an_identity_naming_its_host() {
         let dir = tempfile::tempdir().unwrap();
         let pki = write_dev_pki_with_agents(dir.path(), &["host-0", "host-1"]).unwrap();
         assert_eq!(pki.agents.len(), 2);
         let agent = &pki.agents[1];
         assert_eq!(agent.host, "host-1");
-        let (_, _, dns) = names(&agent.serving_cert);
-        assert!(dns.contains(&"host-1".to_owned()), "{dns:?}");
         let (cn, orgs, _) = names(&agent.client_cert);
         assert_eq!(cn, ["system:battery-agent:host-1"]);
         assert_eq!(orgs, [AGENT_GROUP]);

@@ -124,10 +124,14 @@ impl AgentProcess {
     ) -> Self {
         let config = battery_agent::Config {
             listen,
-            identity: tonic::transport::Identity::from_pem(&serving.cert, &serving.key),
-            client_ca: tonic::transport::Certificate::from_pem(&client_ca.pem),
+            serving: battery_agent::Serving::Files {
+                cert: serving.cert.clone().into_bytes(),
+                key: serving.key.clone().into_bytes(),
+            },
+            client_ca: client_ca.pem.clone().into_bytes(),
             flintlock: FlintlockConfig::new(&flintlock.to_string(), FlintlockTls::Insecure)
                 .unwrap(),
+            registration: None,
         };
         let listener = listener.unwrap_or_else(|| std::net::TcpListener::bind(listen).unwrap());
         listener.set_nonblocking(true).unwrap();

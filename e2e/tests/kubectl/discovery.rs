@@ -45,6 +45,7 @@ const RESOURCES: &[[&str; 6]] = &[
 /// The subresources discovery must list, with their verbs (DESIGN §4; `exec` is a
 /// connect subresource, which discovery shows as `create` and `get` like `pods/exec`).
 const SUBRESOURCES: &[(&str, &[&str])] = &[
+    ("hosts/certificate", &["create"]),
     ("hosts/status", &["get", "patch", "update"]),
     ("microvmclaims/exec", &["create", "get"]),
     ("microvmclaims/lease", &["create", "get", "patch", "update"]),

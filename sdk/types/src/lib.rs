@@ -15,7 +15,9 @@
 //!   `field.Error`.
 //! - **Resource table**: [`ResourceInfo`] for each kind ([`HasResourceInfo`]) and
 //!   [`RESOURCES`], from which the apiserver derives routes, discovery, OpenAPI and authz.
-//! - [`agent_identity`]: how an exec agent's user names its Host.
+//! - [`agent_identity`]: how an exec agent's user names its Host;
+//!   [`HostCertificateRequest`] is what it posts to `hosts/<name>/certificate` for its
+//!   serving certificate.
 //! - [`Duration`] is `metav1.Duration` (Go's `"1m30s"` format); [`conditions`] holds
 //!   condition types, reasons and apimachinery's condition helpers.
 //!
@@ -41,6 +43,7 @@
 pub mod agent_identity;
 pub mod conditions;
 mod duration;
+mod host_certificates;
 mod hosts;
 mod microvmclaims;
 mod pools;
@@ -51,6 +54,9 @@ pub mod validation;
 mod wire;
 
 pub use duration::{Duration, DurationOutOfRange, ParseDurationError};
+pub use host_certificates::{
+    HostCertificateRequest, HostCertificateRequestSpec, HostCertificateRequestStatus,
+};
 pub use hosts::{Host, HostSpec, HostStatus, HostTls};
 pub use microvmclaims::{
     ClaimHost, ClaimPhase, ClaimedMicroVM, MicroVMClaim, MicroVMClaimSpec, MicroVMClaimStatus,

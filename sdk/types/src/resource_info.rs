@@ -254,14 +254,25 @@ impl HasResourceInfo for Host {
             Verb::Patch,
             Verb::Delete,
         ],
-        subresources: &[SubresourceInfo {
-            name: "status",
-            group: GROUP,
-            version: VERSION,
-            kind: "Host",
-            // The exec agent writes its readiness report here.
-            verbs: &[Verb::Get, Verb::Update, Verb::Patch],
-        }],
+        subresources: &[
+            SubresourceInfo {
+                name: "status",
+                group: GROUP,
+                version: VERSION,
+                kind: "Host",
+                // The exec agent writes its readiness report here.
+                verbs: &[Verb::Get, Verb::Update, Verb::Patch],
+            },
+            SubresourceInfo {
+                name: "certificate",
+                group: GROUP,
+                version: VERSION,
+                kind: "HostCertificateRequest",
+                // The exec agent's serving certificate is signed here (ADR 0011); like
+                // `serviceaccounts/token`, a create that answers and keeps nothing.
+                verbs: &[Verb::Create],
+            },
+        ],
     };
 }
 

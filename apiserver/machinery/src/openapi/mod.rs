@@ -78,7 +78,7 @@ pub fn v3_document(
     version: &str,
     kinds: &[(&ResourceInfo, Value)],
 ) -> Result<Value, OpenApiError> {
-    Ok(Built::new(group, version, kinds)?.v3())
+    Ok(Built::new(group, version, kinds, &[])?.v3())
 }
 
 /// The OpenAPI v2 (Swagger 2.0) document of `group`/`version` for `kinds`.
@@ -87,7 +87,7 @@ pub fn v2_document(
     version: &str,
     kinds: &[(&ResourceInfo, Value)],
 ) -> Result<Value, OpenApiError> {
-    Ok(Built::new(group, version, kinds)?.v2())
+    Ok(Built::new(group, version, kinds, &[])?.v2())
 }
 
 /// The paths and schemas of a group-version, ready to render in either dialect.
@@ -104,8 +104,9 @@ impl<'a> Built<'a> {
         group: &'a str,
         version: &'a str,
         kinds: &[(&ResourceInfo, Value)],
+        subresource_kinds: &[(&str, Value)],
     ) -> Result<Self, OpenApiError> {
-        let components = schemas::build(group, version, kinds)?;
+        let components = schemas::build(group, version, kinds, subresource_kinds)?;
         let infos: Vec<&ResourceInfo> = kinds.iter().map(|(info, _)| *info).collect();
         let paths = paths::build(group, version, &infos, &components)?;
         let (_, tag) = paths::operation_naming(group, version);
@@ -184,7 +185,19 @@ impl OpenApi {
         version: &str,
         kinds: &[(&ResourceInfo, Value)],
     ) -> Result<Self, OpenApiError> {
-        let built = Built::new(group, version, kinds)?;
+        Self::with_subresource_kinds(group, version, kinds, &[])
+    }
+
+    /// As [`OpenApi::new`], with kinds of the group-version that only a subresource reads
+    /// or writes (a `HostCertificateRequest` posted to `hosts/<name>/certificate`), each
+    /// with its structural schema.
+    pub fn with_subresource_kinds(
+        group: &str,
+        version: &str,
+        kinds: &[(&ResourceInfo, Value)],
+        subresource_kinds: &[(&str, Value)],
+    ) -> Result<Self, OpenApiError> {
+        let built = Built::new(group, version, kinds, subresource_kinds)?;
         let v3 = Document::new(&built.v3());
         let v2 = Document::new(&built.v2());
         let key = format!("apis/{group}/{version}");

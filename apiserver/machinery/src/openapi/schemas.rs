@@ -91,12 +91,14 @@ pub(super) fn described_ref(name: &str, description: &str) -> Value {
     json!({ "allOf": [{ "$ref": format!("{COMPONENTS}{name}") }], "description": description })
 }
 
-/// Builds the schemas for `kinds` of `group`/`version` and for every foreign kind that a
-/// subresource returns.
+/// Builds the schemas for `kinds` of `group`/`version`, for `subresource_kinds` (kinds of
+/// the same group-version that only a subresource reads or writes, each with its
+/// structural schema) and for every foreign kind that a subresource returns.
 pub(super) fn build(
     group: &str,
     version: &str,
     kinds: &[(&ResourceInfo, Value)],
+    subresource_kinds: &[(&str, Value)],
 ) -> Result<Components, OpenApiError> {
     let mut generator = SchemaSettings::openapi3()
         .with(|settings| settings.meta_schema = None)
@@ -142,6 +144,12 @@ pub(super) fn build(
             rest_friendly_name(group, version, info.kind),
         );
     }
+    for (kind, _) in subresource_kinds {
+        names.insert(
+            Gvk::new(group, version, kind),
+            rest_friendly_name(group, version, kind),
+        );
+    }
     for (info, _) in kinds {
         for sub in info
             .subresources
@@ -175,8 +183,16 @@ pub(super) fn build(
     for (info, schema) in kinds {
         let name = rest_friendly_name(group, version, info.kind);
         let list_name = rest_friendly_name(group, version, &format!("{}List", info.kind));
-        schemas.insert(name.clone(), kind_schema(info, schema)?);
+        let gvk = Gvk::new(group, version, info.kind);
+        schemas.insert(name.clone(), kind_schema(&gvk, schema)?);
         schemas.insert(list_name, list_schema(info, &name));
+    }
+    for (kind, schema) in subresource_kinds {
+        let gvk = Gvk::new(group, version, kind);
+        schemas.insert(
+            rest_friendly_name(group, version, kind),
+            kind_schema(&gvk, schema)?,
+        );
     }
     Ok(Components { schemas, names })
 }
@@ -211,9 +227,9 @@ fn metadata_not_required(schema: &mut Value) {
 /// (`apiextensions-apiserver:pkg/controller/openapi/builder/builder.go`): OpenAPI 3.0
 /// form, `apiVersion` and `kind` described, `metadata` a reference to `ObjectMeta`, and
 /// the kind's `x-kubernetes-group-version-kind` list that `kubectl explain` matches.
-fn kind_schema(info: &ResourceInfo, schema: &Value) -> Result<Value, OpenApiError> {
+fn kind_schema(gvk: &Gvk, schema: &Value) -> Result<Value, OpenApiError> {
     let not_an_object = || OpenApiError::UnsupportedKindSchema {
-        kind: info.kind.to_owned(),
+        kind: gvk.kind.clone(),
         pointer: "#".to_owned(),
         problem: "a kind's schema must be an object".to_owned(),
     };
@@ -221,7 +237,7 @@ fn kind_schema(info: &ResourceInfo, schema: &Value) -> Result<Value, OpenApiErro
         return Err(not_an_object());
     }
     let mut schema = schema.clone();
-    convert::to_openapi_3_0(info.kind, "#", &mut schema)?;
+    convert::to_openapi_3_0(&gvk.kind, "#", &mut schema)?;
     let Value::Object(object) = &mut schema else {
         return Err(not_an_object());
     };
@@ -233,7 +249,7 @@ fn kind_schema(info: &ResourceInfo, schema: &Value) -> Result<Value, OpenApiErro
         .or_insert_with(|| Value::Object(Map::new()));
     let Value::Object(properties) = properties else {
         return Err(OpenApiError::UnsupportedKindSchema {
-            kind: info.kind.to_owned(),
+            kind: gvk.kind.clone(),
             pointer: "#/properties".to_owned(),
             problem: "`properties` must be an object".to_owned(),
         });
@@ -248,10 +264,7 @@ fn kind_schema(info: &ResourceInfo, schema: &Value) -> Result<Value, OpenApiErro
         "metadata".to_owned(),
         described_ref(&name_of::<ObjectMeta>(), METADATA_DESCRIPTION),
     );
-    object.insert(
-        GVK_EXTENSION.to_owned(),
-        json!([Gvk::new(info.group, info.version, info.kind).to_json()]),
-    );
+    object.insert(GVK_EXTENSION.to_owned(), json!([gvk.to_json()]));
     Ok(schema)
 }
 

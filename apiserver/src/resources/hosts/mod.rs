@@ -10,6 +10,7 @@
 //! a Host added, changed or removed by another client (HostAdmin, `poolmgrctl`) reaches
 //! lists, watches and Pools' placement, and how readiness moves the cordon.
 
+pub mod certificate;
 mod leaving;
 mod readiness;
 

@@ -87,6 +87,9 @@ fn hosts() {
     assert!(!info.has_verb(Verb::DeleteCollection));
     let status = info.subresource("status").unwrap();
     assert_eq!(verbs(status.verbs), ["get", "update", "patch"]);
+    let certificate = info.subresource("certificate").unwrap();
+    assert_eq!(certificate.kind, "HostCertificateRequest");
+    assert_eq!(verbs(certificate.verbs), ["create"]);
     assert_eq!(info.subresource("exec"), None);
 }
 

@@ -694,7 +694,9 @@ fn inputs_that_cannot_be_published_are_refused() {
 /// kinds pass every check above.
 #[test]
 fn battery_resources_publish() {
-    use battery_types::{GROUP, HasResourceInfo, Host, MicroVMClaim, Pool, RESOURCES};
+    use battery_types::{
+        GROUP, HasResourceInfo, Host, HostCertificateRequest, MicroVMClaim, Pool, RESOURCES,
+    };
 
     let kinds = [
         (&Pool::INFO, schema_of(Pool::crd())),
@@ -702,7 +704,20 @@ fn battery_resources_publish() {
         (&Host::INFO, schema_of(Host::crd())),
     ];
     assert_eq!(kinds.len(), RESOURCES.len());
-    let document = v3_document(GROUP, battery_types::VERSION, &kinds).unwrap();
+    let subresource_kinds = [(
+        "HostCertificateRequest",
+        schema_of(HostCertificateRequest::crd()),
+    )];
+    // Without the schema of the kind only `hosts/certificate` speaks, nothing publishes.
+    assert!(matches!(
+        v3_document(GROUP, battery_types::VERSION, &kinds),
+        Err(OpenApiError::UnknownSubresourceKind { .. })
+    ));
+    let openapi =
+        OpenApi::with_subresource_kinds(GROUP, battery_types::VERSION, &kinds, &subresource_kinds)
+            .unwrap();
+    let parse = |document: &Document| -> Value { serde_json::from_slice(document.body()).unwrap() };
+    let document = parse(openapi.v3_document());
     assert_openapi_3_0(&document);
     assert_references_resolve(
         &document,
@@ -719,8 +734,16 @@ fn battery_resources_publish() {
         battery_types::VERSION
     )];
     assert_eq!(exec["post"]["x-kubernetes-action"], "connect");
+    let certificate = &document["paths"][format!(
+        "/apis/{GROUP}/{}/hosts/{{name}}/certificate",
+        battery_types::VERSION
+    )];
+    assert_eq!(
+        certificate["post"]["x-kubernetes-group-version-kind"]["kind"],
+        "HostCertificateRequest"
+    );
 
-    let document = v2_document(GROUP, battery_types::VERSION, &kinds).unwrap();
+    let document = parse(openapi.v2_document());
     assert_swagger_2_0(&document);
     assert!(assert_patches(&document, "v2") > 0);
 }
