@@ -255,6 +255,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         .local_addr()
         .map_err(|source| AgentError::Bind(listen, source))?;
     tracing::info!(%address, "serving the exec relay");
+    logging::announce(&format!("{}{address}", logging::SERVING_PREFIX));
     agent.serve(listener, shutdown_signal()).await
 }
 

@@ -20,6 +20,7 @@
 //! missing, so after changing the server run `cargo build -p battery-apiserver` before
 //! the suite.
 
+mod agents;
 mod kubectl;
 
 use std::path::{Path, PathBuf};
@@ -32,6 +33,7 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use crate::process::Process;
 use crate::stand_in::StandIn;
 
+pub use agents::{AgentSpec, SIMULATED_HOST_SKIPS};
 pub use kubectl::{Background, Invocation, Kubectl, Output, Stream};
 
 /// The binary under test, as cargo names it.
@@ -47,6 +49,9 @@ const DEV_POOL_SIZE: i32 = 3;
 /// How often the embedded battery sweeps expired leases: `dev`'s, so that both routes
 /// expire a lease as fast.
 const SWEEP_INTERVAL: &str = "2s";
+/// How long an agent may take to register its Host and report: a debug build on a loaded
+/// 2-core machine.
+const AGENT_READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 /// How many servers run at once. Each test keeps one busy with a stream of kubectl
 /// processes, so more than this only makes every test slower on a 2-core CI machine.
 const MAX_SERVERS: usize = 2;
@@ -65,9 +70,11 @@ pub enum Route {
 /// A running battery-apiserver (and what it needs), reached by one [`Route`], killed when
 /// dropped.
 pub struct ApiServer {
-    /// `dev`; or the embedded battery and `serve`. Held so that dropping the server
-    /// stops them, and their logs show when a test fails.
-    _processes: Vec<Process>,
+    /// `dev`; or the embedded battery and `serve` (last). Held so that dropping the
+    /// server stops them, and their logs show when a test fails.
+    processes: Vec<Process>,
+    /// The agents behind the stand-in, when started with them.
+    agents: Option<tokio::sync::Mutex<agents::Agents>>,
     stand_in: Option<StandIn>,
     /// battery-apiserver's own URL.
     backend: String,
@@ -104,7 +111,8 @@ impl ApiServer {
         let (dev, url) =
             Process::start(command, &dir.path().join("server.log"), DEV_SERVING_PREFIX).await;
         Self {
-            _processes: vec![dev],
+            processes: vec![dev],
+            agents: None,
             stand_in: None,
             backend: url,
             battery: None,
@@ -118,6 +126,134 @@ impl ApiServer {
     pub async fn aggregated_with(serve_args: &[&str]) -> Self {
         let (dir, slot) = Self::prepare().await;
         Self::start_aggregated(dir, slot, serve_args).await
+    }
+
+    /// [`Route::Aggregated`] with the exec path of a cluster: `serve` with the relay's
+    /// certificates and the agent signer, and one `battery-agent` process per Host, each
+    /// reaching the API through the stand-in as its Host's identity. Returns once every
+    /// Host reports Ready with its agent's address.
+    pub async fn aggregated_with_agents() -> Self {
+        let (dir, slot) = Self::prepare().await;
+        let agents = agents::Agents::new(&dir.path().join("agents"));
+        let args = agents.serve_args();
+        let args: Vec<&str> = args
+            .iter()
+            .map(|a| a.to_str().expect("UTF-8 paths"))
+            .collect();
+        let mut server = Self::start_aggregated(dir, slot, &args).await;
+        let stand_in = server.stand_in.as_ref().expect("aggregated");
+        agents::Agents::grant(stand_in);
+        server.agents = Some(tokio::sync::Mutex::new(agents));
+        let hosts: kube::Api<battery_types::Host> =
+            kube::Api::all(crate::kube_client(&server.kubeconfig).await);
+        let hosts = crate::eventually(AGENT_READY_TIMEOUT, "the Hosts to be listed", async || {
+            let list = hosts
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let hosts: Vec<(String, String)> = list
+                .into_iter()
+                .map(|h| (h.metadata.name.unwrap_or_default(), h.spec.address))
+                .collect();
+            if hosts.is_empty() {
+                Err("no Hosts yet".to_owned())
+            } else {
+                Ok(hosts)
+            }
+        })
+        .await;
+        for (host, flintlock) in hosts {
+            server
+                .start_agent(AgentSpec {
+                    host,
+                    flintlock,
+                    listen: free_loopback_address(),
+                    extra: Vec::new(),
+                })
+                .await;
+        }
+        server
+    }
+
+    /// Starts (or starts again) an agent behind the stand-in and waits until its Host
+    /// points at it and reports whatever it reports.
+    pub async fn start_agent(&self, spec: AgentSpec) {
+        let agents = self.agents.as_ref().expect("started with agents");
+        let stand_in = self.stand_in.as_ref().expect("aggregated");
+        let (host, listen) = (spec.host.clone(), spec.listen.to_string());
+        agents.lock().await.start(stand_in, spec).await;
+        let hosts: kube::Api<battery_types::Host> =
+            kube::Api::all(crate::kube_client(&self.kubeconfig).await);
+        let what = format!("Host {host} to report through its agent at {listen}");
+        crate::eventually(AGENT_READY_TIMEOUT, &what, async || {
+            let object = hosts.get(&host).await.map_err(|e| e.to_string())?;
+            let reported = object.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == battery_types::conditions::READY)
+            });
+            if object.spec.agent_address.as_deref() == Some(listen.as_str()) && reported {
+                Ok(())
+            } else {
+                Err(format!("{:?}", object.status))
+            }
+        })
+        .await;
+    }
+
+    /// Kills the agent of `host` (SIGKILL, as a crash) and says how it was started.
+    pub async fn kill_agent(&self, host: &str) -> AgentSpec {
+        let agents = self.agents.as_ref().expect("started with agents");
+        let (spec, process) = agents
+            .lock()
+            .await
+            .running
+            .remove(host)
+            .unwrap_or_else(|| panic!("no agent runs for {host}"));
+        process.kill().await;
+        spec
+    }
+
+    /// The peak resident memory of the agent of `host`.
+    pub async fn agent_peak_rss_bytes(&self, host: &str) -> u64 {
+        let agents = self.agents.as_ref().expect("started with agents");
+        agents.lock().await.running[host].1.peak_rss_bytes()
+    }
+
+    /// The peak resident memory of battery-apiserver (`dev` or `serve`).
+    pub fn server_peak_rss_bytes(&self) -> u64 {
+        self.processes
+            .last()
+            .expect("a server process")
+            .peak_rss_bytes()
+    }
+
+    /// A hand-written exec client ([`channel_exec`](crate::channel_exec)) for the
+    /// kubectl user, or for the user of `identity` (certificate and key of the stand-in's
+    /// client CA).
+    pub fn exec_client(&self, identity: Option<(PathBuf, PathBuf)>) -> crate::channel_exec::Client {
+        let (url, ca, (cert, key)) = match &self.stand_in {
+            Some(stand_in) => (
+                stand_in.url().to_owned(),
+                stand_in.serving_ca(),
+                identity.unwrap_or_else(|| stand_in.layout().kubectl()),
+            ),
+            None => {
+                let dev = self.dir.path().join("dev");
+                let mine = (dev.join("dev.crt"), dev.join("dev.key"));
+                (
+                    self.backend.clone(),
+                    dev.join("ca.crt"),
+                    identity.unwrap_or(mine),
+                )
+            }
+        };
+        crate::channel_exec::Client { url, ca, cert, key }
+    }
+
+    /// The kubeconfig of the kubectl user (`system:serviceaccount:default:dev`).
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
     }
 
     async fn prepare() -> (TempDir, SemaphorePermit<'static>) {
@@ -171,7 +307,8 @@ impl ApiServer {
         .await;
         stand_in.set_backend(&url).await;
         let server = Self {
-            _processes: vec![battery, serve],
+            processes: vec![battery, serve],
+            agents: None,
             kubeconfig: stand_in.kubeconfig(),
             stand_in: Some(stand_in),
             backend: url,
@@ -232,6 +369,14 @@ impl ApiServer {
     pub fn scratch(&self) -> &Path {
         self.dir.path()
     }
+}
+
+/// A loopback address free a moment ago, for a process that must know its address before
+/// it listens (an agent advertises it).
+pub fn free_loopback_address() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free loopback port")
 }
 
 /// The `battery-apiserver` binary of this build (see [`target_binary`]).

@@ -5,7 +5,9 @@
 //!   `tests/attacks/`;
 //! - [`stand_in`]: `aggregator-stand-in`, a test stand-in for kube-apiserver's aggregator
 //!   and its authentication/authorization webhooks;
-//! - [`https`]: a client that sends exactly the certificate and headers a test chooses.
+//! - [`https`]: a client that sends exactly the certificate and headers a test chooses;
+//! - [`channel_exec`]: an exec client written from the WebSocket channel protocol, the
+//!   second client beside kube-rs's.
 //!
 //! The rest serves the battery conformance suite. The tests in `tests/battery_conformance/` check battery's gRPC API
 //! (`poolmgr.v1alpha1`, see `reference/battery-api.md`) against either a real poolmgrd
@@ -24,6 +26,7 @@
 
 pub mod apiserver;
 mod assert;
+pub mod channel_exec;
 mod env;
 mod events;
 pub mod flintlock;
@@ -47,6 +50,16 @@ pub use ops::insecure_host;
 pub use spec::{PoolBuilder, TEMPLATE_INTERFACE, default_template, proto_duration};
 pub use suite::{HostRef, Options, Suite, Timing, skip};
 pub use wait::{consistently, eventually};
+
+/// A kube-rs client for the user of `kubeconfig` (a stand-in's or `dev`'s).
+pub async fn kube_client(kubeconfig: &std::path::Path) -> kube::Client {
+    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig)
+        .unwrap_or_else(|e| panic!("read {}: {e}", kubeconfig.display()));
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("a client configuration from the kubeconfig");
+    kube::Client::try_from(config).expect("a kube client")
+}
 
 /// flintlock's types (the MicroVM template).
 pub use battery_proto::flintlock::types as fl;

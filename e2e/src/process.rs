@@ -21,7 +21,7 @@ const LOG_TAIL_LINES: usize = 60;
 /// A running binary, killed when dropped.
 pub struct Process {
     /// Held so that dropping the process kills it (`kill_on_drop`).
-    _child: Child,
+    child: Child,
     stdin: tokio::sync::Mutex<ChildStdin>,
     name: String,
     log: PathBuf,
@@ -68,7 +68,7 @@ impl Process {
             }
         });
         let process = Self {
-            _child: child,
+            child,
             stdin: tokio::sync::Mutex::new(stdin),
             name,
             log: log.to_owned(),
@@ -134,6 +134,26 @@ impl Process {
             .flush()
             .await
             .unwrap_or_else(|e| panic!("flush the stdin of {}: {e}", self.name));
+    }
+
+    /// Kills it (SIGKILL, as a crash would end it) and waits until it is gone, so that
+    /// its port is free again.
+    pub async fn kill(mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    /// The most memory it has held at once so far (`VmHWM`, its peak resident set), in
+    /// bytes.
+    pub fn peak_rss_bytes(&self) -> u64 {
+        let pid = self.child.id().expect("the process is running");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_else(|e| panic!("read the status of {}: {e}", self.name));
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+            .unwrap_or_else(|| panic!("no VmHWM in the status of {}", self.name))
     }
 
     /// The last lines of its log.

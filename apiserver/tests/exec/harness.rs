@@ -2,7 +2,6 @@
 //! the caller by a header; one in-process agent per simulated Host; rcgen certificates;
 //! and the two clients.
 
-use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,10 +18,10 @@ use battery_apiserver::agent_relay::AgentRelayTls;
 use battery_apiserver::api::UserInfo;
 use battery_apiserver::http::authz::{Authorizer, Decision};
 use battery_apiserver::server::Settings;
+use battery_types::MicroVMClaim;
 use futures::future::BoxFuture;
 use futures::{SinkExt, StreamExt};
 use http::{HeaderName, HeaderValue, Request as HttpRequest, StatusCode};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, AttachParams};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -316,7 +315,7 @@ impl Exec {
         kube::Client::try_from(config).unwrap()
     }
 
-    pub fn claims(&self, user: &str) -> Api<ClaimExec> {
+    pub fn claims(&self, user: &str) -> Api<MicroVMClaim> {
         Api::namespaced(self.kube(user), "default")
     }
 
@@ -404,39 +403,6 @@ impl Raw {
     }
 }
 
-/// `MicroVMClaim` as kube-rs's exec takes it: kube-rs offers `exec` only on resources
-/// marked `Execute`.
-#[derive(Clone, Debug, serde::Deserialize)]
-pub struct ClaimExec {
-    pub metadata: ObjectMeta,
-}
-
-impl kube::Resource for ClaimExec {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "MicroVMClaim".into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        battery_types::GROUP.into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        battery_types::VERSION.into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        "microvmclaims".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
-
-impl kube::api::Execute for ClaimExec {}
-
 pub fn free_address() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -445,7 +411,7 @@ pub fn free_address() -> SocketAddr {
 }
 
 /// What kube-rs's exec of `command` printed, and its Status.
-pub async fn kube_exec(api: &Api<ClaimExec>, claim: &str, command: &[&str]) -> (String, Value) {
+pub async fn kube_exec(api: &Api<MicroVMClaim>, claim: &str, command: &[&str]) -> (String, Value) {
     let mut attached = api
         .exec(
             claim,

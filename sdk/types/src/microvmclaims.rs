@@ -192,3 +192,8 @@ pub fn service_account_username(namespace: &str, name: &str) -> String {
 
 #[cfg(test)]
 mod tests;
+
+/// kube-rs offers `Api::exec` on resources marked `Execute`: a claim's `exec`
+/// subresource speaks the same protocol as `pods/exec`.
+#[cfg(feature = "exec")]
+impl kube::api::Execute for MicroVMClaim {}

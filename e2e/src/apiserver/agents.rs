@@ -1,0 +1,156 @@
+//! The exec path behind the stand-in, as a cluster runs it: the relay's two CAs and the
+//! `serve` flags for them, and one `battery-agent` process per Host. Each agent is its
+//! Host's identity (`system:battery-agent:<host>` in `battery:agents`, a client
+//! certificate of the stand-in's client CA), registers its Host, reports its readiness and
+//! gets its relay serving certificate from `hosts/<name>/certificate`, all through the
+//! stand-in.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use battery_types::agent_identity::{AGENT_GROUP, agent_username};
+use tokio::process::Command;
+
+use crate::process::Process;
+use crate::stand_in::StandIn;
+use crate::stand_in::pki::{self, Ca, Validity};
+
+/// The checks a simulated Host cannot pass: it has no KVM device and no thin pool.
+pub const SIMULATED_HOST_SKIPS: &str = "kvm,thin-pool";
+
+/// The relay's certificates, in `dir`.
+pub(super) struct RelayPki {
+    agent_ca: (PathBuf, PathBuf),
+    relay_client_ca: PathBuf,
+    relay_client: (PathBuf, PathBuf),
+}
+
+impl RelayPki {
+    /// The CA that signs agents' serving certificates (the API server signs with it),
+    /// and the one that signs the API server's relay client certificate (the agents
+    /// accept only it): separate, as ADR 13 says.
+    pub(super) fn write(dir: &Path) -> Self {
+        std::fs::create_dir_all(dir).expect("create the relay's PKI directory");
+        let file = |name: &str| dir.join(name);
+        let agent_ca = (file("agent-ca.crt"), file("agent-ca.key"));
+        Ca::new("e2e agent CA")
+            .and_then(|ca| ca.write(&agent_ca.0, &agent_ca.1))
+            .expect("write the agent CA");
+        let relay_client_ca = file("relay-client-ca.crt");
+        let relay_client = (file("relay-client.crt"), file("relay-client.key"));
+        let ca = Ca::new("e2e relay client CA").expect("a relay client CA");
+        std::fs::write(&relay_client_ca, ca.pem()).expect("write the relay client CA");
+        ca.client("battery-apiserver", &[], Validity::Current)
+            .and_then(|cert| cert.write(&relay_client.0, &relay_client.1))
+            .expect("write the relay client certificate");
+        Self {
+            agent_ca,
+            relay_client_ca,
+            relay_client,
+        }
+    }
+
+    /// `battery-apiserver serve`'s flags for the relay and the signer.
+    pub(super) fn serve_args(&self) -> Vec<OsString> {
+        [
+            ("--agent-ca-file", &self.agent_ca.0),
+            ("--agent-client-cert-file", &self.relay_client.0),
+            ("--agent-client-key-file", &self.relay_client.1),
+            ("--agent-signing-cert-file", &self.agent_ca.0),
+            ("--agent-signing-key-file", &self.agent_ca.1),
+        ]
+        .into_iter()
+        .flat_map(|(flag, path)| [OsString::from(flag), path.into()])
+        .collect()
+    }
+}
+
+/// How one agent is started, so that it can be started again the same way.
+#[derive(Clone, Debug)]
+pub struct AgentSpec {
+    pub host: String,
+    /// flintlockd's address: the simulated Host's.
+    pub flintlock: String,
+    /// Where it listens and what it advertises.
+    pub listen: SocketAddr,
+    /// Extra flags (for example a KVM device that is not there).
+    pub extra: Vec<String>,
+}
+
+/// The agents of one server, by Host.
+pub(super) struct Agents {
+    pki: RelayPki,
+    dir: PathBuf,
+    pub(super) running: BTreeMap<String, (AgentSpec, Process)>,
+}
+
+impl Agents {
+    pub(super) fn new(dir: &Path) -> Self {
+        Self {
+            pki: RelayPki::write(&dir.join("relay")),
+            dir: dir.to_owned(),
+            running: BTreeMap::new(),
+        }
+    }
+
+    pub(super) fn serve_args(&self) -> Vec<OsString> {
+        self.pki.serve_args()
+    }
+
+    /// Lets the agent group do what an agent does, as the agent ClusterRole of a cluster
+    /// would: the Host rule in the API server narrows each to its own Host.
+    pub(super) fn grant(stand_in: &StandIn) {
+        stand_in.edit_policy(|policy| {
+            policy["rules"]
+                .as_array_mut()
+                .expect("the policy has rules")
+                .push(serde_json::json!({
+                    "groups": [AGENT_GROUP],
+                    "verbs": ["get", "create", "update", "patch"],
+                    "apiGroups": [battery_types::GROUP],
+                    "resources": ["hosts", "hosts/status", "hosts/certificate"],
+                }));
+        });
+    }
+
+    /// Starts the agent `spec` describes, as its Host's identity through `stand_in`.
+    pub(super) async fn start(&mut self, stand_in: &StandIn, spec: AgentSpec) {
+        let (cert, key) = stand_in.client_certificate(&agent_username(&spec.host), &[AGENT_GROUP]);
+        let dir = self.dir.join(format!("agent-{}", spec.host));
+        std::fs::create_dir_all(&dir).expect("create the agent's directory");
+        let kubeconfig = dir.join("kubeconfig");
+        pki::write_kubeconfig(
+            &kubeconfig,
+            stand_in.url(),
+            &stand_in.serving_ca(),
+            serde_json::json!({"client-certificate": cert, "client-key": key}),
+        )
+        .expect("write the agent's kubeconfig");
+        let listen = spec.listen.to_string();
+        let mut command = Command::new(super::target_binary("battery-agent", "battery-agent"));
+        command
+            .args(["--listen", &listen, "--advertise-address", &listen])
+            .args(["--host-name", &spec.host])
+            .arg("--serving-certificate-from-api-server")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--client-ca-file")
+            .arg(&self.pki.relay_client_ca)
+            .args([
+                "--flintlock-address",
+                &spec.flintlock,
+                "--flintlock-insecure",
+            ])
+            .arg("--host-tls-insecure")
+            .args(&spec.extra);
+        if !spec.extra.iter().any(|flag| flag == "--skip-check") {
+            command.args(["--skip-check", SIMULATED_HOST_SKIPS]);
+        }
+        let log = dir.join(format!("agent-{}.log", self.running.len()));
+        let (process, _) =
+            Process::start(command, &log, battery_agent::logging::SERVING_PREFIX).await;
+        self.running.insert(spec.host.clone(), (spec, process));
+    }
+}

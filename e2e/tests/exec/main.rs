@@ -1,0 +1,441 @@
+//! Exec end to end (issue 10): the real binaries, with kube-rs's WebSocket exec client and
+//! a second one written from the channel protocol ([`battery_e2e::channel_exec`]).
+//!
+//! Through the aggregator stand-in, as in a cluster: `serve` with the relay's
+//! certificates, the embedded battery in its own process, and one `battery-agent` process
+//! per simulated Host, each its Host's identity, getting its serving certificate from the
+//! API server. The basic session also runs straight against `battery-apiserver dev`, whose
+//! agents run in-process.
+
+use std::time::Duration;
+
+use battery_e2e::apiserver::{ApiServer, Route};
+use battery_e2e::channel_exec::{self, STDIN};
+use battery_e2e::{eventually, kube_client};
+use battery_types::conditions::{HOST_READY, READY};
+use battery_types::{Host, MicroVMClaim};
+use kube::api::{Api, AttachParams, AttachedProcess, PostParams};
+use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+const NAMESPACE: &str = "default";
+const HOLDER: &str = "dev";
+const WITHIN: Duration = Duration::from_secs(60);
+/// What the big transfer sends through `cat`.
+const BIG: usize = 100 * 1024 * 1024;
+/// How much more memory the API server and the agent may hold at their peak while
+/// `BIG` bytes pass through them: a bound per session, far below what holding the
+/// transfer would take.
+const TRANSFER_MEMORY_BOUND: u64 = 16 * 1024 * 1024;
+
+/// Claims a MicroVM of the dev Pool for the kubectl user's ServiceAccount.
+async fn claim(claims: &Api<MicroVMClaim>, name: &str) -> MicroVMClaim {
+    let claim: MicroVMClaim = serde_json::from_value(json!({
+        "apiVersion": battery_types::API_VERSION,
+        "kind": "MicroVMClaim",
+        "metadata": {"name": name},
+        "spec": {"poolRef": {"name": "dev"}, "serviceAccountName": HOLDER},
+    }))
+    .unwrap();
+    claims.create(&PostParams::default(), &claim).await.unwrap()
+}
+
+fn host_of(claim: &MicroVMClaim) -> String {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.host.as_ref())
+        .map(|h| h.node_name.clone())
+        .expect("a Bound claim names its Host")
+}
+
+/// Runs `command` with kube-rs and returns its stdout and the Status kube-rs read.
+async fn kube_exec(claims: &Api<MicroVMClaim>, claim: &str, command: &[&str]) -> (String, Value) {
+    let mut process = claims
+        .exec(
+            claim,
+            command.to_vec(),
+            &AttachParams::default().stderr(false),
+        )
+        .await
+        .unwrap();
+    let mut stdout = String::new();
+    process
+        .stdout()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .await
+        .unwrap();
+    let status = process.take_status().unwrap().await;
+    process.join().await.unwrap();
+    (stdout, serde_json::to_value(status).unwrap())
+}
+
+async fn basic_session(route: Route) {
+    let server = match route {
+        Route::Direct => ApiServer::start(route).await,
+        Route::Aggregated => ApiServer::aggregated_with_agents().await,
+    };
+    let claims: Api<MicroVMClaim> =
+        Api::namespaced(kube_client(server.kubeconfig()).await, NAMESPACE);
+    claim(&claims, "basic").await;
+
+    let (stdout, status) = kube_exec(&claims, "basic", &["echo", "hi"]).await;
+    assert_eq!(stdout, "hi\n");
+    assert_eq!(status["status"], "Success", "{status}");
+
+    let (_, status) = kube_exec(&claims, "basic", &["sh", "-c", "exit 3"]).await;
+    assert_eq!(status["status"], "Failure", "{status}");
+    assert_eq!(status["reason"], "NonZeroExitCode", "{status}");
+    assert_eq!(
+        status["details"]["causes"][0]["reason"], "ExitCode",
+        "{status}"
+    );
+    assert_eq!(status["details"]["causes"][0]["message"], "3", "{status}");
+
+    // The second client: stdout and stderr apart, stdin closed with v5's close channel.
+    let client = server.exec_client(None);
+    let path = channel_exec::exec_path(NAMESPACE, "basic");
+    let script = "read line; echo \"out $line\"; echo err >&2; cat >/dev/null; echo done";
+    let mut session = client
+        .open(
+            &format!(
+                "{path}?{}",
+                channel_exec::query(&["sh", "-c", script], true)
+            ),
+            "v5.channel.k8s.io, v4.channel.k8s.io",
+        )
+        .await
+        .unwrap();
+    assert_eq!(session.protocol, "v5.channel.k8s.io");
+    session.send(STDIN, b"in\nmore").await;
+    session.close_stdin().await;
+    let outcome = session.finish().await;
+    assert_eq!(String::from_utf8_lossy(&outcome.stdout), "out in\ndone\n");
+    assert_eq!(String::from_utf8_lossy(&outcome.stderr), "err\n");
+    assert_eq!(outcome.status["status"], "Success", "{}", outcome.status);
+
+    // flintlock's exec has no terminal: refused before the upgrade, saying so.
+    let refused = client
+        .open(
+            &format!("{path}?command=sh&stdin=true&stdout=true&tty=true"),
+            "v5.channel.k8s.io",
+        )
+        .await
+        .err()
+        .expect("tty=true is refused");
+    assert_eq!(refused.0, 400, "{}", refused.1);
+    assert!(
+        refused.1["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("terminal"),
+        "{}",
+        refused.1
+    );
+}
+
+mod basic_session {
+    #[tokio::test]
+    async fn direct() {
+        super::basic_session(battery_e2e::apiserver::Route::Direct).await;
+    }
+
+    #[tokio::test]
+    async fn aggregated() {
+        super::basic_session(battery_e2e::apiserver::Route::Aggregated).await;
+    }
+}
+
+/// Fills `buffer` with bytes no compressor or cache along the way could shortcut.
+fn noise(seed: &mut u64, buffer: &mut [u8]) {
+    for byte in buffer {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *byte = *seed as u8;
+    }
+}
+
+#[tokio::test]
+async fn a_hundred_megabytes_round_trip_through_cat_in_bounded_memory() {
+    let server = ApiServer::aggregated_with_agents().await;
+    let claims: Api<MicroVMClaim> =
+        Api::namespaced(kube_client(server.kubeconfig()).await, NAMESPACE);
+    let bound = claim(&claims, "big").await;
+    let host = host_of(&bound);
+    let server_before = server.server_peak_rss_bytes();
+    let agent_before = server.agent_peak_rss_bytes(&host).await;
+
+    let mut process: AttachedProcess = claims
+        .exec(
+            "big",
+            ["cat"],
+            &AttachParams::default().stdin(true).stderr(false),
+        )
+        .await
+        .unwrap();
+    let mut stdin = process.stdin().unwrap();
+    let mut stdout = process.stdout().unwrap();
+    let writer = tokio::spawn(async move {
+        let (mut seed, mut sent, mut hash) = (0x9e37_79b9_7f4a_7c15_u64, 0, Sha256::new());
+        let mut chunk = vec![0; 64 * 1024];
+        while sent < BIG {
+            noise(&mut seed, &mut chunk);
+            hash.update(&chunk);
+            stdin.write_all(&chunk).await.unwrap();
+            sent += chunk.len();
+        }
+        stdin.shutdown().await.unwrap();
+        hash.finalize()
+    });
+    let (mut received, mut hash, mut buffer) = (0, Sha256::new(), vec![0; 64 * 1024]);
+    loop {
+        let read = stdout.read(&mut buffer).await.unwrap();
+        if read == 0 {
+            break;
+        }
+        hash.update(&buffer[..read]);
+        received += read;
+    }
+    let sent = writer.await.unwrap();
+    let status = process.take_status().unwrap().await;
+    assert_eq!(received, BIG);
+    assert_eq!(hash.finalize(), sent, "what came back is what went in");
+    assert_eq!(status.and_then(|s| s.status).as_deref(), Some("Success"));
+
+    let server_growth = server.server_peak_rss_bytes().saturating_sub(server_before);
+    let agent_growth = server
+        .agent_peak_rss_bytes(&host)
+        .await
+        .saturating_sub(agent_before);
+    eprintln!("peak RSS growth over {BIG} bytes: API server {server_growth}, agent {agent_growth}");
+    assert!(
+        server_growth < TRANSFER_MEMORY_BOUND,
+        "the API server grew by {server_growth} bytes"
+    );
+    assert!(
+        agent_growth < TRANSFER_MEMORY_BOUND,
+        "the agent grew by {agent_growth} bytes"
+    );
+}
+
+#[tokio::test]
+async fn only_the_holder_with_rbac_may_exec() {
+    let server = ApiServer::aggregated_with_agents().await;
+    let stand_in = server.stand_in().expect("aggregated");
+    let claims: Api<MicroVMClaim> =
+        Api::namespaced(kube_client(server.kubeconfig()).await, NAMESPACE);
+    claim(&claims, "mine").await;
+    // Someone allowed to exec into claims, but not this claim's Holder.
+    stand_in.edit_policy(|policy| {
+        policy["rules"].as_array_mut().unwrap().push(json!({
+            "users": ["system:serviceaccount:default:other"],
+            "verbs": ["get", "create"],
+            "apiGroups": [battery_types::GROUP],
+            "resources": ["microvmclaims", "microvmclaims/exec"],
+        }));
+    });
+    let path = format!(
+        "{}?{}",
+        channel_exec::exec_path(NAMESPACE, "mine"),
+        channel_exec::query(&["echo", "hi"], false)
+    );
+    for (user, why) in [
+        ("system:serviceaccount:default:other", "not the Holder"),
+        ("system:serviceaccount:default:nobody", "no RBAC"),
+    ] {
+        let identity = stand_in.client_certificate(user, &["system:serviceaccounts"]);
+        let refused = server
+            .exec_client(Some(identity))
+            .open(&path, "v5.channel.k8s.io")
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{user} ({why}) may not exec"));
+        assert_eq!(refused.0, 403, "{why}: {}", refused.1);
+        assert_eq!(refused.1["reason"], "Forbidden", "{why}: {}", refused.1);
+    }
+}
+
+#[tokio::test]
+async fn a_killed_agent_fails_the_session_and_its_successor_serves() {
+    let server = ApiServer::aggregated_with_agents().await;
+    let claims: Api<MicroVMClaim> =
+        Api::namespaced(kube_client(server.kubeconfig()).await, NAMESPACE);
+    let host = host_of(&claim(&claims, "victim").await);
+    let client = server.exec_client(None);
+    let path = channel_exec::exec_path(NAMESPACE, "victim");
+    let mut session = client
+        .open(
+            &format!(
+                "{path}?{}",
+                channel_exec::query(&["sh", "-c", "echo started; sleep 300"], false)
+            ),
+            "v5.channel.k8s.io",
+        )
+        .await
+        .unwrap();
+    session.send(STDIN, b"").await;
+    let spec = server.kill_agent(&host).await;
+    let outcome = session.finish().await;
+    assert_eq!(outcome.status["status"], "Failure", "{}", outcome.status);
+
+    server.start_agent(spec).await;
+    let (stdout, status) = eventually(WITHIN, "an exec through the new agent", async || {
+        let (stdout, status) = kube_exec(&claims, "victim", &["echo", "back"]).await;
+        if status["status"] == "Success" {
+            Ok((stdout, status))
+        } else {
+            Err(status.to_string())
+        }
+    })
+    .await;
+    assert_eq!(stdout, "back\n", "{status}");
+}
+
+#[tokio::test]
+async fn a_host_its_agent_reports_not_ready_shows_on_claims_and_gets_no_new_microvms() {
+    let server = ApiServer::aggregated_with_agents().await;
+    let client = kube_client(server.kubeconfig()).await;
+    let claims: Api<MicroVMClaim> = Api::namespaced(client.clone(), NAMESPACE);
+    let hosts: Api<Host> = Api::all(client);
+    let first = claim(&claims, "first").await;
+    let host = host_of(&first);
+
+    // The same agent, started again on a Host whose KVM device is gone.
+    let mut spec = server.kill_agent(&host).await;
+    spec.extra = [
+        "--kvm-device",
+        "/nonexistent/kvm",
+        "--skip-check",
+        "thin-pool",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    server.start_agent(spec).await;
+    let condition =
+        |object: Option<&Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>>,
+         type_: &str| { object.and_then(|c| c.iter().find(|c| c.type_ == type_).cloned()) };
+    let reported = eventually(WITHIN, "the claim to show its Host not ready", async || {
+        let object = claims.get("first").await.map_err(|e| e.to_string())?;
+        match condition(object.status.as_ref().map(|s| &s.conditions), HOST_READY) {
+            Some(c) if c.status == "False" => Ok(c),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(reported.reason, "KVMUnavailable", "{reported:?}");
+    let ready = hosts.get(&host).await.unwrap();
+    let ready = condition(ready.status.as_ref().map(|s| &s.conditions), READY).unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "KVMUnavailable")
+    );
+    let refused = server
+        .exec_client(None)
+        .open(
+            &format!(
+                "{}?command=true&stdout=true",
+                channel_exec::exec_path(NAMESPACE, "first")
+            ),
+            "v5.channel.k8s.io",
+        )
+        .await
+        .err()
+        .expect("no exec on a Host that is not ready");
+    assert_eq!(refused.0, 503, "{}", refused.1);
+
+    // Claims keep coming; battery replaces them, never on the Host that is not ready.
+    let count = async || {
+        hosts
+            .get(&host)
+            .await
+            .unwrap()
+            .status
+            .unwrap_or_default()
+            .vm_count
+    };
+    let before = count().await;
+    for n in 0..4 {
+        let name = format!("more-{n}");
+        claim(&claims, &name).await;
+        claims.delete(&name, &Default::default()).await.unwrap();
+    }
+    battery_e2e::consistently(
+        Duration::from_secs(3),
+        "no new MicroVM on the Host",
+        async || {
+            let now = count().await;
+            if now <= before {
+                Ok(())
+            } else {
+                Err(format!("{now} MicroVMs, {before} before"))
+            }
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn an_agent_cannot_write_another_hosts_status() {
+    let server = ApiServer::aggregated_with_agents().await;
+    let stand_in = server.stand_in().expect("aggregated");
+    let client = kube_client(server.kubeconfig()).await;
+    let names: Vec<String> = Api::<Host>::all(client)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|h| h.metadata.name)
+        .collect();
+    let [mine, theirs, ..] = names.as_slice() else {
+        panic!("two Hosts at least: {names:?}");
+    };
+    let (cert, key) = stand_in.client_certificate(
+        &battery_types::agent_identity::agent_username(mine),
+        &[battery_types::agent_identity::AGENT_GROUP],
+    );
+    let kubeconfig = server.scratch().join("agent-kubeconfig");
+    battery_e2e::stand_in::pki::write_kubeconfig(
+        &kubeconfig,
+        stand_in.url(),
+        &stand_in.serving_ca(),
+        json!({"client-certificate": cert, "client-key": key}),
+    )
+    .unwrap();
+    let hosts: Api<Host> = Api::all(kube_client(&kubeconfig).await);
+    let patch = json!({"status": {"conditions": [{
+        "type": "Ready", "status": "False", "reason": "KVMUnavailable",
+        "message": "forged", "lastTransitionTime": "2026-12-01T00:00:00Z"
+    }]}});
+    let params = kube::api::PatchParams::default();
+    let error = hosts
+        .patch_status(theirs, &params, &kube::api::Patch::Merge(&patch))
+        .await
+        .expect_err("another Host's status is not this agent's to write");
+    let kube::Error::Api(status) = error else {
+        panic!("{error}")
+    };
+    assert_eq!(status.code, 403, "{status:?}");
+    let certificate = json!({
+        "apiVersion": battery_types::API_VERSION, "kind": "HostCertificateRequest",
+        "metadata": {}, "spec": {"request": "not even a CSR"}
+    });
+    let request = http::Request::post(format!(
+        "/apis/{}/hosts/{theirs}/certificate",
+        battery_types::API_VERSION
+    ))
+    .header("content-type", "application/json")
+    .body(serde_json::to_vec(&certificate).unwrap())
+    .unwrap();
+    let error = kube_client(&kubeconfig)
+        .await
+        .request::<Value>(request)
+        .await
+        .expect_err("no certificate for another Host");
+    let kube::Error::Api(status) = error else {
+        panic!("{error}")
+    };
+    assert_eq!(status.code, 403, "{status:?}");
+}
