@@ -8,6 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 mod common;
+mod simhost;
+
+use simhost::create_microvm;
 
 use axum::body::Body;
 use battery_agent::Cli;
@@ -23,10 +26,6 @@ use battery_proto::agent::v1alpha1::relay_client::RelayClient;
 use battery_proto::agent::v1alpha1::{
     ClaimRef, ExecOpen, ExecRequest, StdinEof, exec_request, exec_response, exit_status,
 };
-use battery_proto::flintlock::types::MicroVmSpec;
-use battery_proto::flintlock::types::micro_vm_status::MicroVmState;
-use battery_proto::microvm::services::api::v1alpha1::micro_vm_client::MicroVmClient;
-use battery_proto::microvm::services::api::v1alpha1::{CreateMicroVmRequest, GetMicroVmRequest};
 use battery_types::agent_identity::{AGENT_GROUP, agent_username};
 use clap::Parser as _;
 use http_body_util::BodyExt as _;
@@ -157,46 +156,6 @@ async fn wait_until(what: &str, mut condition: impl AsyncFnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting until {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-async fn create_microvm(host: &SimulatedHost) -> String {
-    let channel = Channel::from_shared(format!("http://{}", host.address()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut microvms = MicroVmClient::new(channel);
-    let created = microvms
-        .create_micro_vm(CreateMicroVmRequest {
-            microvm: Some(MicroVmSpec {
-                id: "vm".into(),
-                namespace: "ns".into(),
-                vcpu: 1,
-                memory_in_mb: 128,
-                ..MicroVmSpec::default()
-            }),
-            ..CreateMicroVmRequest::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let uid = created
-        .microvm
-        .and_then(|m| m.spec)
-        .and_then(|s| s.uid)
-        .unwrap();
-    wait_until("the MicroVM is CREATED", async || {
-        let microvm = microvms
-            .get_micro_vm(GetMicroVmRequest { uid: uid.clone() })
-            .await
-            .unwrap()
-            .into_inner()
-            .microvm
-            .unwrap();
-        microvm.status.unwrap().state == MicroVmState::Created as i32
-    })
-    .await;
-    uid
 }
 
 /// The relay's client side: trusts the signing CA, presents a client certificate.

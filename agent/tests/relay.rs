@@ -9,6 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 mod common;
+mod simhost;
+
+use simhost::create_microvm;
 
 use battery_agent::Cli;
 use battery_embedded::simhost::{SimulatedHost, SimulatedHostConfig};
@@ -17,10 +20,6 @@ use battery_proto::agent::v1alpha1::{
     ClaimRef, ExecOpen, ExecRequest, ExecResponse, StdinEof, exec_request, exec_response,
     exit_status,
 };
-use battery_proto::flintlock::types::MicroVmSpec;
-use battery_proto::flintlock::types::micro_vm_status::MicroVmState;
-use battery_proto::microvm::services::api::v1alpha1::micro_vm_client::MicroVmClient;
-use battery_proto::microvm::services::api::v1alpha1::{CreateMicroVmRequest, GetMicroVmRequest};
 use clap::Parser as _;
 use common::Ca;
 use sha2::{Digest as _, Sha256};
@@ -136,46 +135,6 @@ impl Fixture {
             ..ExecOpen::default()
         }
     }
-}
-
-async fn create_microvm(host: &SimulatedHost) -> String {
-    let channel = Channel::from_shared(format!("http://{}", host.address()))
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connected to the host");
-    let mut microvms = MicroVmClient::new(channel);
-    let created = microvms
-        .create_micro_vm(CreateMicroVmRequest {
-            microvm: Some(MicroVmSpec {
-                id: "vm".into(),
-                namespace: "ns".into(),
-                vcpu: 1,
-                memory_in_mb: 128,
-                ..MicroVmSpec::default()
-            }),
-            ..CreateMicroVmRequest::default()
-        })
-        .await
-        .expect("created")
-        .into_inner();
-    let uid = created
-        .microvm
-        .and_then(|microvm| microvm.spec)
-        .and_then(|spec| spec.uid)
-        .expect("uid");
-    wait_until("the MicroVM is CREATED", async || {
-        let microvm = microvms
-            .get_micro_vm(GetMicroVmRequest { uid: uid.clone() })
-            .await
-            .expect("got")
-            .into_inner()
-            .microvm
-            .expect("microvm");
-        microvm.status.expect("status").state == MicroVmState::Created as i32
-    })
-    .await;
-    uid
 }
 
 /// Polls until `condition` holds, failing the test at [`DEADLINE`].

@@ -297,12 +297,8 @@ async fn deleting_the_claim_ends_its_sessions_and_the_gauge_counts_them() {
         )
         .await
         .unwrap();
-    let metrics = || async {
-        let (_, _, body) = exec.h.send(get("/metrics")).await;
-        String::from_utf8(body).unwrap()
-    };
     assert!(
-        metrics()
+        metrics(&exec)
             .await
             .contains("battery_apiserver_exec_sessions 1\n")
     );
@@ -327,15 +323,7 @@ async fn deleting_the_claim_ends_its_sessions_and_the_gauge_counts_them() {
         "{}",
         output.status
     );
-    common::eventually(DEADLINE, || async {
-        let text = metrics().await;
-        if text.contains("battery_apiserver_exec_sessions 0\n") {
-            Ok(())
-        } else {
-            Err(text)
-        }
-    })
-    .await;
+    no_sessions_left(&exec).await;
 }
 
 #[tokio::test]
@@ -343,10 +331,6 @@ async fn many_sessions_run_at_once_and_closing_the_websocket_ends_the_command() 
     let exec = Exec::start().await;
     exec.claim("a").await;
     exec.claim("b").await;
-    let metrics = || async {
-        let (_, _, body) = exec.h.send(get("/metrics")).await;
-        String::from_utf8(body).unwrap()
-    };
     // Two long sessions held open while sixteen short ones run on both claims.
     let mut long = Vec::new();
     for claim in ["a", "b"] {
@@ -373,7 +357,7 @@ async fn many_sessions_run_at_once_and_closing_the_websocket_ends_the_command() 
     });
     futures::future::join_all(short).await;
     assert!(
-        metrics()
+        metrics(&exec)
             .await
             .contains("battery_apiserver_exec_sessions 2\n")
     );
@@ -382,15 +366,7 @@ async fn many_sessions_run_at_once_and_closing_the_websocket_ends_the_command() 
     for mut raw in long {
         raw.ws.close(None).await.unwrap();
     }
-    common::eventually(DEADLINE, || async {
-        let text = metrics().await;
-        if text.contains("battery_apiserver_exec_sessions 0\n") {
-            Ok(())
-        } else {
-            Err(text)
-        }
-    })
-    .await;
+    no_sessions_left(&exec).await;
 }
 
 #[tokio::test]
@@ -476,4 +452,23 @@ async fn an_expiring_claim_ends_its_sessions() {
         .err()
         .expect("an exec into an Expired claim was upgraded");
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
+}
+
+/// What `/metrics` shows.
+async fn metrics(exec: &Exec) -> String {
+    let (_, _, body) = exec.h.send(get("/metrics")).await;
+    String::from_utf8(body).unwrap()
+}
+
+/// Waits until the exec sessions gauge is back at 0.
+async fn no_sessions_left(exec: &Exec) {
+    common::eventually(DEADLINE, || async {
+        let text = metrics(exec).await;
+        if text.contains("battery_apiserver_exec_sessions 0\n") {
+            Ok(())
+        } else {
+            Err(text)
+        }
+    })
+    .await;
 }
