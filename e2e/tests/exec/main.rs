@@ -28,6 +28,11 @@ const BIG: usize = 100 * 1024 * 1024;
 /// `BIG` bytes pass through them: a bound per session, far below what holding the
 /// transfer would take.
 const TRANSFER_MEMORY_BOUND: u64 = 16 * 1024 * 1024;
+/// Longer than the transfer takes on a loaded 2-core machine in a debug build, so that a
+/// stall fails the test instead of holding the suite.
+const TRANSFER_TIMEOUT: Duration = Duration::from_secs(300);
+/// Well inside the dev Pool's lease.
+const RENEW_EVERY: Duration = Duration::from_secs(5);
 
 /// Claims a MicroVM of the dev Pool for the kubectl user's ServiceAccount.
 async fn claim(claims: &Api<MicroVMClaim>, name: &str) -> MicroVMClaim {
@@ -178,7 +183,7 @@ async fn a_hundred_megabytes_round_trip_through_cat_in_bounded_memory() {
         .unwrap();
     let mut stdin = process.stdin().unwrap();
     let mut stdout = process.stdout().unwrap();
-    let writer = tokio::spawn(async move {
+    let writer = async move {
         let (mut seed, mut sent, mut hash) = (0x9e37_79b9_7f4a_7c15_u64, 0, Sha256::new());
         let mut chunk = vec![0; 64 * 1024];
         while sent < BIG {
@@ -189,20 +194,40 @@ async fn a_hundred_megabytes_round_trip_through_cat_in_bounded_memory() {
         }
         stdin.shutdown().await.unwrap();
         hash.finalize()
-    });
-    let (mut received, mut hash, mut buffer) = (0, Sha256::new(), vec![0; 64 * 1024]);
-    loop {
-        let read = stdout.read(&mut buffer).await.unwrap();
-        if read == 0 {
-            break;
+    };
+    let reader = async move {
+        let (mut received, mut hash, mut buffer) = (0, Sha256::new(), vec![0; 64 * 1024]);
+        loop {
+            let read = stdout.read(&mut buffer).await.unwrap();
+            if read == 0 {
+                return (received, hash.finalize());
+            }
+            hash.update(&buffer[..read]);
+            received += read;
         }
-        hash.update(&buffer[..read]);
-        received += read;
-    }
-    let sent = writer.await.unwrap();
+    };
+    // A Holder renews while it works: on a loaded machine the transfer outlasts a lease.
+    let renewing = async {
+        loop {
+            tokio::time::sleep(RENEW_EVERY).await;
+            let renewal = kube::api::Patch::Merge(json!({}));
+            claims
+                .patch_subresource("lease", "big", &Default::default(), &renewal)
+                .await
+                .expect("the Holder renews its lease");
+        }
+    };
+    let (sent, (received, hash)) = tokio::time::timeout(TRANSFER_TIMEOUT, async {
+        tokio::select! {
+            done = async { tokio::join!(writer, reader) } => done,
+            _ = renewing => unreachable!("renewing never ends"),
+        }
+    })
+    .await
+    .expect("the transfer finished in time");
     let status = process.take_status().unwrap().await;
     assert_eq!(received, BIG);
-    assert_eq!(hash.finalize(), sent, "what came back is what went in");
+    assert_eq!(hash, sent, "what came back is what went in");
     assert_eq!(status.and_then(|s| s.status).as_deref(), Some("Success"));
 
     let server_growth = server.server_peak_rss_bytes().saturating_sub(server_before);
