@@ -1,10 +1,11 @@
 //! Claims a MicroVM of a Pool, runs a command in it, releases it and exits with the
 //! command's code.
 //!
-//! `cargo run -p battery-sdk --example run -- [--kubeconfig PATH] POOL HOLDER CMD...`
-//! (without `--kubeconfig`, `KUBECONFIG` or `~/.kube/config`, as kubectl).
+//! `cargo run -p battery-sdk --example run -- [--kubeconfig PATH] POOL CMD...`
+//! (without `--kubeconfig`, `KUBECONFIG` or `~/.kube/config`, as kubectl). The Holder is
+//! the kubeconfig's user, which must be a ServiceAccount of the namespace.
 
-use battery_sdk::{Client, Error};
+use battery_sdk::Client;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -24,11 +25,11 @@ pub async fn run(mut args: Vec<String>) -> Result<i32> {
     } else {
         kube::Config::infer().await?
     };
-    let [pool, holder, command @ ..] = args.as_slice() else {
-        return Err("usage: run [--kubeconfig PATH] POOL HOLDER CMD...".into());
+    let [pool, command @ ..] = args.as_slice() else {
+        return Err("usage: run [--kubeconfig PATH] POOL CMD...".into());
     };
-    let client = Client::new(kube::Client::try_from(config).map_err(Error::Api)?);
-    let claim = client.claim(pool).holder(holder).send().await?;
+    let client = Client::from_config(config)?;
+    let claim = client.claim(pool).send().await?;
     let output = claim.run(command.iter().cloned()).await?;
     print!("{}", String::from_utf8_lossy(&output.stdout));
     eprint!("{}", String::from_utf8_lossy(&output.stderr));

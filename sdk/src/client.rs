@@ -26,13 +26,44 @@ const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 pub struct Client {
     kube: kube::Client,
     namespace: String,
+    /// The user the client authenticates as, where its configuration tells.
+    user: Option<String>,
 }
 
 impl Client {
-    /// A client for the kubeconfig's (or the Pod's) default namespace.
+    /// A client for the kubeconfig's (or the Pod's) default namespace. A `kube::Client`
+    /// made with its default retries (`Config::default_retry`) retries `429` and `503`
+    /// itself, for minutes, before [`ClaimBuilder::send`] sees them: prefer
+    /// [`Client::from_config`], which turns them off.
     pub fn new(kube: kube::Client) -> Self {
         let namespace = kube.default_namespace().to_owned();
-        Self { kube, namespace }
+        Self {
+            kube,
+            namespace,
+            user: None,
+        }
+    }
+
+    /// A client from a kube configuration, which also knows who it is: the user its
+    /// client certificate names, so that a claim's Holder defaults to that ServiceAccount.
+    /// kube-rs's own retries of `429` and `503` are turned off: [`ClaimBuilder::send`]
+    /// retries to its deadline, which a `kube::Client` retrying on its own would outlast.
+    pub fn from_config(mut config: kube::Config) -> Result<Self, Error> {
+        let user = certificate_user(&config.auth_info);
+        config.default_retry = false;
+        let kube = kube::Client::try_from(config).map_err(Error::Api)?;
+        Ok(Self {
+            user,
+            ..Self::new(kube)
+        })
+    }
+
+    /// The ServiceAccount of this client's namespace that the client's user is, if any.
+    fn own_service_account(&self) -> Option<String> {
+        let user = self.user.as_deref()?;
+        let rest = user.strip_prefix("system:serviceaccount:")?;
+        let (namespace, name) = rest.split_once(':')?;
+        (namespace == self.namespace).then(|| name.to_owned())
     }
 
     /// The same client for `namespace`.
@@ -76,7 +107,8 @@ pub struct ClaimBuilder {
 
 impl ClaimBuilder {
     /// The ServiceAccount (of the client's namespace) that holds the claim: only it may
-    /// renew the lease and exec into the MicroVM.
+    /// renew the lease and exec into the MicroVM. Without one, the client's own
+    /// ServiceAccount, if [`Client::from_config`] found that its user is one.
     pub fn holder(mut self, service_account: impl Into<String>) -> Self {
         self.holder = Some(service_account.into());
         self
@@ -108,7 +140,10 @@ impl ClaimBuilder {
     /// Creates the claim, which binds it, and starts renewing its lease.
     pub async fn send(self) -> Result<Claim, Error> {
         let deadline = Instant::now() + self.deadline;
-        let holder = self.holder.ok_or(Error::HolderUnknown)?;
+        let holder = self
+            .holder
+            .or_else(|| self.client.own_service_account())
+            .ok_or(Error::HolderUnknown)?;
         // Fixed before the first attempt, so a retry asks for the same claim.
         let name = self.name.unwrap_or_else(|| generated_name(&self.pool));
         let token = random(32, b"0123456789abcdef");
@@ -181,6 +216,28 @@ impl ClaimBuilder {
         };
         Ok(Claim::start(self.client, bound, self.pool, lease))
     }
+}
+
+/// The common name of the client certificate, which Kubernetes takes as the user name.
+fn certificate_user(auth: &kube::config::AuthInfo) -> Option<String> {
+    use base64::Engine as _;
+    let pem = match (&auth.client_certificate_data, &auth.client_certificate) {
+        (Some(data), _) => base64::engine::general_purpose::STANDARD
+            .decode(data.trim())
+            .ok()?,
+        (None, Some(path)) => std::fs::read(path).ok()?,
+        (None, None) => return None,
+    };
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).ok()?;
+    let certificate = pem.parse_x509().ok()?;
+    let name = certificate
+        .subject()
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_owned();
+    Some(name)
 }
 
 fn random(len: usize, alphabet: &[u8]) -> String {

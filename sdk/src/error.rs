@@ -45,7 +45,8 @@ pub enum Error {
     /// The claim's lease is over (expired, or the claim was deleted): claim again.
     #[error("the claim's lease is lost: {0}")]
     LeaseLost(LostReason),
-    /// No Holder was given and the client's identity is not a ServiceAccount.
+    /// No Holder was given and the client's user is not known to be a ServiceAccount of
+    /// its namespace.
     #[error("no Holder: the client's user is not a ServiceAccount, so name one with .holder(..)")]
     HolderUnknown,
     /// Another claim of that name exists and is not ours.

@@ -9,6 +9,7 @@
 //! # async fn example() -> Result<(), battery_sdk::Error> {
 //! let kube = kube::Client::try_default().await.map_err(battery_sdk::Error::Api)?;
 //! let client = battery_sdk::Client::new(kube);
+//! // `Client::from_config` would know its user, and so the Holder.
 //! let claim = client.claim("dev").holder("dev").send().await?;
 //! let output = claim.run(["uname", "-a"]).await?;
 //! println!("{} (exit {})", String::from_utf8_lossy(&output.stdout), output.code);

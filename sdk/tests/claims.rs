@@ -19,10 +19,19 @@ mod example;
 const HOLDER: &str = "dev";
 const WITHIN: Duration = Duration::from_secs(30);
 
-async fn start() -> (ApiServer, kube::Client) {
+async fn config(server: &ApiServer) -> kube::Config {
+    let kubeconfig = kube::config::Kubeconfig::read_from(server.kubeconfig()).unwrap();
+    kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap()
+}
+
+/// A dev server, a kube client for it and the SDK's client, which claims as its user.
+async fn start() -> (ApiServer, kube::Client, Client) {
     let server = ApiServer::start(Route::Direct).await;
     let kube = kube_client(server.kubeconfig()).await;
-    (server, kube)
+    let client = Client::from_config(config(&server).await).unwrap();
+    (server, kube, client)
 }
 
 /// A Pool of `size` MicroVMs in all (replaced only when deleted), whose leases renew
@@ -71,8 +80,7 @@ fn phase(claim: &MicroVMClaim) -> Option<ClaimPhase> {
 
 #[tokio::test]
 async fn a_claim_is_bound_runs_commands_and_is_released() {
-    let (_server, kube) = start().await;
-    let client = Client::new(kube.clone());
+    let (_server, kube, client) = start().await;
     let claim = client
         .claim("dev")
         .holder(HOLDER)
@@ -114,9 +122,8 @@ async fn a_claim_is_bound_runs_commands_and_is_released() {
 
 #[tokio::test]
 async fn renewal_outlives_the_expiry_and_stops_when_another_client_deletes_the_claim() {
-    let (_server, kube) = start().await;
+    let (_server, kube, client) = start().await;
     short_lease_pool(&kube, "short", 2).await;
-    let client = Client::new(kube.clone());
     let claim = client
         .claim("short")
         .holder(HOLDER)
@@ -158,9 +165,8 @@ async fn renewal_outlives_the_expiry_and_stops_when_another_client_deletes_the_c
 
 #[tokio::test]
 async fn an_exhausted_pool_fails_at_the_deadline_and_a_freed_microvm_is_claimed() {
-    let (_server, kube) = start().await;
+    let (_server, kube, client) = start().await;
     short_lease_pool(&kube, "one", 1).await;
-    let client = Client::new(kube);
     let first = client.claim("one").holder(HOLDER).send().await.unwrap();
 
     let started = tokio::time::Instant::now();
@@ -204,8 +210,8 @@ async fn an_exhausted_pool_fails_at_the_deadline_and_a_freed_microvm_is_claimed(
 
 #[tokio::test]
 async fn errors_name_the_missing_pool() {
-    let (_server, kube) = start().await;
-    let refused = Client::new(kube)
+    let (_server, _, client) = start().await;
+    let refused = client
         .claim("nonexistent")
         .holder(HOLDER)
         .send()
@@ -222,17 +228,29 @@ async fn errors_name_the_missing_pool() {
 async fn the_example_runs_a_command() {
     let server = ApiServer::start(Route::Direct).await;
     let kubeconfig = server.kubeconfig().display().to_string();
-    let args = [
-        "--kubeconfig",
-        &kubeconfig,
-        "dev",
-        HOLDER,
-        "sh",
-        "-c",
-        "exit 3",
-    ];
+    let args = ["--kubeconfig", &kubeconfig, "dev", "sh", "-c", "exit 3"];
     let code = example::run(args.map(str::to_owned).to_vec())
         .await
         .unwrap();
     assert_eq!(code, 3);
+}
+
+#[tokio::test]
+async fn the_holder_defaults_to_the_clients_own_service_account() {
+    let server = ApiServer::start(Route::Direct).await;
+    let config = config(&server).await;
+    let kube = kube::Client::try_from(config.clone()).unwrap();
+    let refused = Client::new(kube).claim("dev").send().await.err();
+    assert!(
+        matches!(refused, Some(Error::HolderUnknown)),
+        "a client that does not know its user needs a Holder: {refused:?}"
+    );
+    let client = Client::from_config(config).unwrap();
+    let claim = client.claim("dev").send().await.unwrap();
+    assert_eq!(claim.object().spec.service_account_name, HOLDER);
+    let elsewhere = client.namespace("other").claim("dev").send().await.err();
+    assert!(
+        matches!(elsewhere, Some(Error::HolderUnknown)),
+        "not a ServiceAccount of that namespace: {elsewhere:?}"
+    );
 }
