@@ -28,7 +28,15 @@ async fn config(server: &ApiServer) -> kube::Config {
 
 /// A dev server, a kube client for it and the SDK's client, which claims as its user.
 async fn start() -> (ApiServer, kube::Client, Client) {
-    let server = ApiServer::start(Route::Direct).await;
+    start_on(Route::Direct).await
+}
+
+/// As [`start`], by `route`; through the aggregator stand-in with exec agents.
+async fn start_on(route: Route) -> (ApiServer, kube::Client, Client) {
+    let server = match route {
+        Route::Direct => ApiServer::start(route).await,
+        Route::Aggregated => ApiServer::aggregated_with_agents().await,
+    };
     let kube = kube_client(server.kubeconfig()).await;
     let client = Client::from_config(config(&server).await).unwrap();
     (server, kube, client)
@@ -78,9 +86,20 @@ fn phase(claim: &MicroVMClaim) -> Option<ClaimPhase> {
     claim.status.as_ref().and_then(|s| s.phase.clone())
 }
 
-#[tokio::test]
-async fn a_claim_is_bound_runs_commands_and_is_released() {
-    let (_server, kube, client) = start().await;
+mod a_claim_is_bound_runs_commands_and_is_released {
+    #[tokio::test]
+    async fn direct() {
+        super::a_claim_is_bound_runs_commands_and_is_released(super::Route::Direct).await;
+    }
+
+    #[tokio::test]
+    async fn aggregated() {
+        super::a_claim_is_bound_runs_commands_and_is_released(super::Route::Aggregated).await;
+    }
+}
+
+async fn a_claim_is_bound_runs_commands_and_is_released(route: Route) {
+    let (_server, kube, client) = start_on(route).await;
     let claim = client
         .claim("dev")
         .holder(HOLDER)
