@@ -1,0 +1,190 @@
+//! [`Claim`]: a Bound claim that renews its own lease.
+
+use std::time::Duration;
+
+use battery_types::{LeaseSettings, MicroVMClaim};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DeleteParams, PostParams, Preconditions};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::client::Client;
+use crate::error::{self, Error, LostReason};
+
+/// A Bound claim on a MicroVM. It renews its lease in a task of its own until the lease
+/// is lost, [`Claim::release`] ends it, or it is dropped (then battery expires the lease).
+pub struct Claim {
+    pub(crate) client: Client,
+    object: MicroVMClaim,
+    pub(crate) pool: String,
+    lost: watch::Receiver<Option<LostReason>>,
+    renewal: JoinHandle<()>,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        // Never blocks: the task stops at its next await.
+        self.renewal.abort();
+    }
+}
+
+impl Claim {
+    pub(crate) fn start(
+        client: Client,
+        object: MicroVMClaim,
+        pool: String,
+        lease: LeaseSettings,
+    ) -> Self {
+        let (report, lost) = watch::channel(None);
+        let renewer = Renewer {
+            url: client.claims().resource_url().to_owned(),
+            kube: client.kube(),
+            name: object.metadata.name.clone().unwrap_or_default(),
+            uid: object.metadata.uid.clone().unwrap_or_default(),
+            interval: lease
+                .heartbeat_interval
+                .to_std()
+                .unwrap_or(Duration::from_secs(10)),
+            expiry: lease
+                .expiry_threshold
+                .to_std()
+                .unwrap_or(Duration::from_secs(30)),
+        };
+        let renewal = tokio::spawn(async move {
+            let reason = renewer.run().await;
+            tracing::info!(claim = %renewer.name, %reason, "claim lost");
+            // No receiver left only when the Claim is gone, and then nobody asks.
+            let _ = report.send(Some(reason));
+        });
+        Self {
+            client,
+            object,
+            pool,
+            lost,
+            renewal,
+        }
+    }
+
+    /// The claim's name.
+    pub fn name(&self) -> &str {
+        self.object.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    /// The claim as the create answered it: Bound, naming its MicroVM and Host.
+    pub fn object(&self) -> &MicroVMClaim {
+        &self.object
+    }
+
+    /// Resolves once the lease is over: expired, the claim deleted, or renewal failing
+    /// until the lease's expiry passed. Renewal has stopped by then.
+    pub async fn lost(&self) -> LostReason {
+        let mut lost = self.lost.clone();
+        match lost.wait_for(Option::is_some).await {
+            Ok(reason) => reason.clone().unwrap_or(LostReason::Deleted),
+            // The task ends only after reporting, unless it panicked.
+            Err(_) => LostReason::RenewalFailing("the renewal task ended".to_owned()),
+        }
+    }
+
+    /// Stops renewing and deletes the claim, only if it is still this one (a uid
+    /// precondition). A claim already gone is released too.
+    pub async fn release(self) -> Result<(), Error> {
+        self.renewal.abort();
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: self.object.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match self.client.claims().delete(self.name(), &params).await {
+            Ok(_) => Ok(()),
+            Err(error) if error::status(&error).is_some_and(|s| s.code == 404) => Ok(()),
+            Err(error) => Err(Error::from_claims(error, &self.pool)),
+        }
+    }
+}
+
+/// What the renewal task needs.
+struct Renewer {
+    /// The claims' collection URL, under which `<name>/lease` is.
+    url: String,
+    kube: kube::Client,
+    name: String,
+    uid: String,
+    interval: Duration,
+    expiry: Duration,
+}
+
+impl Renewer {
+    /// Renews until the lease is lost, and says why.
+    async fn run(&self) -> LostReason {
+        let mut renewed = Instant::now();
+        let mut wait = self.interval;
+        loop {
+            // Early, never late: a fifth of the interval of jitter, so many claims of one
+            // Pool do not renew in step.
+            tokio::time::sleep(wait.mul_f64(0.8 + 0.2 * fastrand::f64())).await;
+            match self.renew().await {
+                Ok(()) => {
+                    renewed = Instant::now();
+                    wait = self.interval;
+                }
+                Err(Error::LeaseLost(reason)) => return reason,
+                Err(error) => {
+                    let error = error_chain(&error);
+                    if renewed.elapsed() >= self.expiry {
+                        return LostReason::RenewalFailing(error);
+                    }
+                    tracing::warn!(claim = %self.name, %error, "renewal failed; retrying");
+                    // Try again well before the lease would expire.
+                    wait = (self.interval / 4).max(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+
+    /// One write of the `lease` subresource, which renews it.
+    async fn renew(&self) -> Result<(), Error> {
+        let body = Lease {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: None,
+        };
+        let request = kube::core::Request::new(&self.url)
+            .replace_subresource(
+                "lease",
+                &self.name,
+                &PostParams::default(),
+                serde_json::to_vec(&body).map_err(|e| Error::Api(kube::Error::SerdeError(e)))?,
+            )
+            .map_err(|e| Error::Api(kube::Error::BuildRequest(e)))?;
+        match self.kube.request::<Lease>(request).await {
+            // Same name, another claim: ours was deleted and made again by someone else.
+            Ok(lease) if lease.metadata.uid.as_deref() != Some(self.uid.as_str()) => {
+                Err(Error::LeaseLost(LostReason::Deleted))
+            }
+            Ok(_) => Ok(()),
+            Err(error) if error::status(&error).is_some_and(|s| s.code == 404) => {
+                Err(Error::LeaseLost(LostReason::Deleted))
+            }
+            Err(error) => Err(Error::from_claims(error, "")),
+        }
+    }
+}
+
+/// An error and its causes on one line.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        line.push_str(": ");
+        line.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    line
+}

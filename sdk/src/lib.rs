@@ -1,0 +1,41 @@
+//! Claim a battery MicroVM, keep its lease renewed, run commands in it and release it.
+//!
+//! Built on kube-rs: a [`Client`] wraps a `kube::Client`; [`Client::claim`] binds a
+//! MicroVM of a Pool and gives a [`Claim`] that renews its own lease until it is
+//! released or dropped; [`Claim::exec`] and [`Claim::run`] run commands in the MicroVM.
+//! The API types are re-exported as [`types`], so a consumer needs no other crate of ours.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), battery_sdk::Error> {
+//! let kube = kube::Client::try_default().await.map_err(battery_sdk::Error::Api)?;
+//! let client = battery_sdk::Client::new(kube);
+//! // `Client::from_config` would know its user, and so the Holder.
+//! let claim = client.claim("dev").holder("dev").send().await?;
+//! let output = claim.run(["uname", "-a"]).await?;
+//! println!("{} (exit {})", String::from_utf8_lossy(&output.stdout), output.code);
+//! claim.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Rules: a claim's POST binds, so [`ClaimBuilder::send`] returns a Bound claim or an
+//! error; it retries `429` and `503` as `Retry-After` says until its deadline, and under
+//! a name fixed before the first attempt, so a retry never makes a second claim. A
+//! [`Claim`] renews at its Pool's `heartbeatInterval` (a little early, with jitter);
+//! [`Claim::lost`] says when that is over. Dropping a [`Claim`] stops renewing without
+//! blocking, and battery expires the lease after the Pool's `expiryThreshold`.
+
+#![deny(missing_docs)]
+
+mod claim;
+mod client;
+mod error;
+mod exec;
+
+pub use battery_types as types;
+pub use claim::Claim;
+/// The label that carries a claim's token, by which a retried create knows its own claim.
+pub use client::TOKEN_LABEL;
+pub use client::{ClaimBuilder, Client};
+pub use error::{Error, LostReason};
+pub use exec::{Output, Process};

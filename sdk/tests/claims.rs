@@ -1,0 +1,275 @@
+//! The SDK against the real `battery-apiserver dev`: claim, renewal, loss, exec, release
+//! and an exhausted Pool.
+
+use std::time::Duration;
+
+use battery_e2e::apiserver::{ApiServer, Route};
+use battery_e2e::{eventually, kube_client};
+use battery_sdk::types::{ClaimPhase, MicroVMClaim, Pool};
+use battery_sdk::{Client, Error, LostReason};
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+/// The example, run as a test runs it; its `main` is the example's entry, not ours.
+#[path = "../examples/run.rs"]
+#[allow(dead_code)]
+mod example;
+
+const HOLDER: &str = "dev";
+const WITHIN: Duration = Duration::from_secs(30);
+
+async fn config(server: &ApiServer) -> kube::Config {
+    let kubeconfig = kube::config::Kubeconfig::read_from(server.kubeconfig()).unwrap();
+    kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap()
+}
+
+/// A dev server, a kube client for it and the SDK's client, which claims as its user.
+async fn start() -> (ApiServer, kube::Client, Client) {
+    start_on(Route::Direct).await
+}
+
+/// As [`start`], by `route`; through the aggregator stand-in with exec agents.
+async fn start_on(route: Route) -> (ApiServer, kube::Client, Client) {
+    let server = match route {
+        Route::Direct => ApiServer::start(route).await,
+        Route::Aggregated => ApiServer::aggregated_with_agents().await,
+    };
+    let kube = kube_client(server.kubeconfig()).await;
+    let client = Client::from_config(config(&server).await).unwrap();
+    (server, kube, client)
+}
+
+/// A Pool of `size` MicroVMs in all (replaced only when deleted), whose leases renew
+/// every second and expire after three.
+async fn short_lease_pool(kube: &kube::Client, name: &str, size: i32) {
+    let pool: Pool = serde_json::from_value(json!({
+        "apiVersion": battery_sdk::types::API_VERSION,
+        "kind": "Pool",
+        "metadata": {"name": name},
+        "spec": {
+            "size": size,
+            "replenishment": {"type": "ReplaceOnDelete"},
+            "lease": {"heartbeatInterval": "1s", "expiryThreshold": "3s"},
+            "template": {
+                "vcpu": 1,
+                "memoryInMb": 1024,
+                "kernel": {"image": "ghcr.io/liquidmetal-dev/flintlock-kernel:6.1.55"},
+                "rootVolume": {"id": "root", "containerSource": "ghcr.io/liquidmetal-dev/capmvm-kubernetes:1.30.0"},
+                "interfaces": [{"deviceId": "eth1", "type": "Tap"}]
+            }
+        }
+    }))
+    .unwrap();
+    let pools: Api<Pool> = Api::default_namespaced(kube.clone());
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    eventually(WITHIN, "the Pool to have its MicroVMs", async || {
+        let available = pools
+            .get(name)
+            .await
+            .map_err(|e| e.to_string())?
+            .status
+            .unwrap_or_default()
+            .available;
+        if available >= size {
+            Ok(())
+        } else {
+            Err(format!("{available} available"))
+        }
+    })
+    .await;
+}
+
+fn phase(claim: &MicroVMClaim) -> Option<ClaimPhase> {
+    claim.status.as_ref().and_then(|s| s.phase.clone())
+}
+
+mod a_claim_is_bound_runs_commands_and_is_released {
+    #[tokio::test]
+    async fn direct() {
+        super::a_claim_is_bound_runs_commands_and_is_released(super::Route::Direct).await;
+    }
+
+    #[tokio::test]
+    async fn aggregated() {
+        super::a_claim_is_bound_runs_commands_and_is_released(super::Route::Aggregated).await;
+    }
+}
+
+async fn a_claim_is_bound_runs_commands_and_is_released(route: Route) {
+    let (_server, kube, client) = start_on(route).await;
+    let claim = client
+        .claim("dev")
+        .holder(HOLDER)
+        .labels([("team", "sdk")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(phase(claim.object()), Some(ClaimPhase::Bound));
+    assert!(claim.name().starts_with("dev-"), "{}", claim.name());
+    let labels = claim.object().metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels.get("team").map(String::as_str), Some("sdk"));
+
+    // stdin streamed, then closed: the command sees end of file and exits with its code.
+    let mut process = claim
+        .exec(["sh", "-c", "cat; echo err >&2; exit 7"])
+        .await
+        .unwrap();
+    let mut stdin = process.stdin().unwrap();
+    let (mut stdout, mut stderr) = (process.stdout().unwrap(), process.stderr().unwrap());
+    stdin.write_all(b"data").await.unwrap();
+    stdin.shutdown().await.unwrap();
+    let (mut out, mut err) = (String::new(), String::new());
+    stdout.read_to_string(&mut out).await.unwrap();
+    stderr.read_to_string(&mut err).await.unwrap();
+    assert_eq!((out.as_str(), err.as_str()), ("data", "err\n"));
+    assert_eq!(process.wait().await.unwrap(), 7);
+
+    let output = claim.run(["echo", "hi"]).await.unwrap();
+    assert_eq!(
+        (output.code, output.stdout.as_slice()),
+        (0, b"hi\n".as_slice())
+    );
+
+    let name = claim.name().to_owned();
+    claim.release().await.unwrap();
+    let claims: Api<MicroVMClaim> = Api::default_namespaced(kube);
+    assert!(claims.get_opt(&name).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn renewal_outlives_the_expiry_and_stops_when_another_client_deletes_the_claim() {
+    let (_server, kube, client) = start().await;
+    short_lease_pool(&kube, "short", 2).await;
+    let claim = client
+        .claim("short")
+        .holder(HOLDER)
+        .name("kept")
+        .send()
+        .await
+        .unwrap();
+    let dropped = client
+        .claim("short")
+        .holder(HOLDER)
+        .name("dropped")
+        .send()
+        .await
+        .unwrap();
+    drop(dropped);
+
+    // Three expiry windows.
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    let claims: Api<MicroVMClaim> = Api::default_namespaced(kube);
+    assert_eq!(
+        phase(&claims.get("kept").await.unwrap()),
+        Some(ClaimPhase::Bound)
+    );
+    assert_eq!(claim.run(["true"]).await.unwrap().code, 0);
+    // A dropped claim renews no more, so battery expired it.
+    assert_eq!(
+        phase(&claims.get("dropped").await.unwrap()),
+        Some(ClaimPhase::Expired)
+    );
+
+    claims.delete("kept", &Default::default()).await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(5), claim.lost())
+        .await
+        .expect("lost() resolves within a few renewals");
+    assert_eq!(reason, LostReason::Deleted);
+    // Already gone: releasing is still fine.
+    claim.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_exhausted_pool_fails_at_the_deadline_and_a_freed_microvm_is_claimed() {
+    let (_server, kube, client) = start().await;
+    short_lease_pool(&kube, "one", 1).await;
+    let first = client.claim("one").holder(HOLDER).send().await.unwrap();
+
+    let started = tokio::time::Instant::now();
+    let refused = client
+        .claim("one")
+        .holder(HOLDER)
+        .deadline(Duration::from_secs(2))
+        .send()
+        .await
+        .err()
+        .expect("no MicroVM is free");
+    assert!(
+        matches!(&refused, Error::PoolExhausted { pool, retry_after } if pool == "one" && !retry_after.is_zero()),
+        "{refused:?}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let waiting = tokio::spawn({
+        let client = client.clone();
+        async move {
+            client
+                .claim("one")
+                .holder(HOLDER)
+                .deadline(WITHIN)
+                .send()
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    first.release().await.unwrap();
+    let second = waiting
+        .await
+        .unwrap()
+        .expect("the freed MicroVM is claimed");
+    assert_eq!(phase(second.object()), Some(ClaimPhase::Bound));
+}
+
+#[tokio::test]
+async fn errors_name_the_missing_pool() {
+    let (_server, _, client) = start().await;
+    let refused = client
+        .claim("nonexistent")
+        .holder(HOLDER)
+        .send()
+        .await
+        .err()
+        .expect("no such Pool");
+    assert!(
+        matches!(&refused, Error::PoolNotFound { pool } if pool == "nonexistent"),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_example_runs_a_command() {
+    let server = ApiServer::start(Route::Direct).await;
+    let kubeconfig = server.kubeconfig().display().to_string();
+    let args = ["--kubeconfig", &kubeconfig, "dev", "sh", "-c", "exit 3"];
+    let code = example::run(args.map(str::to_owned).to_vec())
+        .await
+        .unwrap();
+    assert_eq!(code, 3);
+}
+
+#[tokio::test]
+async fn the_holder_defaults_to_the_clients_own_service_account() {
+    let server = ApiServer::start(Route::Direct).await;
+    let config = config(&server).await;
+    let kube = kube::Client::try_from(config.clone()).unwrap();
+    let refused = Client::new(kube).claim("dev").send().await.err();
+    assert!(
+        matches!(refused, Some(Error::HolderUnknown)),
+        "a client that does not know its user needs a Holder: {refused:?}"
+    );
+    let client = Client::from_config(config).unwrap();
+    let claim = client.claim("dev").send().await.unwrap();
+    assert_eq!(claim.object().spec.service_account_name, HOLDER);
+    let elsewhere = client.namespace("other").claim("dev").send().await.err();
+    assert!(
+        matches!(elsewhere, Some(Error::HolderUnknown)),
+        "not a ServiceAccount of that namespace: {elsewhere:?}"
+    );
+}
