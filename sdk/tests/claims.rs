@@ -45,24 +45,12 @@ async fn start_on(route: Route) -> (ApiServer, kube::Client, Client) {
 /// A Pool of `size` MicroVMs in all (replaced only when deleted), whose leases renew
 /// every second and expire after three.
 async fn short_lease_pool(kube: &kube::Client, name: &str, size: i32) {
-    let pool: Pool = serde_json::from_value(json!({
-        "apiVersion": battery_sdk::types::API_VERSION,
-        "kind": "Pool",
-        "metadata": {"name": name},
-        "spec": {
-            "size": size,
-            "replenishment": {"type": "ReplaceOnDelete"},
-            "lease": {"heartbeatInterval": "1s", "expiryThreshold": "3s"},
-            "template": {
-                "vcpu": 1,
-                "memoryInMb": 1024,
-                "kernel": {"image": "ghcr.io/liquidmetal-dev/flintlock-kernel:6.1.55"},
-                "rootVolume": {"id": "root", "containerSource": "ghcr.io/liquidmetal-dev/capmvm-kubernetes:1.30.0"},
-                "interfaces": [{"deviceId": "eth1", "type": "Tap"}]
-            }
-        }
-    }))
-    .unwrap();
+    // The dev Pool's template, with this test's name, size and lease.
+    let mut manifest = battery_apiserver::dev::dev_pool(size);
+    manifest["metadata"] = json!({"name": name});
+    manifest["spec"]["replenishment"] = json!({"type": "ReplaceOnDelete"});
+    manifest["spec"]["lease"] = json!({"heartbeatInterval": "1s", "expiryThreshold": "3s"});
+    let pool: Pool = serde_json::from_value(manifest).unwrap();
     let pools: Api<Pool> = Api::default_namespaced(kube.clone());
     pools.create(&PostParams::default(), &pool).await.unwrap();
     eventually(WITHIN, "the Pool to have its MicroVMs", async || {

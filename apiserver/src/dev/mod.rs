@@ -139,7 +139,6 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Creates the Pool `default/dev` through the API itself, as the dev user.
 /// The Pool `default/dev` of `size` MicroVMs, as a manifest: `dev` makes it at start, and
 /// the e2e suite makes the same one behind the aggregator stand-in.
 pub fn dev_pool(size: i32) -> serde_json::Value {
@@ -160,6 +159,7 @@ pub fn dev_pool(size: i32) -> serde_json::Value {
     })
 }
 
+/// Creates the Pool `default/dev` through the API itself, as the dev user.
 async fn create_dev_pool(router: &axum::Router, size: i32) -> anyhow::Result<()> {
     let pool = dev_pool(size);
     let mut request = Request::post(format!(
