@@ -1,8 +1,14 @@
 //! Commands in a claim's MicroVM: [`Claim::exec`] and [`Claim::run`].
 
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use kube::api::{AttachParams, AttachedProcess};
-use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, SimplexStream, WriteHalf};
+use tokio::sync::{oneshot, watch};
 
 use crate::claim::Claim;
 use crate::error::Error;
@@ -12,6 +18,68 @@ use crate::error::Error;
 pub struct Process {
     inner: AttachedProcess,
     pool: String,
+    /// The session's closing Status, once it has ended.
+    status: oneshot::Receiver<Option<Status>>,
+    /// Turns true when the session ends, so that stdin stops taking bytes.
+    ended: watch::Receiver<bool>,
+}
+
+/// The command's stdin. Once the session has ended (the command exited without reading
+/// all of it, or the session was cut), writes fail with `BrokenPipe` instead of waiting
+/// for ever, as kube-rs's own stdin would.
+pub struct Stdin {
+    inner: WriteHalf<SimplexStream>,
+    ended: watch::Receiver<bool>,
+    /// Wakes a write waiting for room when the session ends.
+    waiting: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+}
+
+impl Stdin {
+    /// `Ready(BrokenPipe)` once the session has ended; otherwise registers to be woken
+    /// when it does.
+    fn poll_ended(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        if *self.ended.borrow() {
+            return Poll::Ready(session_ended());
+        }
+        let waiting = self.waiting.get_or_insert_with(|| {
+            let mut ended = self.ended.clone();
+            Box::pin(async move {
+                let _ = ended.wait_for(|ended| *ended).await;
+            })
+        });
+        waiting.as_mut().poll(cx).map(|()| session_ended())
+    }
+}
+
+fn session_ended() -> io::Error {
+    io::Error::new(io::ErrorKind::BrokenPipe, "the exec session has ended")
+}
+
+impl AsyncWrite for Stdin {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if let Poll::Ready(result) = Pin::new(&mut self.inner).poll_write(cx, buf) {
+            return Poll::Ready(result);
+        }
+        self.poll_ended(cx).map(Err)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Poll::Ready(result) = Pin::new(&mut self.inner).poll_flush(cx) {
+            return Poll::Ready(result);
+        }
+        self.poll_ended(cx).map(Err)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Poll::Ready(result) = Pin::new(&mut self.inner).poll_shutdown(cx) {
+            return Poll::Ready(result);
+        }
+        self.poll_ended(cx).map(Err)
+    }
 }
 
 /// What [`Claim::run`] collected.
@@ -27,8 +95,12 @@ pub struct Output {
 
 impl Process {
     /// The command's stdin, once: shut it down to send end of file.
-    pub fn stdin(&mut self) -> Option<impl AsyncWrite + Unpin + Send + use<>> {
-        self.inner.stdin()
+    pub fn stdin(&mut self) -> Option<Stdin> {
+        Some(Stdin {
+            inner: self.inner.stdin()?,
+            ended: self.ended.clone(),
+            waiting: None,
+        })
     }
 
     /// The command's stdout, once.
@@ -43,11 +115,8 @@ impl Process {
 
     /// Waits for the command to end and gives its exit code. Read stdout and stderr
     /// meanwhile (or not take them): a command whose output nobody reads may stall.
-    pub async fn wait(mut self) -> Result<i32, Error> {
-        let status = match self.inner.take_status() {
-            Some(status) => status.await,
-            None => None,
-        };
+    pub async fn wait(self) -> Result<i32, Error> {
+        let status = self.status.await.unwrap_or(None);
         self.inner
             .join()
             .await
@@ -129,15 +198,30 @@ impl Claim {
     {
         let command: Vec<String> = command.into_iter().map(Into::into).collect();
         let params = AttachParams::default().stdin(stdin).stderr(true);
-        let inner = self
+        let mut inner = self
             .client
             .claims()
             .exec(self.name(), command, &params)
             .await
             .map_err(|e| Error::from_claims(e, &self.pool))?;
+        // The Status arrives as the session ends: watched from the start, so that stdin
+        // learns of the end even while nobody waits for the exit code.
+        let closing = inner.take_status();
+        let (status_tx, status) = oneshot::channel();
+        let (ended_tx, ended) = watch::channel(false);
+        tokio::spawn(async move {
+            let status = match closing {
+                Some(closing) => closing.await,
+                None => None,
+            };
+            ended_tx.send_replace(true);
+            let _ = status_tx.send(status);
+        });
         Ok(Process {
             inner,
             pool: self.pool.clone(),
+            status,
+            ended,
         })
     }
 }

@@ -127,6 +127,37 @@ async fn a_claim_is_bound_runs_commands_and_is_released(route: Route) {
     assert!(claims.get_opt(&name).await.unwrap().is_none());
 }
 
+/// More stdin than any pipe and window on the way hold, so a writer must wait for the
+/// command to read it.
+const MORE_THAN_BUFFERED: usize = 64 * 1024 * 1024;
+
+#[tokio::test]
+async fn stdin_fails_instead_of_waiting_once_the_command_has_exited() {
+    let (_server, _kube, client) = start().await;
+    let claim = client.claim("dev").holder(HOLDER).send().await.unwrap();
+    // Reads ten bytes of its stdin, then exits without the rest.
+    let mut process = claim
+        .exec(["sh", "-c", "head -c 10 >/dev/null; exit 3"])
+        .await
+        .unwrap();
+    let mut stdin = process.stdin().unwrap();
+    let written = tokio::time::timeout(WITHIN, async {
+        let chunk = vec![b'x'; 64 * 1024];
+        let mut sent = 0;
+        while sent < MORE_THAN_BUFFERED {
+            stdin.write_all(&chunk).await?;
+            sent += chunk.len();
+        }
+        Ok::<_, std::io::Error>(sent)
+    })
+    .await
+    .expect("a write into an ended session fails instead of waiting");
+    let error = written.expect_err("the command stopped reading long before");
+    assert_eq!(error.kind(), std::io::ErrorKind::BrokenPipe, "{error}");
+    assert_eq!(process.wait().await.unwrap(), 3);
+    claim.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn renewal_outlives_the_expiry_and_stops_when_another_client_deletes_the_claim() {
     let (_server, kube, client) = start().await;
