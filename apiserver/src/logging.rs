@@ -43,3 +43,19 @@ pub fn announce(lines: &[String]) {
     }
     let _ = out.flush();
 }
+
+/// An error and its causes on one line, `a: b: c`. A cause whose text its error already
+/// shows is left out: tonic's and hyper's errors often repeat their source.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let next = cause.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = cause.source();
+    }
+    text
+}

@@ -17,6 +17,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
+use crate::logging::error_chain;
+
 /// The relay's TLS material, PEM. `serve` reads it from its `--agent-*` files; `dev` may
 /// fill it from what it generates.
 #[derive(Clone, Debug)]
@@ -91,7 +93,7 @@ impl AgentRelay {
                 unavailable(
                     host,
                     address,
-                    format_args!("its address cannot be dialled: {}", chain(&err)),
+                    format_args!("its address cannot be dialled: {}", error_chain(&err)),
                 )
             })?
             .connect_timeout(CONNECT_TIMEOUT)
@@ -157,22 +159,7 @@ pub fn describe(status: &tonic::Status) -> String {
     let mut text = format!("{:?}: {}", status.code(), status.message());
     if let Some(source) = std::error::Error::source(status) {
         text.push_str(": ");
-        text.push_str(&chain(source));
-    }
-    text
-}
-
-/// An error and its causes, on one line.
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let next = cause.to_string();
-        if !text.contains(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
-        }
-        source = cause.source();
+        text.push_str(&error_chain(source));
     }
     text
 }

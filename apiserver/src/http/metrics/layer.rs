@@ -41,7 +41,7 @@ pub async fn observe(
     metrics.record_request(route, status.as_u16(), elapsed);
     match response.extensions().get::<ErrorSource>() {
         Some(source) if status.is_server_error() => {
-            tracing::error!(%method, %path, status = status.as_u16(), ?elapsed, error = %format!("{:#}", DisplayChain(&*source.0)), "request failed");
+            tracing::error!(%method, %path, status = status.as_u16(), ?elapsed, error = %crate::logging::error_chain(&*source.0), "request failed");
         }
         _ => tracing::debug!(%method, %path, status = status.as_u16(), ?elapsed, "request"),
     }
@@ -93,20 +93,5 @@ impl http_body::Body for Streaming {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
-    }
-}
-
-/// Prints an error and its sources, `a: b: c`.
-struct DisplayChain<'a>(&'a (dyn std::error::Error + 'static));
-
-impl std::fmt::Display for DisplayChain<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut source = self.0.source();
-        while let Some(s) = source {
-            write!(f, ": {s}")?;
-            source = s.source();
-        }
-        Ok(())
     }
 }
