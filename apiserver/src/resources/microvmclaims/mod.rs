@@ -4,7 +4,7 @@
 //! metadata, spec and status, and battery's lease id (a secret that never leaves it);
 //! battery's lease list says whether the lease still lives.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -455,13 +455,19 @@ impl ClaimStorage {
     /// reaches the claims within one loop.
     pub async fn refresh_host_ready(&self) -> Result<(), ApiError> {
         let (records, _) = self.store.list::<ClaimRecord>(RESOURCE, None)?;
+        // Many claims share a Host: read each Host's readiness once per pass.
+        let mut hosts: HashMap<String, objects::HostReadiness> = HashMap::new();
         for record in records {
             let Some(host) = bound_host(&record) else {
                 continue;
             };
-            let readiness = self.pools.hosts().readiness(&host)?;
+            if !hosts.contains_key(&host) {
+                let readiness = self.pools.hosts().readiness(&host)?;
+                hosts.insert(host.clone(), readiness);
+            }
+            let readiness = &hosts[&host];
             let mut status = record.status.clone();
-            if !objects::refresh_host_ready(&mut status, &readiness, record.metadata.generation) {
+            if !objects::refresh_host_ready(&mut status, readiness, record.metadata.generation) {
                 continue;
             }
             // Again under the claim's lock: a release or an expiry may have raced the list.
@@ -475,7 +481,7 @@ impl ClaimStorage {
             };
             let generation = current.metadata.generation;
             if bound_host(&current).as_deref() != Some(host.as_str())
-                || !objects::refresh_host_ready(&mut current.status, &readiness, generation)
+                || !objects::refresh_host_ready(&mut current.status, readiness, generation)
             {
                 continue;
             }
