@@ -248,7 +248,9 @@ impl ApiServer {
                 )
             }
         };
-        crate::channel_exec::Client { url, ca, cert, key }
+        crate::channel_exec::Client {
+            https: crate::https::Client::new(&url, &ca, crate::https::Identity::Cert(cert, key)),
+        }
     }
 
     /// The kubeconfig of the kubectl user (`system:serviceaccount:default:dev`).

@@ -1,8 +1,7 @@
 //! A second exec client, independent of kube-rs: the WebSocket channel protocol
 //! (`v5.channel.k8s.io`, `v4.channel.k8s.io`) spoken by hand over tokio-tungstenite, on a
-//! TLS connection with a client certificate.
+//! TLS connection of [`crate::https`] with a client certificate.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{SinkExt as _, StreamExt as _};
@@ -12,8 +11,6 @@ use tokio_rustls::client::TlsStream;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
-
-use crate::stand_in::pki;
 
 /// The channels of the protocol.
 pub const STDIN: u8 = 0;
@@ -26,14 +23,10 @@ pub const CLOSE: u8 = 255;
 /// How long a session may take to say anything.
 const QUIET_LIMIT: Duration = Duration::from_secs(60);
 
-/// Who connects, and to where.
+/// Who connects, and to where: an [`https::Client`](crate::https::Client) whose
+/// connections the WebSocket runs on.
 pub struct Client {
-    /// `https://host:port`.
-    pub url: String,
-    /// CA of the server's certificate, and the client's certificate and key.
-    pub ca: std::path::PathBuf,
-    pub cert: std::path::PathBuf,
-    pub key: std::path::PathBuf,
+    pub https: crate::https::Client,
 }
 
 /// What a session printed, and its closing Status.
@@ -59,21 +52,8 @@ impl Client {
         path_and_query: &str,
         protocols: &str,
     ) -> Result<Session, (u16, Value)> {
-        let authority = self.url.trim_start_matches("https://");
-        let config = pki::client_config(&[&self.ca], Some((&self.cert, &self.key)), &[b"http/1.1"])
-            .expect("a TLS client configuration");
-        let tcp = TcpStream::connect(authority).await.expect("connect");
-        tcp.set_nodelay(true).expect("TCP_NODELAY");
-        let host = authority
-            .rsplit_once(':')
-            .map_or(authority, |(host, _)| host);
-        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-            .connect(
-                rustls::pki_types::ServerName::try_from(host.to_owned()).expect("a server name"),
-                tcp,
-            )
-            .await
-            .expect("TLS");
+        let authority = self.https.authority();
+        let tls = self.https.connect(b"http/1.1").await;
         let mut request = format!("wss://{authority}{path_and_query}")
             .into_client_request()
             .expect("a WebSocket request");

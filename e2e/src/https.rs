@@ -44,7 +44,11 @@ impl Client {
         }
     }
 
-    async fn connect(&self, alpn: &[u8]) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    /// A TLS connection to the server offering `alpn`, as this client's identity.
+    pub(crate) async fn connect(
+        &self,
+        alpn: &[u8],
+    ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
         let identity = match &self.identity {
             Identity::Cert(cert, key) => Some((cert.as_path(), key.as_path())),
             _ => None,
@@ -52,13 +56,14 @@ impl Client {
         let config = pki::client_config(&[&self.ca], identity, &[alpn]).unwrap();
         let authority = self.authority();
         let tcp = tokio::net::TcpStream::connect(authority).await.unwrap();
+        tcp.set_nodelay(true).unwrap();
         tokio_rustls::TlsConnector::from(Arc::new(config))
             .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
             .await
             .unwrap()
     }
 
-    fn authority(&self) -> &str {
+    pub(crate) fn authority(&self) -> &str {
         self.url.trim_start_matches("https://")
     }
 
