@@ -81,6 +81,49 @@ async fn a_hand_written_client_keeps_stdout_and_stderr_apart_and_ends_stdin_with
     assert_eq!(String::from_utf8_lossy(&output.stdout), want);
     assert_eq!(output.status["status"], "Success", "{}", output.status);
 
+    // flintlock's env and working directory, beyond PodExecOptions: a later NAME= wins.
+    let mut raw = exec
+        .raw(
+            DEV_USER,
+            "c",
+            "command=mkdir&command=-p&command=work&stdout=true",
+            "v5.channel.k8s.io",
+        )
+        .await
+        .unwrap();
+    assert_eq!(raw.read_all().await.status["status"], "Success");
+    let mut raw = exec
+        .raw(
+            DEV_USER,
+            "c",
+            "command=sh&command=-c&command=echo%20%24GREETING%3B%20basename%20%24PWD\
+             &env=GREETING%3Dhi&env=GREETING%3Dhello%3Dthere&workingDir=%2Fwork&stdout=true",
+            "v5.channel.k8s.io",
+        )
+        .await
+        .unwrap();
+    let output = raw.read_all().await;
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "hello=there\nwork\n"
+    );
+    let Err((code, status)) = exec
+        .raw(
+            DEV_USER,
+            "c",
+            "command=true&stdout=true&env=%3Dx",
+            "v5.channel.k8s.io",
+        )
+        .await
+    else {
+        panic!("an env without a NAME was accepted");
+    };
+    assert_eq!(code, 400, "{status}");
+    assert!(
+        status["message"].as_str().unwrap().contains("NAME=VALUE"),
+        "{status}"
+    );
+
     // v4 has no close; a command that does not read stdin needs none.
     let mut raw = exec
         .raw(

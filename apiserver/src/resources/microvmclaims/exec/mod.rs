@@ -63,9 +63,10 @@ impl Protocol {
     }
 }
 
-/// `PodExecOptions`, as clients put them in the query (kube-rs starts it with `&`).
+/// `PodExecOptions`, as clients put them in the query (kube-rs starts it with `&`), and
+/// what flintlock's exec takes besides: `env` (repeated `NAME=VALUE`) and `workingDir`.
 #[derive(Debug, Default, Deserialize)]
-#[serde(default)]
+#[serde(default, rename_all = "camelCase")]
 struct ExecOptions {
     command: Vec<String>,
     stdin: bool,
@@ -73,6 +74,8 @@ struct ExecOptions {
     stderr: bool,
     tty: bool,
     container: String,
+    env: Vec<String>,
+    working_dir: String,
 }
 
 impl ExecOptions {
@@ -100,7 +103,23 @@ impl ExecOptions {
                 "you must specify at least 1 of stdin, stdout, stderr",
             ));
         }
+        options.environment()?;
         Ok(options)
+    }
+
+    /// `env` as the variables it sets; a later `NAME=` wins, as in a shell.
+    fn environment(&self) -> Result<std::collections::HashMap<String, String>, ApiError> {
+        self.env
+            .iter()
+            .map(|pair| match pair.split_once('=') {
+                Some((name, value)) if !name.is_empty() && !pair.contains('\0') => {
+                    Ok((name.to_owned(), value.to_owned()))
+                }
+                _ => Err(ApiError::bad_request(format!(
+                    "env {pair:?} is not NAME=VALUE with a non-empty NAME (and no NUL)"
+                ))),
+            })
+            .collect()
     }
 
     fn attached(&self) -> Attached {
@@ -294,8 +313,8 @@ impl Connect for Arc<ClaimExec> {
                         claim: Some(target.claim.clone()),
                         microvm_uid: target.microvm_uid,
                         command: options.command.clone(),
-                        env: Default::default(),
-                        working_dir: String::new(),
+                        env: options.environment()?,
+                        working_dir: options.working_dir.clone(),
                         stdin: options.stdin,
                         stdout: options.stdout,
                         stderr: options.stderr,
