@@ -1,54 +1,339 @@
-//! Commands in a claim's MicroVM: [`Claim::exec`] and [`Claim::run`].
+//! Commands in a claim's MicroVM: [`Command`], [`Claim::exec`] and [`Claim::run`].
+//!
+//! The session is the WebSocket channel protocol of `pods/exec` (`v5.channel.k8s.io`,
+//! else `v4`): one task pumps frames between the socket and the process's pipes, so
+//! stdin, stdout and stderr are plain async streams with bounded buffers.
 
-use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 
+use futures::{SinkExt as _, StreamExt as _};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
-use kube::api::{AttachParams, AttachedProcess};
-use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, SimplexStream, WriteHalf};
-use tokio::sync::{oneshot, watch};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, DuplexStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::AbortHandle;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_util::sync::PollSender;
 
 use crate::claim::Claim;
+use crate::client::Client;
 use crate::error::Error;
 
-/// A command running in the MicroVM, with its standard streams. Closing (shutting down)
-/// stdin lets the command see end of file.
-pub struct Process {
-    inner: AttachedProcess,
+/// The channels of the protocol, as kubelet numbers them.
+const STDIN: u8 = 0;
+const STDOUT: u8 = 1;
+const STDERR: u8 = 2;
+const ERROR: u8 = 3;
+/// v5's close: its payload names the channel that ends.
+const CLOSE: u8 = 255;
+/// The most stdin sent in one frame; the server takes up to 1 MiB.
+const STDIN_CHUNK: usize = 64 * 1024;
+/// Frames of stdin queued before a write waits: with [`STDIN_CHUNK`], 1 MiB.
+const STDIN_FRAMES: usize = 16;
+/// Bytes of stdout (and of stderr) buffered before the session stops reading.
+const OUTPUT_BUFFER: usize = 256 * 1024;
+
+/// A command to run in a claim's MicroVM, built like `std::process::Command`: the
+/// program and its arguments (no shell), then its environment and working directory.
+#[must_use = "a command runs only by spawn() or output()"]
+pub struct Command {
+    client: Client,
+    claim: String,
     pool: String,
-    /// The session's closing Status, once it has ended.
-    status: oneshot::Receiver<Option<Status>>,
-    /// Turns true when the session ends, so that stdin stops taking bytes.
-    ended: watch::Receiver<bool>,
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+    working_dir: Option<String>,
+}
+
+impl Command {
+    pub(crate) fn new(client: Client, claim: String, pool: String, argv: Vec<String>) -> Self {
+        Self {
+            client,
+            claim,
+            pool,
+            argv,
+            env: Vec::new(),
+            working_dir: None,
+        }
+    }
+
+    /// Sets an environment variable for the command, over the guest's own.
+    pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((name.into(), value.into()));
+        self
+    }
+
+    /// Sets several environment variables, as [`Command::env`] does.
+    pub fn envs<K: Into<String>, V: Into<String>>(
+        mut self,
+        vars: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        self.env
+            .extend(vars.into_iter().map(|(k, v)| (k.into(), v.into())));
+        self
+    }
+
+    /// The directory in the guest the command starts in; the guest's default otherwise.
+    pub fn working_dir(mut self, dir: impl Into<String>) -> Self {
+        self.working_dir = Some(dir.into());
+        self
+    }
+
+    /// Starts the command with stdin, stdout and stderr as streams.
+    pub async fn spawn(self) -> Result<Process, Error> {
+        self.start(true).await
+    }
+
+    /// Runs the command with an empty stdin and collects its output and exit code.
+    pub async fn output(self) -> Result<Output, Error> {
+        let mut process = self.start(false).await?;
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        let (mut out, mut err) = (process.stdout(), process.stderr());
+        let read_out = async {
+            match &mut out {
+                Some(out) => out.read_to_end(&mut stdout).await.map(drop),
+                None => Ok(()),
+            }
+        };
+        let read_err = async {
+            match &mut err {
+                Some(err) => err.read_to_end(&mut stderr).await.map(drop),
+                None => Ok(()),
+            }
+        };
+        let (read_out, read_err) = tokio::join!(read_out, read_err);
+        read_out.and(read_err).map_err(Error::Output)?;
+        let code = process.wait().await?;
+        Ok(Output {
+            code,
+            stdout,
+            stderr,
+        })
+    }
+
+    /// The exec request: `PodExecOptions` in the query, plus flintlock's `env` and
+    /// `workingDir`.
+    fn request(&self, stdin: bool) -> Result<http::Request<Vec<u8>>, Error> {
+        let mut query = form_urlencoded::Serializer::new(String::new());
+        for arg in &self.argv {
+            query.append_pair("command", arg);
+        }
+        if stdin {
+            query.append_pair("stdin", "true");
+        }
+        query.append_pair("stdout", "true");
+        query.append_pair("stderr", "true");
+        for (name, value) in &self.env {
+            query.append_pair("env", &format!("{name}={value}"));
+        }
+        if let Some(dir) = &self.working_dir {
+            query.append_pair("workingDir", dir);
+        }
+        let url = format!(
+            "{}/{}/exec?{}",
+            self.client.claims().resource_url(),
+            self.claim,
+            query.finish()
+        );
+        http::Request::get(url)
+            .body(Vec::new())
+            .map_err(|e| Error::Api(kube::Error::HttpError(e)))
+    }
+
+    async fn start(self, stdin: bool) -> Result<Process, Error> {
+        let connection = self
+            .client
+            .kube()
+            .connect(self.request(stdin)?)
+            .await
+            .map_err(|e| Error::from_claims(e, &self.pool))?;
+        let can_close = connection.supports_stream_close();
+        let (stdin_tx, stdin_rx) = mpsc::channel(STDIN_FRAMES);
+        let (stdout, stdout_pipe) = tokio::io::duplex(OUTPUT_BUFFER);
+        let (stderr, stderr_pipe) = tokio::io::duplex(OUTPUT_BUFFER);
+        let (finished, status) = oneshot::channel();
+        let pump = Pump {
+            ws: connection.into_stream(),
+            can_close,
+            stdin: stdin.then_some(stdin_rx),
+            stdout: Some(stdout_pipe),
+            stderr: Some(stderr_pipe),
+        };
+        let task = tokio::spawn(async move {
+            // Nobody waits only when the Process and its streams are all gone.
+            let _ = finished.send(pump.run().await);
+        });
+        let session = Arc::new(Session(task.abort_handle()));
+        Ok(Process {
+            stdin: stdin.then(|| Stdin {
+                frames: PollSender::new(stdin_tx),
+                _session: session.clone(),
+            }),
+            stdout: Some(OutputStream {
+                pipe: stdout,
+                _session: session.clone(),
+            }),
+            stderr: Some(OutputStream {
+                pipe: stderr,
+                _session: session.clone(),
+            }),
+            status,
+            pool: self.pool,
+            _session: session,
+        })
+    }
+}
+
+/// Ends the session (and so the command) once the [`Process`] and every stream taken
+/// from it are dropped: nobody is left to read it.
+struct Session(AbortHandle);
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// What the stdin half of the session carries.
+enum StdinFrame {
+    Data(Vec<u8>),
+    /// End of file: v5's close of channel 0.
+    Close,
+}
+
+/// The task between the WebSocket and the process's pipes.
+struct Pump<W> {
+    ws: W,
+    can_close: bool,
+    stdin: Option<mpsc::Receiver<StdinFrame>>,
+    /// `None` once its reader is gone: the rest of that output is dropped.
+    stdout: Option<DuplexStream>,
+    stderr: Option<DuplexStream>,
+}
+
+impl<W> Pump<W>
+where
+    W: futures::Stream<Item = Result<Message, WsError>>
+        + futures::Sink<Message, Error = WsError>
+        + Unpin,
+{
+    /// Relays until the server ends the session, and gives its closing Status.
+    async fn run(mut self) -> Result<Option<Status>, Error> {
+        let mut status = None;
+        loop {
+            tokio::select! {
+                frame = next_frame(&mut self.stdin) => self.send_stdin(frame).await?,
+                message = self.ws.next() => match message {
+                    // The server closes after the Status; a cut without one is the
+                    // caller's `ExecIncomplete`.
+                    None | Some(Ok(Message::Close(_))) => return Ok(status),
+                    Some(Err(error)) if status.is_none() => {
+                        return Err(Error::Exec(Box::new(error)));
+                    }
+                    Some(Err(_)) => return Ok(status),
+                    Some(Ok(Message::Binary(data))) => {
+                        let Some((&channel, payload)) = data.split_first() else { continue };
+                        match channel {
+                            STDOUT => write_or_drop(&mut self.stdout, payload).await,
+                            STDERR => write_or_drop(&mut self.stderr, payload).await,
+                            ERROR => status = serde_json::from_slice(payload).ok(),
+                            _ => {}
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                },
+            }
+        }
+    }
+
+    async fn send_stdin(&mut self, frame: Option<StdinFrame>) -> Result<(), Error> {
+        let message = match frame {
+            Some(StdinFrame::Data(data)) => {
+                let mut framed = Vec::with_capacity(data.len() + 1);
+                framed.push(STDIN);
+                framed.extend_from_slice(&data);
+                Some(framed)
+            }
+            // Shut down, or dropped: end of file either way, as for a local pipe.
+            Some(StdinFrame::Close) | None => {
+                self.stdin = None;
+                self.can_close.then(|| vec![CLOSE, STDIN])
+            }
+        };
+        match message {
+            Some(message) => self
+                .ws
+                .send(Message::Binary(message.into()))
+                .await
+                .map_err(|e| Error::Exec(Box::new(e))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The next stdin frame, or never once stdin has ended.
+async fn next_frame(stdin: &mut Option<mpsc::Receiver<StdinFrame>>) -> Option<StdinFrame> {
+    match stdin {
+        Some(frames) => frames.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn write_or_drop(pipe: &mut Option<DuplexStream>, payload: &[u8]) {
+    if let Some(writer) = pipe
+        && writer.write_all(payload).await.is_err()
+    {
+        *pipe = None;
+    }
+}
+
+/// A command running in the MicroVM, with its standard streams.
+pub struct Process {
+    stdin: Option<Stdin>,
+    stdout: Option<OutputStream>,
+    stderr: Option<OutputStream>,
+    status: oneshot::Receiver<Result<Option<Status>, Error>>,
+    pool: String,
+    _session: Arc<Session>,
+}
+
+impl Process {
+    /// The command's stdin, once; `None` for [`Command::output`]. Shut it down (or drop
+    /// it) to send end of file.
+    pub fn stdin(&mut self) -> Option<Stdin> {
+        self.stdin.take()
+    }
+
+    /// The command's stdout, once.
+    pub fn stdout(&mut self) -> Option<OutputStream> {
+        self.stdout.take()
+    }
+
+    /// The command's stderr, once.
+    pub fn stderr(&mut self) -> Option<OutputStream> {
+        self.stderr.take()
+    }
+
+    /// Waits for the command to end and gives its exit code. Stdin not taken is closed
+    /// first and output not taken is dropped; output taken must be read, or the command stalls once its buffer
+    /// (256 KiB) is full.
+    pub async fn wait(mut self) -> Result<i32, Error> {
+        // As `std::process::Child::wait`: stdin not taken is closed first.
+        drop((self.stdin.take(), self.stdout.take(), self.stderr.take()));
+        let status = (&mut self.status)
+            .await
+            .unwrap_or(Err(Error::ExecIncomplete))?;
+        exit_code(status, &self.pool)
+    }
 }
 
 /// The command's stdin. Once the session has ended (the command exited without reading
-/// all of it, or the session was cut), writes fail with `BrokenPipe` instead of waiting
-/// for ever, as kube-rs's own stdin would.
+/// all of it, or the session was cut), writes fail with `BrokenPipe`.
 pub struct Stdin {
-    inner: WriteHalf<SimplexStream>,
-    ended: watch::Receiver<bool>,
-    /// Wakes a write waiting for room when the session ends.
-    waiting: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
-}
-
-impl Stdin {
-    /// `Ready(BrokenPipe)` once the session has ended; otherwise registers to be woken
-    /// when it does.
-    fn poll_ended(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
-        if *self.ended.borrow() {
-            return Poll::Ready(session_ended());
-        }
-        let waiting = self.waiting.get_or_insert_with(|| {
-            let mut ended = self.ended.clone();
-            Box::pin(async move {
-                let _ = ended.wait_for(|ended| *ended).await;
-            })
-        });
-        waiting.as_mut().poll(cx).map(|()| session_ended())
-    }
+    frames: PollSender<StdinFrame>,
+    _session: Arc<Session>,
 }
 
 fn session_ended() -> io::Error {
@@ -61,28 +346,52 @@ impl AsyncWrite for Stdin {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if let Poll::Ready(result) = Pin::new(&mut self.inner).poll_write(cx, buf) {
-            return Poll::Ready(result);
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
         }
-        self.poll_ended(cx).map(Err)
+        ready!(self.frames.poll_reserve(cx)).map_err(|_| session_ended())?;
+        let len = buf.len().min(STDIN_CHUNK);
+        self.frames
+            .send_item(StdinFrame::Data(buf[..len].to_vec()))
+            .map_err(|_| session_ended())?;
+        Poll::Ready(Ok(len))
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if let Poll::Ready(result) = Pin::new(&mut self.inner).poll_flush(cx) {
-            return Poll::Ready(result);
-        }
-        self.poll_ended(cx).map(Err)
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Every write is already queued for the session.
+        Poll::Ready(Ok(()))
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if let Poll::Ready(result) = Pin::new(&mut self.inner).poll_shutdown(cx) {
-            return Poll::Ready(result);
+        if self.frames.is_closed() {
+            return Poll::Ready(Ok(()));
         }
-        self.poll_ended(cx).map(Err)
+        ready!(self.frames.poll_reserve(cx)).map_err(|_| session_ended())?;
+        self.frames
+            .send_item(StdinFrame::Close)
+            .map_err(|_| session_ended())?;
+        self.frames.close();
+        Poll::Ready(Ok(()))
     }
 }
 
-/// What [`Claim::run`] collected.
+/// The command's stdout or stderr; end of file once the command has ended.
+pub struct OutputStream {
+    pipe: DuplexStream,
+    _session: Arc<Session>,
+}
+
+impl AsyncRead for OutputStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.pipe).poll_read(cx, buf)
+    }
+}
+
+/// What [`Command::output`] and [`Claim::run`] collected.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Output {
     /// The command's exit code.
@@ -91,38 +400,6 @@ pub struct Output {
     pub stdout: Vec<u8>,
     /// All it wrote to stderr.
     pub stderr: Vec<u8>,
-}
-
-impl Process {
-    /// The command's stdin, once: shut it down to send end of file.
-    pub fn stdin(&mut self) -> Option<Stdin> {
-        Some(Stdin {
-            inner: self.inner.stdin()?,
-            ended: self.ended.clone(),
-            waiting: None,
-        })
-    }
-
-    /// The command's stdout, once.
-    pub fn stdout(&mut self) -> Option<impl AsyncRead + Unpin + Send + use<>> {
-        self.inner.stdout()
-    }
-
-    /// The command's stderr, once.
-    pub fn stderr(&mut self) -> Option<impl AsyncRead + Unpin + Send + use<>> {
-        self.inner.stderr()
-    }
-
-    /// Waits for the command to end and gives its exit code. Read stdout and stderr
-    /// meanwhile (or not take them): a command whose output nobody reads may stall.
-    pub async fn wait(self) -> Result<i32, Error> {
-        let status = self.status.await.unwrap_or(None);
-        self.inner
-            .join()
-            .await
-            .map_err(|e| Error::Exec(Box::new(e)))?;
-        exit_code(status, &self.pool)
-    }
 }
 
 /// The exit code the session's closing Status gives: `Success` is 0, `NonZeroExitCode`
@@ -149,80 +426,55 @@ fn exit_code(status: Option<Status>, pool: &str) -> Result<i32, Error> {
     Err(Error::from_claims(kube::Error::Api(Box::new(status)), pool))
 }
 
+impl Client {
+    /// `command` (a program and its arguments) for the claim `claim` of this client's
+    /// namespace, which this client's user holds. Unlike [`Claim::command`], nothing
+    /// renews that claim's lease meanwhile.
+    pub fn command<I, S>(&self, claim: impl Into<String>, command: I) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let argv = command.into_iter().map(Into::into).collect();
+        Command::new(self.clone(), claim.into(), String::new(), argv)
+    }
+}
+
 impl Claim {
+    /// `command` (a program and its arguments, no shell) in the claim's MicroVM, to set
+    /// its environment and working directory before it runs.
+    pub fn command<I, S>(&self, command: I) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let argv = command.into_iter().map(Into::into).collect();
+        Command::new(
+            self.client.clone(),
+            self.name().to_owned(),
+            self.pool.clone(),
+            argv,
+        )
+    }
+
     /// Starts `command` (a program and its arguments, no shell) in the MicroVM, with
-    /// stdin, stdout and stderr as streams.
+    /// stdin, stdout and stderr as streams: `self.command(command).spawn()`.
     pub async fn exec<I, S>(&self, command: I) -> Result<Process, Error>
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.spawn(command, true).await
+        self.command(command).spawn().await
     }
 
-    /// Runs `command` with no stdin and collects its output and exit code.
+    /// Runs `command` with no stdin and collects its output and exit code:
+    /// `self.command(command).output()`.
     pub async fn run<I, S>(&self, command: I) -> Result<Output, Error>
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        let mut process = self.spawn(command, false).await?;
-        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-        let (out, err) = (process.stdout(), process.stderr());
-        let read_out = async {
-            match out {
-                Some(mut out) => out.read_to_end(&mut stdout).await.map(drop),
-                None => Ok(()),
-            }
-        };
-        let read_err = async {
-            match err {
-                Some(mut err) => err.read_to_end(&mut stderr).await.map(drop),
-                None => Ok(()),
-            }
-        };
-        let (read_out, read_err) = tokio::join!(read_out, read_err);
-        read_out.and(read_err).map_err(Error::Output)?;
-        let code = process.wait().await?;
-        Ok(Output {
-            code,
-            stdout,
-            stderr,
-        })
-    }
-
-    async fn spawn<I, S>(&self, command: I, stdin: bool) -> Result<Process, Error>
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        let command: Vec<String> = command.into_iter().map(Into::into).collect();
-        let params = AttachParams::default().stdin(stdin).stderr(true);
-        let mut inner = self
-            .client
-            .claims()
-            .exec(self.name(), command, &params)
-            .await
-            .map_err(|e| Error::from_claims(e, &self.pool))?;
-        // The Status arrives as the session ends: watched from the start, so that stdin
-        // learns of the end even while nobody waits for the exit code.
-        let closing = inner.take_status();
-        let (status_tx, status) = oneshot::channel();
-        let (ended_tx, ended) = watch::channel(false);
-        tokio::spawn(async move {
-            let status = match closing {
-                Some(closing) => closing.await,
-                None => None,
-            };
-            ended_tx.send_replace(true);
-            let _ = status_tx.send(status);
-        });
-        Ok(Process {
-            inner,
-            pool: self.pool.clone(),
-            status,
-            ended,
-        })
+        self.command(command).output().await
     }
 }
 

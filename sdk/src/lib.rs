@@ -38,4 +38,4 @@ pub use claim::Claim;
 pub use client::TOKEN_LABEL;
 pub use client::{ClaimBuilder, Client};
 pub use error::{Error, LostReason};
-pub use exec::{Output, Process, Stdin};
+pub use exec::{Command, Output, OutputStream, Process, Stdin};

@@ -121,6 +121,17 @@ async fn a_claim_is_bound_runs_commands_and_is_released(route: Route) {
         (0, b"hi\n".as_slice())
     );
 
+    // flintlock's environment and working directory.
+    assert_eq!(claim.run(["mkdir", "-p", "work"]).await.unwrap().code, 0);
+    let output = claim
+        .command(["sh", "-c", "echo $GREETING; basename $PWD"])
+        .env("GREETING", "hello")
+        .working_dir("/work")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "hello\nwork\n");
+
     let name = claim.name().to_owned();
     claim.release().await.unwrap();
     let claims: Api<MicroVMClaim> = Api::default_namespaced(kube);
