@@ -45,11 +45,12 @@ impl Client {
     }
 
     /// A client from a kube configuration, which also knows who it is: the user its
-    /// client certificate names, so that a claim's Holder defaults to that ServiceAccount.
+    /// client certificate or ServiceAccount token names (in a Pod, its own), so that a
+    /// claim's Holder defaults to that ServiceAccount.
     /// kube-rs's own retries of `429` and `503` are turned off: [`ClaimBuilder::send`]
     /// retries to its deadline, which a `kube::Client` retrying on its own would outlast.
     pub fn from_config(mut config: kube::Config) -> Result<Self, Error> {
-        let user = certificate_user(&config.auth_info);
+        let user = certificate_user(&config.auth_info).or_else(|| token_user(&config.auth_info));
         config.default_retry = false;
         let kube = kube::Client::try_from(config).map_err(Error::Api)?;
         Ok(Self {
@@ -240,6 +241,29 @@ fn certificate_user(auth: &kube::config::AuthInfo) -> Option<String> {
     Some(name)
 }
 
+/// The subject of a ServiceAccount token (a JWT), which Kubernetes takes as the user
+/// name. Read, not verified: it only picks the default Holder, which the server checks.
+fn token_user(auth: &kube::config::AuthInfo) -> Option<String> {
+    use base64::Engine as _;
+    use secrecy::ExposeSecret as _;
+    let token = match (&auth.token, &auth.token_file) {
+        (Some(token), _) => token.expose_secret().to_owned(),
+        (None, Some(path)) => std::fs::read_to_string(path).ok()?,
+        (None, None) => return None,
+    };
+    let payload = token.trim().split('.').nth(1)?;
+    let claims: serde_json::Value = serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(payload.trim_end_matches('='))
+            .ok()?,
+    )
+    .ok()?;
+    let subject = claims.get("sub")?.as_str()?;
+    subject
+        .starts_with("system:serviceaccount:")
+        .then(|| subject.to_owned())
+}
+
 fn random(len: usize, alphabet: &[u8]) -> String {
     (0..len)
         .map(|_| char::from(alphabet[fastrand::usize(..alphabet.len())]))
@@ -255,6 +279,41 @@ fn generated_name(pool: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn token_of(claims: serde_json::Value) -> kube::config::AuthInfo {
+        use base64::Engine as _;
+        let part = |v: &serde_json::Value| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+        };
+        let jwt = format!(
+            "{}.{}.sig",
+            part(&serde_json::json!({"alg": "RS256"})),
+            part(&claims)
+        );
+        kube::config::AuthInfo {
+            token: Some(jwt.into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_service_account_token_names_its_user() {
+        let auth = token_of(serde_json::json!({"sub": "system:serviceaccount:ci:runner"}));
+        assert_eq!(
+            token_user(&auth).as_deref(),
+            Some("system:serviceaccount:ci:runner")
+        );
+        // An OIDC user is no ServiceAccount, and garbage is nobody.
+        assert_eq!(
+            token_user(&token_of(serde_json::json!({"sub": "alice"}))),
+            None
+        );
+        let garbage = kube::config::AuthInfo {
+            token: Some("not-a-jwt".to_owned().into()),
+            ..Default::default()
+        };
+        assert_eq!(token_user(&garbage), None);
+    }
 
     #[test]
     fn generated_names_are_valid_and_differ() {

@@ -30,6 +30,14 @@ pub enum Error {
         /// The Pool claimed from.
         pool: String,
     },
+    /// There is no claim of that name in the namespace.
+    #[error(
+        "microvmclaim {name} does not exist in this namespace; list them with `kubectl get microvmclaims`"
+    )]
+    ClaimNotFound {
+        /// The claim asked for.
+        name: String,
+    },
     /// Only the claim's Holder may renew its lease or exec into it.
     #[error("not the Holder of this claim: {message}")]
     NotHolder {
@@ -113,6 +121,13 @@ impl Error {
         let kind = status.details.as_ref().map(|d| d.kind.as_str());
         match (status.code, status.reason.as_str()) {
             (404, "NotFound") if kind == Some("pools") => Self::PoolNotFound { pool },
+            (404, "NotFound") if kind == Some("microvmclaims") => Self::ClaimNotFound {
+                name: status
+                    .details
+                    .as_ref()
+                    .map(|d| d.name.clone())
+                    .unwrap_or_default(),
+            },
             (409, "PoolDeleting") => Self::PoolDeleting { pool },
             (403, _) if status.message.contains("only its Holder") => Self::NotHolder {
                 message: status.message.clone(),
@@ -191,6 +206,10 @@ mod tests {
         // A claim that is not found is not a missing Pool.
         assert!(matches!(
             Error::from_claims(api(404, "NotFound", "not found", "microvmclaims"), "p"),
+            Error::ClaimNotFound { .. }
+        ));
+        assert!(matches!(
+            Error::from_claims(api(404, "NotFound", "not found", "hosts"), "p"),
             Error::Api(_)
         ));
     }

@@ -31,6 +31,7 @@ mod claim;
 mod client;
 mod error;
 mod exec;
+mod host_ready;
 
 pub use battery_types as types;
 pub use claim::Claim;
@@ -39,3 +40,4 @@ pub use client::TOKEN_LABEL;
 pub use client::{ClaimBuilder, Client};
 pub use error::{Error, LostReason};
 pub use exec::{Command, Output, OutputStream, Process, Stdin};
+pub use host_ready::HostReadiness;

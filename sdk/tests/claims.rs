@@ -213,6 +213,122 @@ async fn renewal_outlives_the_expiry_and_stops_when_another_client_deletes_the_c
 }
 
 #[tokio::test]
+async fn lost_reports_a_lease_that_battery_ended() {
+    use battery_proto::poolmgr::v1alpha1::lease_client::LeaseClient;
+    use battery_proto::poolmgr::v1alpha1::{ListLeasesRequest, ReleaseVmRequest};
+
+    // Through the stand-in, with battery in its own process, to reach it behind our back.
+    let server = ApiServer::start(Route::Aggregated).await;
+    let kube = kube_client(server.kubeconfig()).await;
+    let client = Client::from_config(config(&server).await).unwrap();
+    short_lease_pool(&kube, "short", 1).await;
+    let claim = client.claim("short").holder(HOLDER).send().await.unwrap();
+    let vm = claim
+        .object()
+        .status
+        .as_ref()
+        .unwrap()
+        .micro_vm
+        .clone()
+        .unwrap()
+        .uid;
+
+    let battery = format!("http://{}", server.battery_address().unwrap());
+    let mut leases = LeaseClient::connect(battery).await.unwrap();
+    let lease = leases
+        .list_leases(ListLeasesRequest { pool_ref: None })
+        .await
+        .unwrap()
+        .into_inner()
+        .leases
+        .into_iter()
+        .find(|l| l.vm_uid == vm)
+        .expect("battery has the claim's lease");
+    leases
+        .release_vm(ReleaseVmRequest {
+            lease_id: lease.lease_id,
+        })
+        .await
+        .unwrap();
+
+    let reason = tokio::time::timeout(Duration::from_secs(5), claim.lost())
+        .await
+        .expect("lost() resolves at the next renewal");
+    assert!(matches!(reason, LostReason::Expired(_)), "{reason:?}");
+}
+
+#[tokio::test]
+async fn host_ready_follows_the_hosts_reports() {
+    use futures::StreamExt as _;
+    use kube::api::{Patch, PatchParams};
+
+    // No agents: the Hosts report nothing until this test reports for them.
+    let server = ApiServer::start(Route::Aggregated).await;
+    let kube = kube_client(server.kubeconfig()).await;
+    let client = Client::from_config(config(&server).await).unwrap();
+    let claim = client.claim("dev").holder(HOLDER).send().await.unwrap();
+    let host = claim
+        .object()
+        .status
+        .as_ref()
+        .unwrap()
+        .host
+        .clone()
+        .unwrap()
+        .node_name;
+    let mut readiness = Box::pin(claim.host_ready());
+    let mut next = async || {
+        tokio::time::timeout(WITHIN, readiness.next())
+            .await
+            .expect("a change within the deadline")
+            .expect("the claim is there")
+            .unwrap()
+    };
+    let first = next().await;
+    assert_eq!(
+        (first.ready, first.reason.as_str()),
+        (false, "NoHostReport")
+    );
+
+    let hosts: Api<battery_sdk::types::Host> = Api::all(kube.clone());
+    let report = |status: &str, reason: &str| {
+        json!({"status": {"conditions": [{
+            "type": "Ready", "status": status, "reason": reason, "message": "from the test",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"
+        }]}})
+    };
+    let patch = async |status, reason| {
+        hosts
+            .patch_status(
+                &host,
+                &PatchParams::default(),
+                &Patch::Merge(report(status, reason)),
+            )
+            .await
+            .unwrap();
+    };
+    patch("True", "Ready").await;
+    let ready = next().await;
+    assert_eq!((ready.ready, ready.reason.as_str()), (true, "Ready"));
+    patch("False", "KVMUnavailable").await;
+    let down = next().await;
+    assert_eq!(
+        (down.ready, down.reason.as_str(), down.message.as_str()),
+        (false, "KVMUnavailable", "from the test")
+    );
+    drop(next);
+    let name = claim.name().to_owned();
+    claim.release().await.unwrap();
+    let end = tokio::time::timeout(WITHIN, readiness.next())
+        .await
+        .unwrap();
+    assert!(
+        end.is_none(),
+        "the stream ends with the claim {name}: {end:?}"
+    );
+}
+
+#[tokio::test]
 async fn an_exhausted_pool_fails_at_the_deadline_and_a_freed_microvm_is_claimed() {
     let (_server, kube, client) = start().await;
     short_lease_pool(&kube, "one", 1).await;
