@@ -316,7 +316,6 @@ async fn host_ready_follows_the_hosts_reports() {
         (down.ready, down.reason.as_str(), down.message.as_str()),
         (false, "KVMUnavailable", "from the test")
     );
-    drop(next);
     let name = claim.name().to_owned();
     claim.release().await.unwrap();
     let end = tokio::time::timeout(WITHIN, readiness.next())
