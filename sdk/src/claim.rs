@@ -19,6 +19,7 @@ pub struct Claim {
     pub(crate) client: Client,
     object: MicroVMClaim,
     pub(crate) pool: String,
+    lease: LeaseSettings,
     lost: watch::Receiver<Option<LostReason>>,
     renewal: JoinHandle<()>,
 }
@@ -39,8 +40,7 @@ impl Claim {
     ) -> Self {
         let (report, lost) = watch::channel(None);
         let renewer = Renewer {
-            url: client.claims().resource_url().to_owned(),
-            kube: client.kube(),
+            client: client.clone(),
             name: object.metadata.name.clone().unwrap_or_default(),
             uid: object.metadata.uid.clone().unwrap_or_default(),
             interval: lease
@@ -62,6 +62,7 @@ impl Claim {
             client,
             object,
             pool,
+            lease,
             lost,
             renewal,
         }
@@ -70,6 +71,12 @@ impl Claim {
     /// The claim's name.
     pub fn name(&self) -> &str {
         self.object.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    /// The Pool's lease settings the claim renews by: how often, and how long a lease
+    /// lasts without renewal (battery's defaults when the Pool could not be read).
+    pub fn lease(&self) -> &LeaseSettings {
+        &self.lease
     }
 
     /// The claim as the create answered it: Bound, naming its MicroVM and Host.
@@ -109,9 +116,7 @@ impl Claim {
 
 /// What the renewal task needs.
 struct Renewer {
-    /// The claims' collection URL, under which `<name>/lease` is.
-    url: String,
-    kube: kube::Client,
+    client: Client,
     name: String,
     uid: String,
     interval: Duration,
@@ -146,34 +151,64 @@ impl Renewer {
         }
     }
 
-    /// One write of the `lease` subresource, which renews it.
+    /// One renewal, which must renew this claim and not another made under its name.
     async fn renew(&self) -> Result<(), Error> {
-        let body = Lease {
-            metadata: ObjectMeta {
-                name: Some(self.name.clone()),
-                ..ObjectMeta::default()
-            },
-            spec: None,
-        };
-        let request = kube::core::Request::new(&self.url)
-            .replace_subresource(
-                "lease",
-                &self.name,
-                &PostParams::default(),
-                serde_json::to_vec(&body).map_err(|e| Error::Api(kube::Error::SerdeError(e)))?,
-            )
-            .map_err(|e| Error::Api(kube::Error::BuildRequest(e)))?;
-        match self.kube.request::<Lease>(request).await {
+        match self.client.renew(&self.name).await {
             // Same name, another claim: ours was deleted and made again by someone else.
             Ok(lease) if lease.metadata.uid.as_deref() != Some(self.uid.as_str()) => {
                 Err(Error::LeaseLost(LostReason::Deleted))
             }
             Ok(_) => Ok(()),
-            Err(error) if error::status(&error).is_some_and(|s| s.code == 404) => {
-                Err(Error::LeaseLost(LostReason::Deleted))
-            }
-            Err(error) => Err(Error::from_claims(error, "")),
+            Err(Error::ClaimNotFound { .. }) => Err(Error::LeaseLost(LostReason::Deleted)),
+            Err(error) => Err(error),
         }
+    }
+}
+
+impl Client {
+    /// Renews the lease of the claim `claim` once, through its `lease` subresource, and
+    /// gives the renewed Lease (`spec.renewTime`, `spec.leaseDurationSeconds`). Only its
+    /// Holder may ([`Error::NotHolder`]). A [`Claim`] renews itself; this is for a claim
+    /// held elsewhere, as `kubectl microvm renew` does.
+    pub async fn renew(&self, claim: &str) -> Result<Lease, Error> {
+        let body = Lease {
+            metadata: ObjectMeta {
+                name: Some(claim.to_owned()),
+                ..ObjectMeta::default()
+            },
+            spec: None,
+        };
+        let request = kube::core::Request::new(self.claims().resource_url())
+            .replace_subresource(
+                "lease",
+                claim,
+                &PostParams::default(),
+                serde_json::to_vec(&body).map_err(|e| Error::Api(kube::Error::SerdeError(e)))?,
+            )
+            .map_err(|e| Error::Api(kube::Error::BuildRequest(e)))?;
+        self.kube()
+            .request::<Lease>(request)
+            .await
+            .map_err(|e| Error::from_claims(e, ""))
+    }
+
+    /// Deletes the claim `claim`, which releases its MicroVM; [`Error::ClaimNotFound`]
+    /// if there is none. A [`Claim`] has its own [`Claim::release`].
+    pub async fn release(&self, claim: &str) -> Result<(), Error> {
+        self.claims()
+            .delete(claim, &DeleteParams::default())
+            .await
+            .map(drop)
+            .map_err(|e| Error::from_claims(e, ""))
+    }
+
+    /// The claims of this client's namespace.
+    pub async fn list(&self) -> Result<Vec<MicroVMClaim>, Error> {
+        self.claims()
+            .list(&Default::default())
+            .await
+            .map(|list| list.items)
+            .map_err(|e| Error::from_claims(e, ""))
     }
 }
 

@@ -83,6 +83,7 @@ impl Client {
             name: None,
             labels: BTreeMap::new(),
             deadline: DEFAULT_DEADLINE,
+            on_wait: None,
         }
     }
 
@@ -104,6 +105,25 @@ pub struct ClaimBuilder {
     name: Option<String>,
     labels: BTreeMap<String, String>,
     deadline: Duration,
+    on_wait: Option<WaitReport>,
+}
+
+/// What [`ClaimBuilder::on_wait`] was given.
+type WaitReport = Box<dyn Fn(&Waiting) + Send + Sync>;
+
+/// A wait of [`ClaimBuilder::send`] before it tries again, as [`ClaimBuilder::on_wait`]
+/// reports it: for progress while the Pool has no MicroVM.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Waiting {
+    /// The Pool claimed from.
+    pub pool: String,
+    /// Why the server refused this time, in its words.
+    pub message: String,
+    /// How long until the next attempt.
+    pub retry_after: Duration,
+    /// How long until the deadline.
+    pub remaining: Duration,
 }
 
 impl ClaimBuilder {
@@ -135,6 +155,12 @@ impl ClaimBuilder {
     /// the server is waiting on when the deadline passes is let finish.
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
+        self
+    }
+
+    /// Calls `report` before each wait for a retry, so that a caller can show progress.
+    pub fn on_wait(mut self, report: impl Fn(&Waiting) + Send + Sync + 'static) -> Self {
+        self.on_wait = Some(Box::new(report));
         self
     }
 
@@ -200,6 +226,14 @@ impl ClaimBuilder {
                         return Err(Error::Api(error));
                     }
                     tracing::debug!(pool = %self.pool, ?wait, "no MicroVM yet; retrying");
+                    if let Some(report) = &self.on_wait {
+                        report(&Waiting {
+                            pool: self.pool.clone(),
+                            message: status.message.clone(),
+                            retry_after: wait,
+                            remaining: deadline.saturating_duration_since(Instant::now()),
+                        });
+                    }
                     tokio::time::sleep(wait).await;
                 }
                 _ => return Err(Error::from_claims(error, &self.pool)),

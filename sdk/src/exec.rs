@@ -45,6 +45,7 @@ pub struct Command {
     argv: Vec<String>,
     env: Vec<(String, String)>,
     working_dir: Option<String>,
+    stdin: bool,
 }
 
 impl Command {
@@ -56,6 +57,7 @@ impl Command {
             argv,
             env: Vec::new(),
             working_dir: None,
+            stdin: true,
         }
     }
 
@@ -81,9 +83,18 @@ impl Command {
         self
     }
 
-    /// Starts the command with stdin, stdout and stderr as streams.
+    /// Whether [`Command::spawn`] gives the command a stdin to write (it does unless set
+    /// to false); without one, the command reads end of file at once.
+    pub fn stdin(mut self, attach: bool) -> Self {
+        self.stdin = attach;
+        self
+    }
+
+    /// Starts the command with stdin (unless [`Command::stdin`] said not), stdout and
+    /// stderr as streams.
     pub async fn spawn(self) -> Result<Process, Error> {
-        self.start(true).await
+        let stdin = self.stdin;
+        self.start(stdin).await
     }
 
     /// Runs the command with an empty stdin and collects its output and exit code.

@@ -37,7 +37,7 @@ pub use battery_types as types;
 pub use claim::Claim;
 /// The label that carries a claim's token, by which a retried create knows its own claim.
 pub use client::TOKEN_LABEL;
-pub use client::{ClaimBuilder, Client};
+pub use client::{ClaimBuilder, Client, Waiting};
 pub use error::{Error, LostReason};
 pub use exec::{Command, Output, OutputStream, Process, Stdin};
 pub use host_ready::HostReadiness;

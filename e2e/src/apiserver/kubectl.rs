@@ -238,6 +238,7 @@ impl Invocation<'_> {
             .unwrap_or_else(|e| panic!("{command}: {e}"));
         Output {
             command,
+            code: output.status.code(),
             success: output.status.success(),
             stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
@@ -295,6 +296,8 @@ impl Invocation<'_> {
 pub struct Output {
     /// `kubectl v1.32 get mvc`: for messages.
     pub command: String,
+    /// The exit code; `None` if a signal ended it.
+    pub code: Option<i32>,
     pub success: bool,
     pub stdout: String,
     pub stderr: String,
@@ -360,6 +363,16 @@ impl Background {
         }
     }
 
+    /// Sends it SIGINT, as Ctrl-C at a terminal does.
+    pub fn interrupt(&self) {
+        let pid = self.child.id().expect("still running").to_string();
+        let sent = std::process::Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap_or_else(|e| panic!("kill -INT {pid}: {e}"));
+        assert!(sent.success(), "kill -INT {pid}: {sent}");
+    }
+
     /// Waits for kubectl to exit (at most [`COMMAND_TIMEOUT`]) and returns all it did.
     pub async fn finish(mut self) -> Output {
         let status = timeout(COMMAND_TIMEOUT, self.child.wait())
@@ -386,6 +399,7 @@ impl Background {
             lines.join("\n")
         };
         Output {
+            code: status.code(),
             success: status.success(),
             stdout: text(Stream::Stdout),
             stderr: text(Stream::Stderr),

@@ -1,0 +1,212 @@
+//! The command line: global flags as kubectl has them, and one subcommand per verb.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Claim battery MicroVMs and run commands in them. On PATH, kubectl runs it as
+/// `kubectl microvm`.
+#[derive(Debug, Parser)]
+#[command(name = "kubectl-microvm", version, propagate_version = true)]
+pub struct Cli {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Which cluster, user and namespace, as kubectl chooses them.
+#[derive(Debug, Args)]
+pub struct ClusterArgs {
+    /// The kubeconfig file; without it KUBECONFIG, then ~/.kube/config, then the Pod's
+    /// own ServiceAccount.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context; without it the current context.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub context: Option<String>,
+    /// The namespace; without it the context's.
+    #[arg(short = 'n', long, global = true, value_name = "NAME")]
+    pub namespace: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Claim a MicroVM of POOL: when this returns, the claim is Bound.
+    ///
+    /// Without --hold the claim stays Bound only while something renews it
+    /// (`kubectl microvm renew`); with --hold this command renews it until Ctrl-C, then
+    /// releases it.
+    Claim(ClaimArgs),
+    /// Run a command in the MicroVM of CLAIM, as kubectl exec runs one in a Pod.
+    ///
+    /// stdout and stderr are streamed; the exit code is the command's; Ctrl-C ends the
+    /// command. Only the claim's Holder may.
+    Exec(ExecArgs),
+    /// Claim a MicroVM of POOL, run a command in it, and release it.
+    ///
+    /// The exit code is the command's.
+    Run(RunArgs),
+    /// Renew the lease of CLAIM once.
+    Renew {
+        /// The claim (NAME or microvmclaim/NAME).
+        claim: String,
+    },
+    /// Release CLAIM (delete it), which frees its MicroVM.
+    Release {
+        /// The claim (NAME or microvmclaim/NAME).
+        claim: String,
+    },
+    /// List the claims of the namespace.
+    #[command(visible_alias = "list")]
+    Ls,
+    /// Print the shell completion script for SHELL.
+    ///
+    /// For example `kubectl-microvm completion bash > /etc/bash_completion.d/kubectl-microvm`.
+    Completion {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// How a claim is asked for, shared by `claim` and `run`.
+#[derive(Debug, Args)]
+pub struct ClaimRequest {
+    /// The Pool to claim from.
+    pub pool: String,
+    /// The ServiceAccount that holds the claim; without it, your own user when it is a
+    /// ServiceAccount of the namespace.
+    #[arg(long, value_name = "SERVICEACCOUNT")]
+    pub holder: Option<String>,
+    /// How long to wait for a free MicroVM, such as 30s or 2m.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    pub deadline: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct ClaimArgs {
+    #[command(flatten)]
+    pub request: ClaimRequest,
+    /// The claim's name; without it, the Pool's name and a random suffix.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// A label for the claim, KEY=VALUE; repeat for more.
+    #[arg(short = 'l', long = "label", value_name = "KEY=VALUE", value_parser = key_value)]
+    pub labels: Vec<(String, String)>,
+    /// Keep renewing the claim until Ctrl-C, then release it.
+    #[arg(long)]
+    pub hold: bool,
+    /// What to print of the bound claim.
+    #[arg(short, long, value_enum)]
+    pub output: Option<Output>,
+}
+
+/// The command to run and how, shared by `exec` and `run`.
+#[derive(Debug, Args)]
+pub struct CommandArgs {
+    /// Pass this terminal's stdin to the command (it sees end of file when stdin ends).
+    #[arg(short = 'i', long)]
+    pub stdin: bool,
+    /// An environment variable for the command, NAME=VALUE; repeat for more.
+    #[arg(short, long = "env", value_name = "NAME=VALUE", value_parser = key_value)]
+    pub env: Vec<(String, String)>,
+    /// The directory in the guest the command starts in.
+    #[arg(short, long, value_name = "DIR")]
+    pub workdir: Option<String>,
+    /// The program and its arguments, after `--`. No shell: use `-- sh -c '...'` for one.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// The claim (NAME or microvmclaim/NAME).
+    pub claim: String,
+    #[command(flatten)]
+    pub command: CommandArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub request: ClaimRequest,
+    #[command(flatten)]
+    pub command: CommandArgs,
+}
+
+/// `-o`, as kubectl's.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Output {
+    /// `microvmclaim/NAME`.
+    Name,
+    Yaml,
+    Json,
+}
+
+fn key_value(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("{text:?} is not KEY=VALUE")),
+    }
+}
+
+/// A claim argument as kubectl takes names: `NAME`, or `microvmclaim/NAME` as `-o name`
+/// prints it.
+pub fn claim_name(arg: &str) -> &str {
+    ["microvmclaim/", "microvmclaims/", "mvc/"]
+        .iter()
+        .find_map(|prefix| arg.strip_prefix(prefix))
+        .unwrap_or(arg)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn exec_takes_the_command_after_the_double_dash() {
+        let cli = Cli::try_parse_from([
+            "kubectl-microvm",
+            "exec",
+            "c",
+            "-i",
+            "-e",
+            "A=1",
+            "-n",
+            "ci",
+            "--",
+            "sh",
+            "-c",
+            "exit 7",
+        ])
+        .unwrap();
+        let Command::Exec(exec) = cli.command else {
+            panic!("{:?}", cli.command)
+        };
+        assert_eq!(exec.claim, "c");
+        assert!(exec.command.stdin);
+        assert_eq!(exec.command.env, [("A".to_owned(), "1".to_owned())]);
+        assert_eq!(exec.command.command, ["sh", "-c", "exit 7"]);
+        assert_eq!(cli.cluster.namespace.as_deref(), Some("ci"));
+        // A command is required, and an env must be NAME=VALUE.
+        assert!(Cli::try_parse_from(["kubectl-microvm", "exec", "c"]).is_err());
+        assert!(
+            Cli::try_parse_from(["kubectl-microvm", "exec", "c", "-e", "=x", "--", "true"])
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn claims_are_named_as_kubectl_names_them() {
+        assert_eq!(claim_name("microvmclaim/dev-x2"), "dev-x2");
+        assert_eq!(claim_name("dev-x2"), "dev-x2");
+    }
+}

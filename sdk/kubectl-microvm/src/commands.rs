@@ -1,0 +1,252 @@
+//! One function per subcommand; each gives the process's exit code.
+
+use std::time::{Duration, SystemTime};
+
+use battery_sdk::types::{ClaimPhase, MicroVMClaim};
+use battery_sdk::{Claim, Client};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::cli::{ClaimArgs, ClaimRequest, ExecArgs, Output, RunArgs, claim_name};
+use crate::failure::Failure;
+use crate::progress::Progress;
+use crate::session::{self, Ended, INTERRUPTED};
+
+/// The client and, for messages, the API server it talks to.
+pub struct Context {
+    pub client: Client,
+    pub server: String,
+}
+
+impl Context {
+    fn fail(&self, error: &battery_sdk::Error) -> Failure {
+        Failure::of(error, &self.server)
+    }
+
+    /// Binds a claim as `request` says, with progress while it waits.
+    async fn bind(
+        &self,
+        request: &ClaimRequest,
+        name: Option<&str>,
+        labels: &[(String, String)],
+    ) -> Result<Claim, Failure> {
+        let mut builder = self
+            .client
+            .claim(&request.pool)
+            .deadline(request.deadline)
+            .labels(labels.iter().cloned());
+        if let Some(holder) = &request.holder {
+            builder = builder.holder(holder);
+        }
+        if let Some(name) = name {
+            builder = builder.name(name);
+        }
+        let progress = Progress::binding(&request.pool);
+        let bound = builder.on_wait(progress.on_wait()).send().await;
+        progress.done();
+        bound.map_err(|e| self.fail(&e))
+    }
+}
+
+pub async fn claim(cx: &Context, args: ClaimArgs) -> Result<i32, Failure> {
+    let claim = cx
+        .bind(&args.request, args.name.as_deref(), &args.labels)
+        .await?;
+    match args.output {
+        None => println!(
+            "microvmclaim/{} bound: {}",
+            claim.name(),
+            placement(claim.object())
+        ),
+        Some(Output::Name) => println!("microvmclaim/{}", claim.name()),
+        Some(Output::Json) => {
+            println!("{}", to_text(serde_json::to_string_pretty(claim.object()))?)
+        }
+        Some(Output::Yaml) => print!("{}", to_text(serde_norway::to_string(claim.object()))?),
+    }
+    let lease = claim.lease();
+    let every = humantime::format_duration(lease.heartbeat_interval.to_std().unwrap_or_default());
+    let expiry = humantime::format_duration(lease.expiry_threshold.to_std().unwrap_or_default());
+    if !args.hold {
+        eprintln!(
+            "its lease expires {expiry} after the last renewal: renew it every {every} with \
+             `kubectl microvm renew {}`, or claim with --hold",
+            claim.name()
+        );
+        return Ok(0);
+    }
+    eprintln!("holding it, renewing every {every}; Ctrl-C releases it");
+    tokio::select! {
+        reason = claim.lost() => Err(Failure::new(format!(
+            "microvmclaim/{} is lost: {reason}; claim again", claim.name()
+        ))),
+        _ = tokio::signal::ctrl_c() => {
+            let name = claim.name().to_owned();
+            claim.release().await.map_err(|e| cx.fail(&e))?;
+            eprintln!("microvmclaim/{name} released");
+            Ok(0)
+        }
+    }
+}
+
+pub async fn exec(cx: &Context, args: ExecArgs) -> Result<i32, Failure> {
+    let command = cx.client.command(
+        claim_name(&args.claim),
+        args.command.command.iter().cloned(),
+    );
+    match session::attach(session::prepare(command, &args.command)).await {
+        Ok(Ended::Exited(code)) => Ok(code),
+        Ok(Ended::Interrupted) => Ok(INTERRUPTED),
+        Err(error) => Err(cx.fail(&error)),
+    }
+}
+
+pub async fn run(cx: &Context, args: RunArgs) -> Result<i32, Failure> {
+    let claim = cx.bind(&args.request, None, &[]).await?;
+    let command = claim.command(args.command.command.iter().cloned());
+    let ended = session::attach(session::prepare(command, &args.command)).await;
+    // Released whatever happened to the command: nothing is left behind.
+    let name = claim.name().to_owned();
+    let released = claim.release().await;
+    let code = match ended {
+        Ok(Ended::Exited(code)) => code,
+        Ok(Ended::Interrupted) => INTERRUPTED,
+        Err(error) => return Err(cx.fail(&error)),
+    };
+    released.map_err(|e| {
+        Failure::new(format!(
+            "the command exited with {code} but releasing microvmclaim/{name} failed: {}; \
+             release it with `kubectl microvm release {name}`",
+            cx.fail(&e)
+        ))
+    })?;
+    Ok(code)
+}
+
+pub async fn renew(cx: &Context, claim: &str) -> Result<i32, Failure> {
+    let name = claim_name(claim);
+    let lease = cx.client.renew(name).await.map_err(|e| cx.fail(&e))?;
+    let spec = lease.spec.unwrap_or_default();
+    match (spec.renew_time, spec.lease_duration_seconds) {
+        (Some(renewed), Some(seconds)) => {
+            let expires = renewed.0 + Duration::from_secs(seconds.max(0).unsigned_abs().into());
+            println!(
+                "microvmclaim/{name} renewed: its lease expires at {expires} (in {})",
+                until(expires)
+            );
+        }
+        _ => println!("microvmclaim/{name} renewed"),
+    }
+    Ok(0)
+}
+
+pub async fn release(cx: &Context, claim: &str) -> Result<i32, Failure> {
+    let name = claim_name(claim);
+    cx.client.release(name).await.map_err(|e| cx.fail(&e))?;
+    println!("microvmclaim/{name} released");
+    Ok(0)
+}
+
+pub async fn list(cx: &Context) -> Result<i32, Failure> {
+    let claims = cx.client.list().await.map_err(|e| cx.fail(&e))?;
+    if claims.is_empty() {
+        eprintln!("No claims in this namespace.");
+        return Ok(0);
+    }
+    let mut rows =
+        vec![["NAME", "POOL", "PHASE", "HOST", "HOLDER", "EXPIRES", "AGE"].map(String::from)];
+    for claim in &claims {
+        let status = claim.status.clone().unwrap_or_default();
+        let phase = status.phase.as_ref().map_or("Pending", ClaimPhase::as_str);
+        let expires = match (&status.phase, &status.lease_expires_at) {
+            (Some(ClaimPhase::Bound), Some(at)) => format!("in {}", until(at.0)),
+            _ => "-".to_owned(),
+        };
+        rows.push([
+            claim.metadata.name.clone().unwrap_or_default(),
+            claim.spec.pool_ref.name.clone(),
+            phase.to_owned(),
+            status.host.map_or_else(|| "-".to_owned(), |h| h.node_name),
+            claim.spec.service_account_name.clone(),
+            expires,
+            claim
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), |t| age(t.0)),
+        ]);
+    }
+    print!("{}", table(&rows));
+    Ok(0)
+}
+
+/// Where the claim's MicroVM is, for the line `claim` prints.
+fn placement(claim: &MicroVMClaim) -> String {
+    let status = claim.status.clone().unwrap_or_default();
+    let vm = status.micro_vm.map_or_else(|| "?".to_owned(), |vm| vm.uid);
+    let host = status.host.map_or_else(|| "?".to_owned(), |h| h.node_name);
+    format!("MicroVM {vm} on Host {host}")
+}
+
+fn to_text<E: std::fmt::Display>(text: Result<String, E>) -> Result<String, Failure> {
+    text.map_err(|e| Failure::new(format!("cannot print the claim: {e}")))
+}
+
+/// Columns padded as kubectl pads them: three spaces between.
+fn table<const N: usize>(rows: &[[String; N]]) -> String {
+    let widths: Vec<usize> = (0..N)
+        .map(|column| rows.iter().map(|row| row[column].len()).max().unwrap_or(0))
+        .collect();
+    let mut text = String::new();
+    for row in rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:width$}"))
+            .collect();
+        text.push_str(line.join("   ").trim_end());
+        text.push('\n');
+    }
+    text
+}
+
+/// The time until `at`, rounded to the second (zero when past).
+fn until(at: Timestamp) -> String {
+    let now = Timestamp::try_from(SystemTime::now()).unwrap_or(at);
+    let seconds = (at.as_second() - now.as_second()).max(0);
+    humantime::format_duration(Duration::from_secs(seconds.unsigned_abs())).to_string()
+}
+
+/// An age as kubectl shows it: `45s`, `12m`, `5h`, `3d`.
+fn age(since: Timestamp) -> String {
+    let now = Timestamp::try_from(SystemTime::now()).unwrap_or(since);
+    let seconds = (now.as_second() - since.as_second()).max(0);
+    match seconds {
+        s if s < 120 => format!("{s}s"),
+        s if s < 120 * 60 => format!("{}m", s / 60),
+        s if s < 48 * 3600 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86400),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_are_padded_like_kubectls() {
+        let rows = [
+            ["NAME", "PHASE"].map(String::from),
+            ["dev-x2", "Bound"].map(String::from),
+        ];
+        assert_eq!(table(&rows), "NAME     PHASE\ndev-x2   Bound\n");
+    }
+
+    #[test]
+    fn ages_are_short() {
+        let now = Timestamp::now();
+        assert_eq!(age(now - Duration::from_secs(30)), "30s");
+        assert_eq!(age(now - Duration::from_secs(600)), "10m");
+        assert_eq!(age(now - Duration::from_secs(5 * 3600)), "5h");
+        assert_eq!(age(now - Duration::from_secs(3 * 86400)), "3d");
+    }
+}
