@@ -169,9 +169,26 @@ async fn stdin_fails_instead_of_waiting_once_the_command_has_exited() {
     claim.release().await.unwrap();
 }
 
-#[tokio::test]
-async fn renewal_outlives_the_expiry_and_stops_when_another_client_deletes_the_claim() {
-    let (_server, kube, client) = start().await;
+mod renewal_outlives_the_expiry_and_stops_when_another_client_deletes_the_claim {
+    #[tokio::test]
+    async fn direct() {
+        super::renewal_outlives_the_expiry_and_stops_when_another_client_deletes_the_claim(
+            super::Route::Direct,
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn aggregated() {
+        super::renewal_outlives_the_expiry_and_stops_when_another_client_deletes_the_claim(
+            super::Route::Aggregated,
+        )
+        .await;
+    }
+}
+
+async fn renewal_outlives_the_expiry_and_stops_when_another_client_deletes_the_claim(route: Route) {
+    let (_server, kube, client) = start_on(route).await;
     short_lease_pool(&kube, "short", 2).await;
     let claim = client
         .claim("short")
@@ -327,9 +344,26 @@ async fn host_ready_follows_the_hosts_reports() {
     );
 }
 
-#[tokio::test]
-async fn an_exhausted_pool_fails_at_the_deadline_and_a_freed_microvm_is_claimed() {
-    let (_server, kube, client) = start().await;
+mod an_exhausted_pool_fails_at_the_deadline_and_a_freed_microvm_is_claimed {
+    #[tokio::test]
+    async fn direct() {
+        super::an_exhausted_pool_fails_at_the_deadline_and_a_freed_microvm_is_claimed(
+            super::Route::Direct,
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn aggregated() {
+        super::an_exhausted_pool_fails_at_the_deadline_and_a_freed_microvm_is_claimed(
+            super::Route::Aggregated,
+        )
+        .await;
+    }
+}
+
+async fn an_exhausted_pool_fails_at_the_deadline_and_a_freed_microvm_is_claimed(route: Route) {
+    let (_server, kube, client) = start_on(route).await;
     short_lease_pool(&kube, "one", 1).await;
     let first = client.claim("one").holder(HOLDER).send().await.unwrap();
 
