@@ -138,6 +138,11 @@ pub struct Cli {
     #[arg(long, env = "BATTERY_AGENT_HOST_TLS_KEY_FILE")]
     pub host_tls_key_file: Option<String>,
 
+    /// Exec sessions relayed at once; more are refused (RESOURCE_EXHAUSTED, which the
+    /// API server answers 429), so a burst cannot exhaust the Host's memory.
+    #[arg(long, env = "BATTERY_AGENT_MAX_SESSIONS", default_value = "512")]
+    pub max_sessions: std::num::NonZeroUsize,
+
     /// How often the readiness report is sent when nothing changed: the heartbeat. The
     /// API server takes a Host whose report is older than four intervals as not ready.
     #[arg(
@@ -192,6 +197,8 @@ pub struct Config {
     pub flintlock: FlintlockConfig,
     /// How the agent registers its Host and reports its readiness; `None` relays only.
     pub registration: Option<Registration>,
+    /// Exec sessions relayed at once.
+    pub max_sessions: std::num::NonZeroUsize,
 }
 
 /// Where the relay's serving certificate comes from.
@@ -300,6 +307,7 @@ impl Cli {
             client_ca,
             flintlock,
             registration,
+            max_sessions: self.max_sessions,
         })
     }
 

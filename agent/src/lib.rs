@@ -51,6 +51,9 @@ const STREAM_WINDOW_BYTES: u32 = 256 * 1024;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Handshaken connections waiting for the server to take them.
 const ACCEPT_QUEUE: usize = 64;
+/// TLS handshakes in progress at once. Anyone who reaches the port can start one, so
+/// more connections are closed at once rather than each given a task.
+const MAX_HANDSHAKES: usize = 128;
 
 /// What stops the agent after its configuration was accepted.
 #[derive(Debug, Error)]
@@ -105,8 +108,8 @@ pub fn build_with(config: Config, serving: Arc<ServingCertificate>) -> Result<Ag
     let flintlock = Flintlock::new(config.flintlock).map_err(AgentError::FlintlockTls)?;
     let tls = tls_acceptor(&config.client_ca, serving)?;
     let registration = config.registration.map(|r| (r, flintlock.clone()));
-    let relay =
-        RelayServer::new(RelayService::new(flintlock)).max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let relay = RelayServer::new(RelayService::new(flintlock, config.max_sessions))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES);
     let router = Server::builder()
         .initial_stream_window_size(STREAM_WINDOW_BYTES)
         .add_service(relay);
@@ -190,6 +193,7 @@ async fn accept(
     tls: TlsAcceptor,
     connections: mpsc::Sender<Result<TlsStream<TcpStream>, std::io::Error>>,
 ) {
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -203,10 +207,16 @@ async fn accept(
         if let Err(error) = tcp.set_nodelay(true) {
             tracing::debug!(%error, %peer, "setting TCP_NODELAY");
         }
+        let Ok(permit) = handshakes.clone().try_acquire_owned() else {
+            tracing::debug!(%peer, "too many TLS handshakes in progress; closing");
+            continue;
+        };
         let tls = tls.clone();
         let connections = connections.clone();
         tokio::spawn(async move {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(tcp)).await {
+            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(tcp)).await;
+            drop(permit);
+            match handshake {
                 Ok(Ok(stream)) => {
                     let _ = connections.send(Ok(stream)).await;
                 }

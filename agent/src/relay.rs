@@ -12,6 +12,8 @@
 //! failing (reported as an exit error, never as success), or the API server's stream
 //! going away, which drops the flintlockd stream; flintlockd then ends the command.
 
+use std::num::NonZeroUsize;
+use std::sync::Arc;
 use std::time::Duration;
 
 use battery_proto::agent::v1alpha1::relay_server::Relay;
@@ -24,7 +26,7 @@ use battery_proto::microvmexec::services::api::v1alpha1::exec_command_response::
 use battery_proto::microvmexec::services::api::v1alpha1::{
     ExecCommandRequest, ExecCommandResponse, ExecStart,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::task::AbortOnDropHandle;
 use tonic::{Request, Response, Status, Streaming};
@@ -46,11 +48,16 @@ type Reply = Result<ExecResponse, Status>;
 #[derive(Clone, Debug)]
 pub struct RelayService {
     flintlock: Flintlock,
+    /// One permit per session relayed, held until it ends.
+    sessions: Arc<Semaphore>,
 }
 
 impl RelayService {
-    pub fn new(flintlock: Flintlock) -> Self {
-        Self { flintlock }
+    pub fn new(flintlock: Flintlock, max_sessions: NonZeroUsize) -> Self {
+        Self {
+            flintlock,
+            sessions: Arc::new(Semaphore::new(max_sessions.get())),
+        }
     }
 }
 
@@ -62,6 +69,11 @@ impl Relay for RelayService {
         &self,
         request: Request<Streaming<ExecRequest>>,
     ) -> Result<Response<Self::ExecStream>, Status> {
+        let permit = self.sessions.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(
+                "the agent relays as many exec sessions as --max-sessions allows; retry later",
+            )
+        })?;
         let mut inbound = request.into_inner();
         // A client that never says what to run must not hold a handler forever.
         let first = tokio::time::timeout(OPEN_TIMEOUT, inbound.message())
@@ -116,14 +128,18 @@ impl Relay for RelayService {
         };
         debug!(parent: &span, "exec opened");
         let (replies, stream) = mpsc::channel(OUTPUT_BUFFER);
+        let relayed = relay(
+            session.attached,
+            inbound,
+            to_flintlock,
+            from_flintlock,
+            replies,
+        );
         tokio::spawn(
-            relay(
-                session.attached,
-                inbound,
-                to_flintlock,
-                from_flintlock,
-                replies,
-            )
+            async move {
+                relayed.await;
+                drop(permit);
+            }
             .instrument(span),
         );
         Ok(Response::new(ReceiverStream::new(stream)))

@@ -134,11 +134,16 @@ impl AgentRelay {
                 )
             })?
             .map_err(|status| {
-                unavailable(
-                    host,
-                    address,
-                    format_args!("it refused the session: {}", describe(&status)),
-                )
+                let why = format!("it refused the session: {}", describe(&status));
+                if status.code() == tonic::Code::ResourceExhausted {
+                    // Full, not broken: come back as for our own session cap.
+                    ApiError::too_many_requests(
+                        format!("the exec agent of Host {host} at {address} is busy: {why}"),
+                        1,
+                    )
+                } else {
+                    unavailable(host, address, why)
+                }
             })?;
         Ok(RelaySession {
             requests,

@@ -131,6 +131,7 @@ impl AgentProcess {
             flintlock: FlintlockConfig::new(&flintlock.to_string(), FlintlockTls::Insecure)
                 .unwrap(),
             registration: None,
+            max_sessions: std::num::NonZeroUsize::new(64).unwrap(),
         };
         let listener = listener.unwrap_or_else(|| std::net::TcpListener::bind(listen).unwrap());
         listener.set_nonblocking(true).unwrap();
