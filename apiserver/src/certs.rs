@@ -13,7 +13,7 @@
 //! means running `certs` again. The rcgen code is `dev`'s ([`crate::dev::pki`]).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
