@@ -5,246 +5,24 @@
 //! volume, the containers' flags are the binaries' real flags, and the RBAC grants what
 //! the README's tables list. No cluster: kubectl only renders.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use battery_apiserver::certs;
 use clap::Parser as _;
-use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
-use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, Namespace, PodSpec, Secret, Service, ServiceAccount, Volume,
-};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
-use serde::Deserialize as _;
 use serde_json::Value;
 
-/// The label the agent's Nodes carry, as the README documents it.
-const HOST_LABEL: &str = "battery.liquidmetal-x.dev/host";
+#[path = "deploy/support.rs"]
+mod support;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the workspace")
-        .to_owned()
-}
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
-}
-
-/// Runs `command`, expecting success; its stdout.
-fn run(mut command: Command) -> String {
-    let output = command
-        .output()
-        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
-    assert!(
-        output.status.success(),
-        "{command:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).expect("UTF-8")
-}
-
-/// `kubectl kustomize dir`, with the suite's newest kubectl.
-fn kustomize(dir: &Path) -> String {
-    let kubectl = battery_e2e::apiserver::kubectl_paths()
-        .last()
-        .expect("a kubectl");
-    let mut command = Command::new(kubectl);
-    command.arg("kustomize").arg(dir);
-    run(command)
-}
-
-/// The YAML stream's documents.
-fn documents(yaml: &str) -> Vec<Value> {
-    serde_norway::Deserializer::from_str(yaml)
-        .map(|document| Value::deserialize(document).expect("a YAML document"))
-        .filter(|document| !document.is_null())
-        .collect()
-}
-
-/// `document` as a `T`; any field `T` does not have fails.
-fn strict<T: serde::de::DeserializeOwned>(document: &Value) -> T {
-    let mut unknown = Vec::new();
-    let object = serde_ignored::deserialize(document.clone(), |path| {
-        unknown.push(path.to_string());
-    })
-    .unwrap_or_else(|e| panic!("{e} in {document:#}"));
-    assert!(
-        unknown.is_empty(),
-        "unknown fields {unknown:?} in {} {}",
-        document["kind"],
-        document["metadata"]["name"]
-    );
-    object
-}
-
-fn check<T>(document: &Value)
-where
-    T: serde::de::DeserializeOwned + k8s_openapi::Resource,
-{
-    assert_eq!(
-        document["apiVersion"],
-        T::API_VERSION,
-        "{}",
-        document["metadata"]["name"]
-    );
-    strict::<T>(document);
-}
-
-/// Checks each Kubernetes object against its k8s-openapi type; returns the others
-/// (cert-manager's) by kind.
-fn validate(objects: &[Value]) -> BTreeMap<String, Vec<Value>> {
-    let mut others: BTreeMap<String, Vec<Value>> = BTreeMap::new();
-    for object in objects {
-        match object["kind"].as_str().expect("a kind") {
-            "Namespace" => check::<Namespace>(object),
-            "ServiceAccount" => check::<ServiceAccount>(object),
-            "ClusterRole" => check::<ClusterRole>(object),
-            "ClusterRoleBinding" => check::<ClusterRoleBinding>(object),
-            "Role" => check::<Role>(object),
-            "RoleBinding" => check::<RoleBinding>(object),
-            "ConfigMap" => check::<ConfigMap>(object),
-            "Secret" => check::<Secret>(object),
-            "Service" => check::<Service>(object),
-            "StatefulSet" => check::<StatefulSet>(object),
-            "DaemonSet" => check::<DaemonSet>(object),
-            "PodDisruptionBudget" => check::<PodDisruptionBudget>(object),
-            "APIService" => check::<APIService>(object),
-            kind => others
-                .entry(kind.to_owned())
-                .or_default()
-                .push(object.clone()),
-        }
-    }
-    others
-}
-
-/// The objects of one rendering, typed on demand.
-struct Install {
-    objects: Vec<Value>,
-}
-
-impl Install {
-    fn checked_in() -> Self {
-        let objects = documents(&read(&repo().join("deploy/install.yaml")));
-        let others = validate(&objects);
-        assert!(others.is_empty(), "objects of no known kind: {others:?}");
-        Self { objects }
-    }
-
-    fn all<T>(&self) -> Vec<T>
-    where
-        T: serde::de::DeserializeOwned + k8s_openapi::Resource,
-    {
-        self.objects
-            .iter()
-            .filter(|o| o["kind"] == T::KIND && o["apiVersion"] == T::API_VERSION)
-            .map(strict)
-            .collect()
-    }
-
-    fn one<T>(&self, name: &str) -> T
-    where
-        T: serde::de::DeserializeOwned
-            + k8s_openapi::Resource
-            + k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
-    {
-        let mut found: Vec<T> = self
-            .all::<T>()
-            .into_iter()
-            .filter(|o| o.metadata().name.as_deref() == Some(name))
-            .collect();
-        assert_eq!(found.len(), 1, "{} {name}", T::KIND);
-        found.remove(0)
-    }
-}
-
-fn pod_spec(spec: Option<k8s_openapi::api::core::v1::PodTemplateSpec>) -> PodSpec {
-    spec.and_then(|t| t.spec).expect("a pod spec")
-}
-
-fn container<'a>(pod: &'a PodSpec, name: &str) -> &'a Container {
-    pod.containers
-        .iter()
-        .find(|c| c.name == name)
-        .unwrap_or_else(|| panic!("no container {name}"))
-}
-
-/// The argv of `container`: its image's entrypoint name, then its args.
-fn argv(binary: &str, container: &Container) -> Vec<String> {
-    assert!(container.command.is_none(), "the image's entrypoint runs");
-    std::iter::once(binary.to_owned())
-        .chain(container.args.clone().unwrap_or_default())
-        .collect()
-}
-
-/// The volume mounted in `container` at the directory holding `file`, and the mount path.
-fn volume_of<'a>(pod: &'a PodSpec, container: &Container, file: &Path) -> (&'a Volume, String) {
-    let mount = container
-        .volume_mounts
-        .iter()
-        .flatten()
-        .filter(|m| file.starts_with(&m.mount_path))
-        .max_by_key(|m| m.mount_path.len())
-        .unwrap_or_else(|| panic!("{} is on no volume of {}", file.display(), container.name));
-    let volume = pod
-        .volumes
-        .iter()
-        .flatten()
-        .find(|v| v.name == mount.name)
-        .unwrap_or_else(|| panic!("no volume {}", mount.name));
-    (volume, mount.mount_path.clone())
-}
-
-/// The Secret and key `file` is projected from in `container`.
-fn secret_file(pod: &PodSpec, container: &Container, file: &Path) -> (String, String) {
-    let (volume, mount_path) = volume_of(pod, container, file);
-    let secret = volume
-        .secret
-        .as_ref()
-        .unwrap_or_else(|| panic!("{} is not from a Secret", file.display()));
-    let key = file
-        .strip_prefix(&mount_path)
-        .unwrap()
-        .display()
-        .to_string();
-    if let Some(items) = &secret.items {
-        assert!(
-            items.iter().any(|i| i.path == key),
-            "{} projects no {key}",
-            volume.name
-        );
-    }
-    (secret.secret_name.clone().unwrap(), key)
-}
-
-fn serve_args() -> (PodSpec, Box<battery_apiserver::config::ServeArgs>) {
-    let set: StatefulSet = Install::checked_in().one("battery-apiserver");
-    let pod = pod_spec(set.spec.map(|s| s.template));
-    let cli = battery_apiserver::config::Cli::try_parse_from(argv(
-        "battery-apiserver",
-        container(&pod, "apiserver"),
-    ))
-    .unwrap_or_else(|e| panic!("the StatefulSet's battery-apiserver args: {e}"));
-    match cli.command {
-        battery_apiserver::config::Command::Serve(args) => (pod, args),
-        other => panic!("the StatefulSet runs {other:?}, not serve"),
-    }
-}
-
-fn agent_cli() -> (PodSpec, battery_agent::config::Cli) {
-    let set: DaemonSet = Install::checked_in().one("battery-agent");
-    let pod = pod_spec(set.spec.map(|s| s.template));
-    let cli =
-        battery_agent::config::Cli::try_parse_from(argv("battery-agent", container(&pod, "agent")))
-            .unwrap_or_else(|e| panic!("the DaemonSet's battery-agent args: {e}"));
-    (pod, cli)
-}
+use support::*;
 
 #[test]
 fn install_yaml_is_the_base_as_render_install_renders_it() {
@@ -353,13 +131,6 @@ fn the_api_service_points_at_the_service_and_its_port() {
         other => panic!("target port {other:?}: name the container's port"),
     };
     assert_eq!(i32::from(args.listen.port()), container_port);
-}
-
-fn pod_labels(name: &str) -> Option<BTreeMap<String, String>> {
-    let set: StatefulSet = Install::checked_in().one(name);
-    set.spec
-        .and_then(|s| s.template.metadata)
-        .and_then(|m| m.labels)
 }
 
 #[test]
@@ -531,19 +302,6 @@ fn the_stateful_set_runs_one_restricted_replica_with_battery_on_a_volume() {
     assert_eq!(budget.min_available, Some(IntOrString::Int(1)));
 }
 
-/// The name of the volume `file` is on in `container`.
-fn volume_name(container: &Container, file: &Path) -> String {
-    container
-        .volume_mounts
-        .iter()
-        .flatten()
-        .filter(|m| file.starts_with(&m.mount_path))
-        .max_by_key(|m| m.mount_path.len())
-        .unwrap_or_else(|| panic!("{} is on no volume", file.display()))
-        .name
-        .clone()
-}
-
 #[test]
 fn the_agent_runs_on_labelled_nodes_with_what_its_checks_read() {
     let (pod, cli) = agent_cli();
@@ -620,34 +378,6 @@ fn the_agent_runs_on_labelled_nodes_with_what_its_checks_read() {
     }
     // The agent authenticates with the Host's certificate, not a token.
     assert_eq!(pod.automount_service_account_token, Some(false));
-}
-
-/// One row of the README's Roles table: (role, API group, resource, verb).
-type Grant = (String, String, String, String);
-
-/// The rows of the README table under `heading`, as cells without backticks.
-fn readme_table(heading: &str) -> Vec<Vec<String>> {
-    let readme = read(&repo().join("deploy/README.md"));
-    let section = readme
-        .split_once(&format!("\n{heading}\n"))
-        .unwrap_or_else(|| panic!("the README has no {heading}"))
-        .1;
-    section
-        .lines()
-        .skip_while(|l| !l.starts_with('|'))
-        .take_while(|l| l.starts_with('|'))
-        .skip(2)
-        .map(|row| {
-            row.trim_matches('|')
-                .split('|')
-                .map(|cell| cell.trim().replace('`', ""))
-                .collect()
-        })
-        .collect()
-}
-
-fn list(cell: &str) -> Vec<String> {
-    cell.split(',').map(|s| s.trim().to_owned()).collect()
 }
 
 #[test]
@@ -800,20 +530,6 @@ fn the_cert_manager_overlay_makes_the_secrets_the_base_mounts() {
     );
 }
 
-/// Copies `from` into `to`, recursively.
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
-
 #[test]
 fn the_self_signed_overlay_takes_what_certs_writes() {
     let scratch = tempfile::tempdir().unwrap();
@@ -853,20 +569,6 @@ fn the_self_signed_overlay_takes_what_certs_writes() {
     let spec = api_service.spec.unwrap();
     assert_eq!(spec.ca_bundle, serving.data.unwrap().remove("ca.crt"));
     assert!(spec.service.is_some(), "the patch keeps the base's spec");
-}
-
-/// A Containerfile's instructions, continuation lines joined.
-fn instructions(path: &Path) -> Vec<(String, String)> {
-    read(path)
-        .replace("\\\n", " ")
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(|l| {
-            let (op, rest) = l.split_once(' ').unwrap_or((l, ""));
-            (op.to_uppercase(), rest.trim().to_owned())
-        })
-        .collect()
 }
 
 #[test]
