@@ -51,7 +51,7 @@ const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 pub fn run(args: &CertsArgs) -> anyhow::Result<()> {
     let written = write(args)?;
     crate::logging::announce(&[format!(
-        "battery-apiserver certs: wrote {} (add it to deploy/base as a kustomize component)",
+        "battery-apiserver certs: wrote {}, a kustomize component with the Secrets and the APIService's caBundle (deploy/README.md)",
         written.display()
     )]);
     Ok(())

@@ -306,6 +306,13 @@ fn the_stateful_set_runs_one_restricted_replica_with_battery_on_a_volume() {
 fn the_agent_runs_on_labelled_nodes_with_what_its_checks_read() {
     let (pod, cli) = agent_cli();
     assert_eq!(pod.host_network, Some(true));
+    // Privileged for the devices, but not root: no capabilities.
+    let security = pod
+        .security_context
+        .as_ref()
+        .expect("a pod security context");
+    assert_eq!(security.run_as_non_root, Some(true));
+    assert_ne!(security.run_as_user, Some(0));
     assert_eq!(
         pod.node_selector
             .as_ref()
