@@ -47,6 +47,57 @@ pub enum Command {
     /// Serve the embedded battery (a simulation of battery's poolmgrd gRPC API with
     /// simulated flintlock Hosts) on a TCP address, for grpcurl and other clients.
     EmbeddedBattery(EmbeddedBatteryArgs),
+    /// Write the certificates of an install without cert-manager: the Secrets deploy/base
+    /// mounts and the APIService's caBundle, as a kustomize component.
+    Certs(CertsArgs),
+}
+
+/// Options of `certs`.
+#[derive(Debug, Args)]
+pub struct CertsArgs {
+    /// Directory to write the component into (`kustomization.yaml`, `secrets.yaml`,
+    /// `apiservice-ca-bundle.yaml`); made if missing.
+    #[arg(long, env = "BATTERY_APISERVER_OUT")]
+    pub out: PathBuf,
+
+    /// Namespace of the Secrets and of the Service the certificate is for.
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_NAMESPACE",
+        default_value = "battery-system"
+    )]
+    pub namespace: String,
+
+    /// Name of the Service in front of the server.
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_SERVICE",
+        default_value = "battery-apiserver"
+    )]
+    pub service: String,
+
+    /// How long the serving and relay client certificates live (the CAs, ten years).
+    /// Between 1d and 5y.
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_VALIDITY",
+        default_value = "365d",
+        value_parser = certificate_validity
+    )]
+    pub validity: Duration,
+}
+
+/// A leaf's validity: at least a day, so an install does not expire while it is set up;
+/// at most five years, well inside the CAs' ten.
+fn certificate_validity(value: &str) -> Result<Duration, String> {
+    const MIN: Duration = Duration::from_secs(24 * 3600);
+    const MAX: Duration = Duration::from_secs(5 * 365 * 24 * 3600);
+    let validity = humantime::parse_duration(value).map_err(|e| e.to_string())?;
+    if (MIN..=MAX).contains(&validity) {
+        Ok(validity)
+    } else {
+        Err(format!("{value} is outside 1d..5y (try 365d)"))
+    }
 }
 
 /// Options of `serve`.

@@ -4,6 +4,7 @@
 pub mod agent_relay;
 pub mod api;
 pub mod battery;
+pub mod certs;
 pub mod cluster;
 pub mod config;
 pub mod dev;
@@ -24,5 +25,6 @@ pub async fn run(cli: config::Cli) -> anyhow::Result<()> {
         config::Command::Serve(args) => serve_command::run(*args).await,
         config::Command::Dev(args) => dev::run(args).await,
         config::Command::EmbeddedBattery(args) => embedded_battery::run(args).await,
+        config::Command::Certs(args) => certs::run(&args),
     }
 }

@@ -34,7 +34,7 @@ use crate::process::Process;
 use crate::stand_in::StandIn;
 
 pub use agents::{AgentSpec, SIMULATED_HOST_SKIPS};
-pub use kubectl::{Background, Invocation, Kubectl, Output, Stream};
+pub use kubectl::{Background, Invocation, Kubectl, Output, Stream, kubectl_paths};
 
 /// The binary under test, as cargo names it.
 const BINARY: &str = "battery-apiserver";

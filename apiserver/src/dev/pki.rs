@@ -73,7 +73,7 @@ pub enum PkiError {
     },
 }
 
-fn generate(what: &'static str) -> impl Fn(rcgen::Error) -> PkiError {
+pub(crate) fn generate(what: &'static str) -> impl Fn(rcgen::Error) -> PkiError {
     move |source| PkiError::Generate { what, source }
 }
 
@@ -110,14 +110,25 @@ pub fn client_params(user: &str, groups: &[&str]) -> Result<CertificateParams, P
     Ok(params)
 }
 
-/// A new self-signed CA: its PEM and its issuer.
-/// A new CA: its certificate's and key's PEM, and the issuer that signs with it.
-fn new_ca(cn: &str) -> Result<(String, String, Issuer<'static, KeyPair>), PkiError> {
-    let key = KeyPair::generate().map_err(generate("CA key"))?;
+/// A CA's parameters: named `cn`, signing certificates and CRLs only.
+pub(crate) fn ca_params(cn: &str) -> CertificateParams {
     let mut params = CertificateParams::default();
     params.distinguished_name.push(DnType::CommonName, cn);
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    params
+}
+
+/// A new CA: its certificate's and key's PEM, and the issuer that signs with it.
+fn new_ca(cn: &str) -> Result<(String, String, Issuer<'static, KeyPair>), PkiError> {
+    self_signed_ca(ca_params(cn))
+}
+
+/// A new CA of `params` (from [`ca_params`]), self-signed with a new key.
+pub(crate) fn self_signed_ca(
+    params: CertificateParams,
+) -> Result<(String, String, Issuer<'static, KeyPair>), PkiError> {
+    let key = KeyPair::generate().map_err(generate("CA key"))?;
     let cert = params
         .self_signed(&key)
         .map_err(generate("CA certificate"))?;
@@ -125,7 +136,7 @@ fn new_ca(cn: &str) -> Result<(String, String, Issuer<'static, KeyPair>), PkiErr
 }
 
 /// Signs `params` with a new key; the certificate's and the key's PEM.
-fn sign(
+pub(crate) fn sign(
     what: &'static str,
     params: CertificateParams,
     ca: &Issuer<'_, KeyPair>,

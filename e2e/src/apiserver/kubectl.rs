@@ -87,6 +87,12 @@ pub(super) fn releases() -> &'static [Release] {
     })
 }
 
+/// The path of each kubectl release the suite covers, oldest first, for tests that run
+/// kubectl without a server (`kubectl kustomize`).
+pub fn kubectl_paths() -> impl Iterator<Item = &'static std::path::Path> {
+    releases().iter().map(|release| release.path.as_path())
+}
+
 fn pypi_kubectl() -> PathBuf {
     match std::process::Command::new("python3")
         .args(["-c", PYPI_KUBECTL_PROBE])

@@ -1,0 +1,313 @@
+//! What tests/deploy.rs reads the install with: the repository's files, kubectl's
+//! rendering, objects checked strictly against their k8s-openapi types, and the pod
+//! specs' containers, flags and volumes.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use clap::Parser as _;
+use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, Namespace, PodSpec, Secret, Service, ServiceAccount, Volume,
+};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+use serde::Deserialize as _;
+use serde_json::Value;
+
+/// The label the agent's Nodes carry, as the README documents it.
+pub const HOST_LABEL: &str = "battery.liquidmetal-x.dev/host";
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace")
+        .to_owned()
+}
+
+pub fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// Runs `command`, expecting success; its stdout.
+pub fn run(mut command: Command) -> String {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("UTF-8")
+}
+
+/// `kubectl kustomize dir`, with the suite's newest kubectl.
+pub fn kustomize(dir: &Path) -> String {
+    let kubectl = battery_e2e::apiserver::kubectl_paths()
+        .last()
+        .expect("a kubectl");
+    let mut command = Command::new(kubectl);
+    command.arg("kustomize").arg(dir);
+    run(command)
+}
+
+/// The YAML stream's documents.
+pub fn documents(yaml: &str) -> Vec<Value> {
+    serde_norway::Deserializer::from_str(yaml)
+        .map(|document| Value::deserialize(document).expect("a YAML document"))
+        .filter(|document| !document.is_null())
+        .collect()
+}
+
+/// `document` as a `T`; any field `T` does not have fails.
+pub fn strict<T: serde::de::DeserializeOwned>(document: &Value) -> T {
+    let mut unknown = Vec::new();
+    let object = serde_ignored::deserialize(document.clone(), |path| {
+        unknown.push(path.to_string());
+    })
+    .unwrap_or_else(|e| panic!("{e} in {document:#}"));
+    assert!(
+        unknown.is_empty(),
+        "unknown fields {unknown:?} in {} {}",
+        document["kind"],
+        document["metadata"]["name"]
+    );
+    object
+}
+
+pub fn check<T>(document: &Value)
+where
+    T: serde::de::DeserializeOwned + k8s_openapi::Resource,
+{
+    assert_eq!(
+        document["apiVersion"],
+        T::API_VERSION,
+        "{}",
+        document["metadata"]["name"]
+    );
+    strict::<T>(document);
+}
+
+/// Checks each Kubernetes object against its k8s-openapi type; returns the others
+/// (cert-manager's) by kind.
+pub fn validate(objects: &[Value]) -> BTreeMap<String, Vec<Value>> {
+    let mut others: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for object in objects {
+        match object["kind"].as_str().expect("a kind") {
+            "Namespace" => check::<Namespace>(object),
+            "ServiceAccount" => check::<ServiceAccount>(object),
+            "ClusterRole" => check::<ClusterRole>(object),
+            "ClusterRoleBinding" => check::<ClusterRoleBinding>(object),
+            "Role" => check::<Role>(object),
+            "RoleBinding" => check::<RoleBinding>(object),
+            "ConfigMap" => check::<ConfigMap>(object),
+            "Secret" => check::<Secret>(object),
+            "Service" => check::<Service>(object),
+            "StatefulSet" => check::<StatefulSet>(object),
+            "DaemonSet" => check::<DaemonSet>(object),
+            "PodDisruptionBudget" => check::<PodDisruptionBudget>(object),
+            "APIService" => check::<APIService>(object),
+            kind => others
+                .entry(kind.to_owned())
+                .or_default()
+                .push(object.clone()),
+        }
+    }
+    others
+}
+
+/// The objects of one rendering, typed on demand.
+pub struct Install {
+    pub objects: Vec<Value>,
+}
+
+impl Install {
+    pub fn checked_in() -> Self {
+        let objects = documents(&read(&repo().join("deploy/install.yaml")));
+        let others = validate(&objects);
+        assert!(others.is_empty(), "objects of no known kind: {others:?}");
+        Self { objects }
+    }
+
+    pub fn all<T>(&self) -> Vec<T>
+    where
+        T: serde::de::DeserializeOwned + k8s_openapi::Resource,
+    {
+        self.objects
+            .iter()
+            .filter(|o| o["kind"] == T::KIND && o["apiVersion"] == T::API_VERSION)
+            .map(strict)
+            .collect()
+    }
+
+    pub fn one<T>(&self, name: &str) -> T
+    where
+        T: serde::de::DeserializeOwned
+            + k8s_openapi::Resource
+            + k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
+    {
+        let mut found: Vec<T> = self
+            .all::<T>()
+            .into_iter()
+            .filter(|o| o.metadata().name.as_deref() == Some(name))
+            .collect();
+        assert_eq!(found.len(), 1, "{} {name}", T::KIND);
+        found.remove(0)
+    }
+}
+
+pub fn pod_spec(spec: Option<k8s_openapi::api::core::v1::PodTemplateSpec>) -> PodSpec {
+    spec.and_then(|t| t.spec).expect("a pod spec")
+}
+
+pub fn container<'a>(pod: &'a PodSpec, name: &str) -> &'a Container {
+    pod.containers
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+/// The argv of `container`: its image's entrypoint name, then its args.
+pub fn argv(binary: &str, container: &Container) -> Vec<String> {
+    assert!(container.command.is_none(), "the image's entrypoint runs");
+    std::iter::once(binary.to_owned())
+        .chain(container.args.clone().unwrap_or_default())
+        .collect()
+}
+
+/// The volume mounted in `container` at the directory holding `file`, and the mount path.
+pub fn volume_of<'a>(pod: &'a PodSpec, container: &Container, file: &Path) -> (&'a Volume, String) {
+    let mount = container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| file.starts_with(&m.mount_path))
+        .max_by_key(|m| m.mount_path.len())
+        .unwrap_or_else(|| panic!("{} is on no volume of {}", file.display(), container.name));
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == mount.name)
+        .unwrap_or_else(|| panic!("no volume {}", mount.name));
+    (volume, mount.mount_path.clone())
+}
+
+/// The Secret and key `file` is projected from in `container`.
+pub fn secret_file(pod: &PodSpec, container: &Container, file: &Path) -> (String, String) {
+    let (volume, mount_path) = volume_of(pod, container, file);
+    let secret = volume
+        .secret
+        .as_ref()
+        .unwrap_or_else(|| panic!("{} is not from a Secret", file.display()));
+    let key = file
+        .strip_prefix(&mount_path)
+        .unwrap()
+        .display()
+        .to_string();
+    if let Some(items) = &secret.items {
+        assert!(
+            items.iter().any(|i| i.path == key),
+            "{} projects no {key}",
+            volume.name
+        );
+    }
+    (secret.secret_name.clone().unwrap(), key)
+}
+
+pub fn serve_args() -> (PodSpec, Box<battery_apiserver::config::ServeArgs>) {
+    let set: StatefulSet = Install::checked_in().one("battery-apiserver");
+    let pod = pod_spec(set.spec.map(|s| s.template));
+    let cli = battery_apiserver::config::Cli::try_parse_from(argv(
+        "battery-apiserver",
+        container(&pod, "apiserver"),
+    ))
+    .unwrap_or_else(|e| panic!("the StatefulSet's battery-apiserver args: {e}"));
+    match cli.command {
+        battery_apiserver::config::Command::Serve(args) => (pod, args),
+        other => panic!("the StatefulSet runs {other:?}, not serve"),
+    }
+}
+
+pub fn agent_cli() -> (PodSpec, battery_agent::config::Cli) {
+    let set: DaemonSet = Install::checked_in().one("battery-agent");
+    let pod = pod_spec(set.spec.map(|s| s.template));
+    let cli =
+        battery_agent::config::Cli::try_parse_from(argv("battery-agent", container(&pod, "agent")))
+            .unwrap_or_else(|e| panic!("the DaemonSet's battery-agent args: {e}"));
+    (pod, cli)
+}
+pub fn pod_labels(name: &str) -> Option<BTreeMap<String, String>> {
+    let set: StatefulSet = Install::checked_in().one(name);
+    set.spec
+        .and_then(|s| s.template.metadata)
+        .and_then(|m| m.labels)
+}
+/// The name of the volume `file` is on in `container`.
+pub fn volume_name(container: &Container, file: &Path) -> String {
+    container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| file.starts_with(&m.mount_path))
+        .max_by_key(|m| m.mount_path.len())
+        .unwrap_or_else(|| panic!("{} is on no volume", file.display()))
+        .name
+        .clone()
+}
+/// One row of the README's Roles table: (role, API group, resource, verb).
+pub type Grant = (String, String, String, String);
+
+/// The rows of the README table under `heading`, as cells without backticks.
+pub fn readme_table(heading: &str) -> Vec<Vec<String>> {
+    let readme = read(&repo().join("deploy/README.md"));
+    let section = readme
+        .split_once(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("the README has no {heading}"))
+        .1;
+    section
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+        .map(|row| {
+            row.trim_matches('|')
+                .split('|')
+                .map(|cell| cell.trim().replace('`', ""))
+                .collect()
+        })
+        .collect()
+}
+
+pub fn list(cell: &str) -> Vec<String> {
+    cell.split(',').map(|s| s.trim().to_owned()).collect()
+}
+/// Copies `from` into `to`, recursively.
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+/// A Containerfile's instructions, continuation lines joined.
+pub fn instructions(path: &Path) -> Vec<(String, String)> {
+    read(path)
+        .replace("\\\n", " ")
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let (op, rest) = l.split_once(' ').unwrap_or((l, ""));
+            (op.to_uppercase(), rest.trim().to_owned())
+        })
+        .collect()
+}
