@@ -47,6 +47,11 @@ struct Fixture {
 
 impl Fixture {
     async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// As [`Fixture::start`], with more flags for the agent.
+    async fn start_with(flags: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let host = SimulatedHost::start(SimulatedHostConfig {
             state_dir: dir.path().join("host"),
@@ -63,18 +68,22 @@ impl Fixture {
             std::fs::write(&path, pem).expect("write PEM");
             path.display().to_string()
         };
-        let cli = Cli::try_parse_from([
-            "battery-agent".to_owned(),
-            "--tls-cert-file".to_owned(),
-            write("agent.crt", &serving.cert),
-            "--tls-private-key-file".to_owned(),
-            write("agent.key", &serving.key),
-            "--client-ca-file".to_owned(),
-            write("client-ca.crt", &ca.pem),
-            "--flintlock-address".to_owned(),
-            host.address().to_string(),
-            "--flintlock-insecure".to_owned(),
-        ])
+        let cli = Cli::try_parse_from(
+            [
+                "battery-agent".to_owned(),
+                "--tls-cert-file".to_owned(),
+                write("agent.crt", &serving.cert),
+                "--tls-private-key-file".to_owned(),
+                write("agent.key", &serving.key),
+                "--client-ca-file".to_owned(),
+                write("client-ca.crt", &ca.pem),
+                "--flintlock-address".to_owned(),
+                host.address().to_string(),
+                "--flintlock-insecure".to_owned(),
+            ]
+            .into_iter()
+            .chain(flags.iter().map(|flag| (*flag).to_owned())),
+        )
         .expect("flags parse");
         let agent =
             battery_agent::build(cli.into_config().expect("valid config")).expect("agent builds");
@@ -485,4 +494,31 @@ async fn the_first_message_must_be_open() {
         .await
         .expect_err("refused");
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+}
+
+#[tokio::test]
+async fn sessions_past_max_sessions_are_refused_until_one_ends() {
+    let fixture = Fixture::start_with(&["--max-sessions", "1"]).await;
+    let mut client = fixture.trusted_client().await;
+    let first = open(&mut client, fixture.open(&["sleep", "100"]))
+        .await
+        .expect("the first session opens");
+    let refused = open(&mut client, fixture.open(&["true"])).await.err();
+    assert_eq!(
+        refused.as_ref().map(tonic::Status::code),
+        Some(tonic::Code::ResourceExhausted),
+        "{refused:?}"
+    );
+    // Ending the first frees its place.
+    drop(first);
+    let mut freed = None;
+    wait_until("a session can open again", async || {
+        freed = open(&mut client, fixture.open(&["echo", "again"]))
+            .await
+            .ok();
+        freed.is_some()
+    })
+    .await;
+    let output = freed.unwrap().collect().await;
+    assert_eq!(output.stdout, b"again\n");
 }
