@@ -498,6 +498,37 @@ async fn an_expiring_claim_ends_its_sessions() {
 }
 
 /// What `/metrics` shows.
+#[tokio::test]
+async fn a_full_agent_is_answered_429_as_our_own_cap_is() {
+    let exec = Exec::start().await;
+    let host = exec.claim("c").await;
+    // A second agent for the Host, relaying one session at most.
+    let listen = free_address();
+    let flintlock = exec.h.battery().host(&host).unwrap().address();
+    let _capped = AgentProcess::start_capped(
+        listen,
+        flintlock,
+        &exec.agent_ca.serving(&host),
+        &exec.client_ca,
+        1,
+    );
+    exec.register(&host, listen).await;
+    let v5 = "v5.channel.k8s.io";
+    let _held = exec
+        .raw(DEV_USER, "c", "command=sleep&command=1000&stdout=true", v5)
+        .await
+        .unwrap();
+    let Err((status, body)) = exec
+        .raw(DEV_USER, "c", "command=true&stdout=true", v5)
+        .await
+    else {
+        panic!("a session past the agent's cap was upgraded");
+    };
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["reason"], "TooManyRequests", "{body}");
+    assert!(body["message"].as_str().unwrap().contains("busy"), "{body}");
+}
+
 async fn metrics(exec: &Exec) -> String {
     let (_, _, body) = exec.h.send(get("/metrics")).await;
     String::from_utf8(body).unwrap()

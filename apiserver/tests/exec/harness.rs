@@ -90,6 +90,9 @@ pub struct AgentProcess {
     pub runtime: Option<tokio::runtime::Runtime>,
 }
 
+/// Sessions an agent of these tests relays at once, unless a test caps it.
+const AGENT_SESSIONS: usize = 64;
+
 impl AgentProcess {
     /// Serves on `listen` as the agent of a Host at `flintlock`, with `serving` as its
     /// certificate, accepting clients of `client_ca`.
@@ -99,7 +102,18 @@ impl AgentProcess {
         serving: &Signed,
         client_ca: &Ca,
     ) -> Self {
-        Self::serve(None, listen, flintlock, serving, client_ca)
+        Self::serve(None, listen, flintlock, serving, client_ca, AGENT_SESSIONS)
+    }
+
+    /// As [`AgentProcess::start`], relaying at most `max_sessions` at once.
+    pub fn start_capped(
+        listen: SocketAddr,
+        flintlock: SocketAddr,
+        serving: &Signed,
+        client_ca: &Ca,
+        max_sessions: usize,
+    ) -> Self {
+        Self::serve(None, listen, flintlock, serving, client_ca, max_sessions)
     }
 
     /// As [`AgentProcess::start`], on the address of a killed agent once it is free.
@@ -111,7 +125,14 @@ impl AgentProcess {
     ) -> Self {
         let listener =
             common::eventually(DEADLINE, || async { std::net::TcpListener::bind(listen) }).await;
-        Self::serve(Some(listener), listen, flintlock, serving, client_ca)
+        Self::serve(
+            Some(listener),
+            listen,
+            flintlock,
+            serving,
+            client_ca,
+            AGENT_SESSIONS,
+        )
     }
 
     pub fn serve(
@@ -120,6 +141,7 @@ impl AgentProcess {
         flintlock: SocketAddr,
         serving: &Signed,
         client_ca: &Ca,
+        max_sessions: usize,
     ) -> Self {
         let config = battery_agent::Config {
             listen,
@@ -131,7 +153,7 @@ impl AgentProcess {
             flintlock: FlintlockConfig::new(&flintlock.to_string(), FlintlockTls::Insecure)
                 .unwrap(),
             registration: None,
-            max_sessions: std::num::NonZeroUsize::new(64).unwrap(),
+            max_sessions: std::num::NonZeroUsize::new(max_sessions).unwrap(),
         };
         let listener = listener.unwrap_or_else(|| std::net::TcpListener::bind(listen).unwrap());
         listener.set_nonblocking(true).unwrap();
