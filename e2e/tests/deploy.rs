@@ -38,6 +38,9 @@ fn install_yaml_is_the_base_as_render_install_renders_it() {
             kubectl.display()
         );
     }
+    // `kubectl kustomize deploy/` is the base too.
+    let base = documents(&kustomize(&repo().join("deploy/base")));
+    assert_eq!(documents(&kustomize(&repo().join("deploy"))), base);
 }
 
 #[test]
