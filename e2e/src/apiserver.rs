@@ -92,7 +92,7 @@ impl ApiServer {
         let (dir, slot) = Self::prepare().await;
         let server = match route {
             Route::Direct => Self::start_dev(dir, slot).await,
-            Route::Aggregated => Self::start_aggregated(dir, slot, &[]).await,
+            Route::Aggregated => Self::start_aggregated(dir, slot, &[], None).await,
         };
         assert!(
             server.kubeconfig.is_file(),
@@ -125,7 +125,7 @@ impl ApiServer {
     /// [`Route::Aggregated`], with more flags for `battery-apiserver serve` (limits).
     pub async fn aggregated_with(serve_args: &[&str]) -> Self {
         let (dir, slot) = Self::prepare().await;
-        Self::start_aggregated(dir, slot, serve_args).await
+        Self::start_aggregated(dir, slot, serve_args, None).await
     }
 
     /// [`Route::Aggregated`] with the exec path of a cluster: `serve` with the relay's
@@ -140,7 +140,7 @@ impl ApiServer {
             .iter()
             .map(|a| a.to_str().expect("UTF-8 paths"))
             .collect();
-        let mut server = Self::start_aggregated(dir, slot, &args).await;
+        let mut server = Self::start_aggregated(dir, slot, &args, None).await;
         let stand_in = server.stand_in.as_ref().expect("aggregated");
         agents::Agents::grant(stand_in);
         server.agents = Some(tokio::sync::Mutex::new(agents));
@@ -270,11 +270,32 @@ impl ApiServer {
         (dir, slot)
     }
 
+    /// [`Route::Aggregated`] keeping the state in `data`: the embedded battery's in
+    /// `data/battery`, the server's in `data/apiserver`. The Pool `dev` is made only when
+    /// there was no state yet, so a server started on a restored backup finds its own.
+    pub async fn aggregated_on(data: &Path) -> Self {
+        let (dir, slot) = Self::prepare().await;
+        Self::start_aggregated(dir, slot, &[], Some(data)).await
+    }
+
+    /// The process ids of the embedded battery and of `serve`, on [`Route::Aggregated`].
+    pub fn battery_and_serve_pids(&self) -> (u32, u32) {
+        let [battery, serve] = self.processes.as_slice() else {
+            panic!(
+                "not the aggregated route: {} processes",
+                self.processes.len()
+            )
+        };
+        (battery.id(), serve.id())
+    }
+
     async fn start_aggregated(
         dir: TempDir,
         slot: SemaphorePermit<'static>,
         serve_args: &[&str],
+        data: Option<&Path>,
     ) -> Self {
+        let fresh = data.is_none_or(|data| !data.join("apiserver").exists());
         let stand_in = StandIn::start(&dir.path().join("stand-in"), None).await;
         let mut command = Command::new(binary());
         command.args([
@@ -284,6 +305,9 @@ impl ApiServer {
             "--sweep-interval",
             SWEEP_INTERVAL,
         ]);
+        if let Some(data) = data {
+            command.arg("--data-dir").arg(data.join("battery"));
+        }
         let (battery, battery_address) = Process::start(
             command,
             &dir.path().join("battery.log"),
@@ -301,6 +325,9 @@ impl ApiServer {
             .arg("--kubeconfig")
             .arg(stand_in.apiserver_kubeconfig())
             .args(serve_args);
+        if let Some(data) = data {
+            command.arg("--data-dir").arg(data.join("apiserver"));
+        }
         let (serve, url) = Process::start(
             command,
             &dir.path().join("server.log"),
@@ -318,7 +345,9 @@ impl ApiServer {
             dir,
             _slot: slot,
         };
-        server.create_dev_pool().await;
+        if fresh {
+            server.create_dev_pool().await;
+        }
         server
     }
 
