@@ -90,13 +90,17 @@ pub struct CertsArgs {
 /// A leaf's validity: at least a day, so an install does not expire while it is set up;
 /// at most five years, well inside the CAs' ten.
 fn certificate_validity(value: &str) -> Result<Duration, String> {
-    const MIN: Duration = Duration::from_secs(24 * 3600);
-    const MAX: Duration = Duration::from_secs(5 * 365 * 24 * 3600);
-    let validity = humantime::parse_duration(value).map_err(|e| e.to_string())?;
-    if (MIN..=MAX).contains(&validity) {
-        Ok(validity)
+    const DAY: u64 = 24 * 3600;
+    duration_within(value, DAY, 5 * 365 * DAY, "1d..5y (try 365d)")
+}
+
+/// `value` as a duration of `min..=max` seconds; otherwise why, with `range` to try.
+fn duration_within(value: &str, min: u64, max: u64, range: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(value).map_err(|e| e.to_string())?;
+    if (Duration::from_secs(min)..=Duration::from_secs(max)).contains(&duration) {
+        Ok(duration)
     } else {
-        Err(format!("{value} is outside 1d..5y (try 365d)"))
+        Err(format!("{value} is outside {range}"))
     }
 }
 
@@ -266,16 +270,12 @@ pub struct ServeArgs {
 /// An agent certificate's lifetime: long enough to be renewed calmly, short enough that
 /// an agent whose identity was withdrawn is locked out soon (ADR 0011).
 fn certificate_lifetime(value: &str) -> Result<Duration, String> {
-    const MIN: Duration = Duration::from_secs(60);
-    const MAX: Duration = Duration::from_secs(30 * 24 * 3600);
-    let lifetime = humantime::parse_duration(value).map_err(|e| e.to_string())?;
-    if (MIN..=MAX).contains(&lifetime) {
-        Ok(lifetime)
-    } else {
-        Err(format!(
-            "{value} is outside 1m..30d; agents renew at 2/3 of the lifetime (try 24h)"
-        ))
-    }
+    duration_within(
+        value,
+        60,
+        30 * 24 * 3600,
+        "1m..30d; agents renew at 2/3 of the lifetime (try 24h)",
+    )
 }
 
 /// Options of `dev`.
