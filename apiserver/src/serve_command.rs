@@ -111,7 +111,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         "battery-apiserver serve: serving https://{}",
         listener.local_addr()?
     )]);
-    serve::serve(listener, acceptor, app.router, shutdown).await;
+    app.serve(listener, acceptor, shutdown).await;
     Ok(())
 }
 

@@ -134,6 +134,31 @@ fn unwrap_descriptions(mut value: serde_json::Value) -> serde_json::Value {
 pub struct App {
     pub router: Router,
     pub tasks: JoinSet<()>,
+    exec_sessions: Arc<ExecSessions>,
+}
+
+/// How long exec sessions get, once told the server shuts down, to pass that on.
+const EXEC_DRAIN: Duration = Duration::from_secs(5);
+
+impl App {
+    /// Serves over TLS on `listener` until `shutdown`, then ends every exec session with
+    /// a Status saying so, and lets them send it.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        tls: tokio_rustls::TlsAcceptor,
+        shutdown: impl Future<Output = ()>,
+    ) {
+        let sessions = &self.exec_sessions;
+        let shutdown = async {
+            shutdown.await;
+            // Upgraded connections are outside the HTTP server's drain: they end now,
+            // while it drains the others.
+            sessions.end_all();
+        };
+        crate::serve::serve(listener, tls, self.router, shutdown).await;
+        sessions.drained(EXEC_DRAIN).await;
+    }
 }
 
 /// Builds the server over `battery` and `store`, and starts its background work.
@@ -155,6 +180,10 @@ pub fn build(
         metrics.clone(),
     ));
     let hosts = Arc::new(HostStorage::new(directory.clone()));
+    let exec_sessions = Arc::new(ExecSessions::new(
+        settings.max_exec_sessions,
+        metrics.exec_sessions(),
+    ));
     let claims = Arc::new(ClaimStorage::new(
         battery.clone(),
         store.clone(),
@@ -162,10 +191,7 @@ pub fn build(
         events.clone(),
         settings.bind_wait,
         metrics.clone(),
-        Arc::new(ExecSessions::new(
-            settings.max_exec_sessions,
-            metrics.exec_sessions(),
-        )),
+        exec_sessions.clone(),
     ));
     let exec = Arc::new(ClaimExec {
         claims: claims.clone(),
@@ -304,5 +330,9 @@ pub fn build(
             }
         }
     });
-    Ok(App { router, tasks })
+    Ok(App {
+        router,
+        tasks,
+        exec_sessions,
+    })
 }

@@ -133,7 +133,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             kubeconfig.display()
         ),
     ]);
-    serve::serve(listener, acceptor, app.router, shutdown).await;
+    app.serve(listener, acceptor, shutdown).await;
     agents.shutdown().await;
     local.shutdown().await;
     Ok(())

@@ -464,3 +464,31 @@ async fn an_agent_cannot_write_another_hosts_status() {
     };
     assert_eq!(status.code, 403, "{status:?}");
 }
+
+#[tokio::test]
+async fn stopping_the_server_ends_its_sessions_with_a_status_saying_so() {
+    let server = ApiServer::aggregated_with_agents().await;
+    let claims: Api<MicroVMClaim> =
+        Api::namespaced(kube_client(server.kubeconfig()).await, NAMESPACE);
+    claim(&claims, "stopped").await;
+    let path = channel_exec::exec_path(NAMESPACE, "stopped");
+    let mut session = server
+        .exec_client(None)
+        .open(
+            &format!("{path}?{}", channel_exec::query(&["sleep", "300"], false)),
+            "v5.channel.k8s.io",
+        )
+        .await
+        .unwrap();
+    session.send(STDIN, b"").await;
+    let (_, serve) = server.battery_and_serve_pids();
+    let signalled = std::process::Command::new("kill")
+        .args(["-TERM", &serve.to_string()])
+        .status()
+        .unwrap();
+    assert!(signalled.success());
+    let outcome = session.finish().await;
+    assert_eq!(outcome.status["status"], "Failure", "{}", outcome.status);
+    let message = outcome.status["message"].as_str().unwrap_or_default();
+    assert!(message.contains("shutting down"), "{}", outcome.status);
+}

@@ -146,6 +146,9 @@ impl Session {
             () = guard.ended().cancelled() => Some(failure(format!(
                 "command {command} was ended: its claim was released or has expired"
             ))),
+            () = guard.shutting_down().cancelled() => Some(failure(format!(
+                "command {command} was ended: the API server is shutting down; run it again"
+            ))),
         };
         // Dropping the relay stream resets it, which ends the command if it still runs.
         drop((requests, responses));

@@ -25,6 +25,8 @@ pub struct ExecSessions {
     max: usize,
     next_id: AtomicU64,
     open: Gauge,
+    /// Cancelled when the server shuts down: every session ends, saying so.
+    shutting_down: CancellationToken,
 }
 
 impl ExecSessions {
@@ -36,6 +38,7 @@ impl ExecSessions {
             max,
             next_id: AtomicU64::new(0),
             open,
+            shutting_down: CancellationToken::new(),
         }
     }
 
@@ -46,8 +49,13 @@ impl ExecSessions {
     }
 
     /// A slot under the cap, taken before any work for the session is done; 429 when
-    /// full (shed, not queued: an exec client retries).
+    /// full (shed, not queued: an exec client retries), 503 once shutting down.
     pub fn admit(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+        if self.shutting_down.is_cancelled() {
+            return Err(ApiError::service_unavailable(
+                "the API server is shutting down; run the command again",
+            ));
+        }
         self.permits.clone().try_acquire_owned().map_err(|_| {
             ApiError::too_many_requests(
                 format!(
@@ -73,7 +81,25 @@ impl ExecSessions {
             uid: uid.to_owned(),
             id,
             token,
+            shutting_down: self.shutting_down.clone(),
             _permit: permit,
+        }
+    }
+
+    /// Ends every session, each with a Status saying the server shuts down, and admits
+    /// no more.
+    pub fn end_all(&self) {
+        self.shutting_down.cancel();
+    }
+
+    /// Waits up to `grace` for every session to have ended.
+    pub async fn drained(&self, grace: std::time::Duration) {
+        let all = u32::try_from(self.max).unwrap_or(u32::MAX);
+        if tokio::time::timeout(grace, self.permits.acquire_many(all))
+            .await
+            .is_err()
+        {
+            tracing::info!("exec sessions still open after {grace:?}; cutting them");
         }
     }
 
@@ -92,6 +118,7 @@ pub struct SessionGuard {
     uid: String,
     id: u64,
     token: CancellationToken,
+    shutting_down: CancellationToken,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -99,6 +126,11 @@ impl SessionGuard {
     /// Cancelled when the session's claim is released or expires.
     pub fn ended(&self) -> &CancellationToken {
         &self.token
+    }
+
+    /// Cancelled when the server shuts down.
+    pub fn shutting_down(&self) -> &CancellationToken {
+        &self.shutting_down
     }
 }
 
@@ -146,5 +178,26 @@ mod tests {
         drop(b);
         assert_eq!(open.get(), 0);
         assert!(sessions.live().is_empty());
+    }
+
+    #[tokio::test]
+    async fn shutting_down_ends_every_session_refuses_new_ones_and_waits_for_them() {
+        let sessions = Arc::new(ExecSessions::new(4, Gauge::default()));
+        let a = sessions.register("a", sessions.admit().unwrap());
+        let b = sessions.register("b", sessions.admit().unwrap());
+        sessions.end_all();
+        assert!(a.shutting_down().is_cancelled() && b.shutting_down().is_cancelled());
+        let refused = sessions.admit().unwrap_err();
+        assert_eq!(refused.code(), http::StatusCode::SERVICE_UNAVAILABLE);
+        // Drained once both have ended; not before.
+        let grace = std::time::Duration::from_secs(5);
+        let drained = tokio::spawn({
+            let sessions = sessions.clone();
+            async move { sessions.drained(grace).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!drained.is_finished(), "drained with two sessions open");
+        drop((a, b));
+        tokio::time::timeout(grace, drained).await.unwrap().unwrap();
     }
 }
