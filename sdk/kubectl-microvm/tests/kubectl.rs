@@ -260,3 +260,51 @@ async fn every_command_has_help_and_completions_cover_them() {
         );
     }
 }
+
+#[tokio::test]
+async fn ctrl_c_ends_the_command_of_an_exec() {
+    let server = ApiServer::start(Route::Direct).await;
+    let kubectl = kubectl(&server);
+    let claimed = microvm(&kubectl, &["claim", "dev", "--name", "c"]).await;
+    assert!(claimed.success, "{claimed}");
+    // A sleep no other test runs, to find it among the simulated MicroVMs' processes.
+    let marker = "4711";
+    let mut exec = kubectl
+        .cmd(&[
+            "microvm",
+            "exec",
+            "c",
+            "--",
+            "sh",
+            "-c",
+            &format!("echo started; exec sleep {marker}"),
+        ])
+        .env("PATH", path_with_plugin())
+        .spawn();
+    exec.line(Stream::Stdout, "the command's first line", |l| {
+        l == "started"
+    })
+    .await;
+    exec.interrupt();
+    let ended = exec.finish().await;
+    assert_eq!(ended.code, Some(130), "{ended}");
+    battery_e2e::eventually(
+        std::time::Duration::from_secs(10),
+        "the command to be ended",
+        async || {
+            let found = std::process::Command::new("pgrep")
+                .args(["-f", &format!("^sleep {marker}$")])
+                .output()
+                .map_err(|e| e.to_string())?;
+            if found.status.success() {
+                Err(format!(
+                    "still running: {}",
+                    String::from_utf8_lossy(&found.stdout)
+                ))
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
+}
