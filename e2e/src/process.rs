@@ -142,6 +142,11 @@ impl Process {
         let _ = self.child.kill().await;
     }
 
+    /// Its process id, to read what /proc says of it.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("the process is running")
+    }
+
     /// The most memory it has held at once so far (`VmHWM`, its peak resident set), in
     /// bytes.
     pub fn peak_rss_bytes(&self) -> u64 {
