@@ -75,14 +75,14 @@ impl Sizes {
 
     /// Seconds of work, every scenario still measured.
     const QUICK: Self = Self {
-        serial_binds: 30,
-        throughput: [(1, 10), (8, 40), (64, 128)],
+        serial_binds: 20,
+        throughput: [(1, 5), (8, 24), (64, 64)],
         burst: 30,
         crd_binds: 10,
         exec_rounds: 3,
-        exec_bytes: 4_000_000,
+        exec_bytes: 1_000_000,
         scale: scale::Sizes {
-            lists: [50, 200],
+            lists: [30, 100],
             watchers: 20,
             watched_binds: 3,
         },

@@ -16,10 +16,13 @@ use tokio::process::Command;
 
 use super::client::{self, Client, GROUP_VERSION, NAMESPACE};
 use crate::api::PoolRef;
+use crate::api::lease_client::LeaseClient;
+use crate::api::pool_admin_client::PoolAdminClient;
 use crate::apiserver::agents::Agents;
 use crate::apiserver::{AgentSpec, free_loopback_address};
 use crate::process::Process;
 use crate::stand_in::StandIn;
+use tonic::transport::Channel;
 
 /// What `battery-apiserver serve` prints once it accepts connections, before the URL.
 const SERVE_SERVING_PREFIX: &str = "battery-apiserver serve: serving ";
@@ -185,16 +188,20 @@ impl Rig {
         }
     }
 
-    /// A gRPC client of the embedded battery's Lease service.
-    pub async fn lease_client(
+    /// gRPC clients of the embedded battery's Lease and PoolAdmin services, on one
+    /// connection.
+    pub async fn battery_clients(
         &self,
-    ) -> Result<crate::api::lease_client::LeaseClient<tonic::transport::Channel>> {
+    ) -> Result<(LeaseClient<Channel>, PoolAdminClient<Channel>)> {
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", self.battery))?
             .tcp_nodelay(true)
             .connect()
             .await
             .context("connecting to the embedded battery")?;
-        Ok(crate::api::lease_client::LeaseClient::new(channel))
+        Ok((
+            LeaseClient::new(channel.clone()),
+            PoolAdminClient::new(channel),
+        ))
     }
 
     /// `serve`'s resident memory now and at its peak (VmRSS, VmHWM), in MB.
