@@ -239,7 +239,9 @@ impl Rig {
             .await
             .with_context(|| format!("creating the Pool {name}"))?;
         let path = format!("{}/{name}", client::pools_path());
-        eventually(&format!("the Pool {name} to fill"), || async {
+        // The embedded battery boots a few dozen simulated MicroVMs a second.
+        let timeout = READY_TIMEOUT.max(Duration::from_millis(100) * size.unsigned_abs());
+        eventually_within(timeout, &format!("the Pool {name} to fill"), || async {
             let pool = client
                 .json(Method::GET, &path, None, StatusCode::OK)
                 .await?;
@@ -273,17 +275,26 @@ impl Rig {
 }
 
 /// Retries `attempt` every 100 ms until it succeeds or [`READY_TIMEOUT`] passes.
-pub async fn eventually<T, F, Fut>(what: &str, mut attempt: F) -> Result<T>
+pub async fn eventually<T, F, Fut>(what: &str, attempt: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T>>,
 {
-    let deadline = Instant::now() + READY_TIMEOUT;
+    eventually_within(READY_TIMEOUT, what, attempt).await
+}
+
+/// Retries `attempt` every 100 ms until it succeeds or `timeout` passes.
+async fn eventually_within<T, F, Fut>(timeout: Duration, what: &str, mut attempt: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let deadline = Instant::now() + timeout;
     loop {
         match attempt().await {
             Ok(value) => return Ok(value),
             Err(error) if Instant::now() > deadline => {
-                return Err(error.context(format!("waiting {READY_TIMEOUT:?} for {what}")));
+                return Err(error.context(format!("waiting {timeout:?} for {what}")));
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }

@@ -31,6 +31,7 @@ const EVENT_TIMEOUT: Duration = Duration::from_secs(30);
 const FILL_CONCURRENCY: usize = 64;
 
 /// The sizes of the scale phase.
+#[derive(Clone)]
 pub struct Sizes {
     /// The two claim counts lists are timed at.
     pub lists: [usize; 2],
