@@ -40,7 +40,7 @@ pub struct Sizes {
     pub watched_binds: usize,
 }
 
-/// Runs the phase on `rig`, whose Pool `pool` replenishes as fast as claims come.
+/// Runs the phase on `rig`, whose Pool `pool` holds a MicroVM for every claim it makes.
 pub async fn run(rig: &Rig, pool: &str, sizes: &Sizes) -> Result<Vec<Row>> {
     let (idle, _) = rig.serve_memory()?;
     let mut rows = vec![Row::new(MEMORY, "RSS idle", idle, Unit::Megabytes).at_most(30.0)];
