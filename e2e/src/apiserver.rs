@@ -20,7 +20,7 @@
 //! missing, so after changing the server run `cargo build -p battery-apiserver` before
 //! the suite.
 
-mod agents;
+pub(crate) mod agents;
 mod kubectl;
 
 use std::path::{Path, PathBuf};
@@ -286,7 +286,7 @@ impl ApiServer {
                 self.processes.len()
             )
         };
-        (battery.id(), serve.id())
+        (battery.pid(), serve.pid())
     }
 
     async fn start_aggregated(
@@ -416,17 +416,19 @@ fn binary() -> &'static Path {
     BINARY_PATH.get_or_init(|| target_binary(BINARY, BINARY))
 }
 
-/// The binary `name` (of the cargo package `package`) of this build: it sits beside the
-/// test binary's `deps/` directory (`target/<profile>/`), wherever the target directory
-/// is. Built with cargo when it is missing; one build at a time, so that tests starting
-/// together do not all run cargo.
-pub(crate) fn target_binary(package: &str, name: &str) -> PathBuf {
+/// The binary `name` (of the cargo package `package`) of this build: it sits in
+/// `target/<profile>/`, beside a test binary's `deps/` directory or beside a binary such
+/// as `bench`, wherever the target directory is. Built with cargo when it is missing; one
+/// build at a time, so that tests starting together do not all run cargo.
+pub fn target_binary(package: &str, name: &str) -> PathBuf {
     static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let test_binary = std::env::current_exe().expect("the test binary's path");
-    let profile_dir = test_binary
-        .parent()
-        .and_then(Path::parent)
-        .expect("the test binary lives in target/<profile>/deps");
+    let this_binary = std::env::current_exe().expect("this binary's path");
+    let beside = this_binary.parent().expect("a binary lives in a directory");
+    let profile_dir = if beside.file_name().is_some_and(|name| name == "deps") {
+        beside.parent().expect("target/<profile>/deps has a parent")
+    } else {
+        beside
+    };
     let path = profile_dir.join(name);
     if !path.is_file() {
         // A panic elsewhere while building poisons nothing worth keeping.

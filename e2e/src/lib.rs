@@ -7,7 +7,8 @@
 //!   and its authentication/authorization webhooks;
 //! - [`https`]: a client that sends exactly the certificate and headers a test chooses;
 //! - [`channel_exec`]: an exec client written from the WebSocket channel protocol, the
-//!   second client beside kube-rs's.
+//!   second client beside kube-rs's;
+//! - [`bench`]: the `bench` command, issue 13's benchmark on the real binaries.
 //!
 //! The rest serves the battery conformance suite. The tests in `tests/battery_conformance/` check battery's gRPC API
 //! (`poolmgr.v1alpha1`, see `reference/battery-api.md`) against either a real poolmgrd
@@ -26,6 +27,7 @@
 
 pub mod apiserver;
 mod assert;
+pub mod bench;
 pub mod channel_exec;
 mod env;
 mod events;

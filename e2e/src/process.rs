@@ -142,15 +142,15 @@ impl Process {
         let _ = self.child.kill().await;
     }
 
-    /// Its process id.
-    pub fn id(&self) -> u32 {
+    /// Its process id, to signal it or read what /proc says of it.
+    pub fn pid(&self) -> u32 {
         self.child.id().expect("the process is running")
     }
 
     /// The most memory it has held at once so far (`VmHWM`, its peak resident set), in
     /// bytes.
     pub fn peak_rss_bytes(&self) -> u64 {
-        let pid = self.id();
+        let pid = self.pid();
         let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
             .unwrap_or_else(|e| panic!("read the status of {}: {e}", self.name));
         status

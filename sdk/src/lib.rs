@@ -34,9 +34,6 @@ mod exec;
 mod host_ready;
 
 pub use battery_types as types;
-/// The kube-rs this SDK is built on, so a consumer's `kube::Config` and `kube::Client`
-/// are of the same version.
-pub use kube;
 pub use claim::Claim;
 /// The label that carries a claim's token, by which a retried create knows its own claim.
 pub use client::TOKEN_LABEL;
@@ -44,3 +41,6 @@ pub use client::{ClaimBuilder, Client, Waiting};
 pub use error::{Error, LostReason};
 pub use exec::{Command, Output, OutputStream, Process, Stdin};
 pub use host_ready::HostReadiness;
+/// The kube-rs this SDK is built on, so a consumer's `kube::Config` and `kube::Client`
+/// are of the same version.
+pub use kube;

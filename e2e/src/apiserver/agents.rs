@@ -53,7 +53,7 @@ impl RelayPki {
     }
 
     /// `battery-apiserver serve`'s flags for the relay and the signer.
-    pub(super) fn serve_args(&self) -> Vec<OsString> {
+    pub(crate) fn serve_args(&self) -> Vec<OsString> {
         [
             ("--agent-ca-file", &self.agent_ca.0),
             ("--agent-client-cert-file", &self.relay_client.0),
@@ -80,14 +80,14 @@ pub struct AgentSpec {
 }
 
 /// The agents of one server, by Host.
-pub(super) struct Agents {
+pub(crate) struct Agents {
     pki: RelayPki,
     dir: PathBuf,
     pub(super) running: BTreeMap<String, (AgentSpec, Process)>,
 }
 
 impl Agents {
-    pub(super) fn new(dir: &Path) -> Self {
+    pub(crate) fn new(dir: &Path) -> Self {
         Self {
             pki: RelayPki::write(&dir.join("relay")),
             dir: dir.to_owned(),
@@ -95,13 +95,13 @@ impl Agents {
         }
     }
 
-    pub(super) fn serve_args(&self) -> Vec<OsString> {
+    pub(crate) fn serve_args(&self) -> Vec<OsString> {
         self.pki.serve_args()
     }
 
     /// Lets the agent group do what an agent does, as the agent ClusterRole of a cluster
     /// would: the Host rule in the API server narrows each to its own Host.
-    pub(super) fn grant(stand_in: &StandIn) {
+    pub(crate) fn grant(stand_in: &StandIn) {
         stand_in.edit_policy(|policy| {
             policy["rules"]
                 .as_array_mut()
@@ -116,7 +116,7 @@ impl Agents {
     }
 
     /// Starts the agent `spec` describes, as its Host's identity through `stand_in`.
-    pub(super) async fn start(&mut self, stand_in: &StandIn, spec: AgentSpec) {
+    pub(crate) async fn start(&mut self, stand_in: &StandIn, spec: AgentSpec) {
         let (cert, key) = stand_in.client_certificate(&agent_username(&spec.host), &[AGENT_GROUP]);
         let dir = self.dir.join(format!("agent-{}", spec.host));
         std::fs::create_dir_all(&dir).expect("create the agent's directory");

@@ -1,0 +1,202 @@
+//! Binding: serial latency beside raw `ClaimVM` on the same battery, throughput at a
+//! given concurrency, and a burst of concurrent creates on a Pool just big enough.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use http::{Method, StatusCode};
+use serde_json::Value;
+
+use super::client::{self, Client};
+use super::report::{Row, Unit, millis, percentiles, quantile, rank};
+use crate::api::{ClaimVmRequest, GetPoolRequest, ListLeasesRequest, PoolRef, ReleaseVmRequest};
+
+pub const LATENCY: &str = "bind latency";
+pub const THROUGHPUT: &str = "bind throughput";
+pub const BURST: &str = "burst";
+
+/// Creates the claim `name` on `pool` and checks that the 201 says Bound; returns how
+/// long it took and the claim.
+pub async fn bind(client: &Client, name: &str, pool: &str) -> Result<(Duration, Value)> {
+    let body = client::claim(name, pool);
+    let started = Instant::now();
+    let bound = client
+        .json(
+            Method::POST,
+            &client::claims_path(),
+            Some(&body),
+            StatusCode::CREATED,
+        )
+        .await?;
+    let took = started.elapsed();
+    if bound["status"]["phase"] != "Bound" {
+        bail!("the claim {name} was answered 201 but not Bound: {bound}");
+    }
+    Ok((took, bound))
+}
+
+/// What the serial scenario measured, for the CRD floor to compare with.
+pub struct Latency {
+    pub rows: Vec<Row>,
+    pub binds: Vec<Duration>,
+    /// A Bound claim as the API serves it: the size of what a CRD design would write.
+    pub claim: Value,
+}
+
+/// `count` serial binds on one keep-alive connection, each followed by a raw `ClaimVM`
+/// on the same Pool of the same battery (released at once), so both see the same
+/// machine at the same moment.
+pub async fn latency(rig: &super::rig::Rig, pool: &PoolRef, count: usize) -> Result<Latency> {
+    let client = rig.client().await?;
+    let (mut lease, mut pools) = rig.battery_clients().await?;
+    let (mut binds, mut raws) = (Vec::with_capacity(count), Vec::with_capacity(count));
+    // The other two battery calls a bind makes, timed alone: where a bind's time goes.
+    let (mut lists, mut gets) = (Vec::with_capacity(count), Vec::with_capacity(count));
+    let mut claim = Value::Null;
+    for i in 0..count {
+        let (took, bound) = bind(&client, &format!("latency-{i}"), &pool.name).await?;
+        binds.push(took);
+        claim = bound;
+        let started = Instant::now();
+        let response = lease
+            .claim_vm(ClaimVmRequest {
+                pool: Some(pool.clone()),
+                request_id: String::new(),
+            })
+            .await
+            .context("a raw ClaimVM")?
+            .into_inner();
+        raws.push(started.elapsed());
+        lease
+            .release_vm(ReleaseVmRequest {
+                lease_id: response.lease_id,
+            })
+            .await
+            .context("releasing a raw lease")?;
+        let started = Instant::now();
+        lease
+            .list_leases(ListLeasesRequest {
+                pool_ref: Some(pool.clone()),
+            })
+            .await
+            .context("a raw ListLeases")?;
+        lists.push(started.elapsed());
+        let started = Instant::now();
+        pools
+            .get_pool(GetPoolRequest {
+                r#ref: Some(pool.clone()),
+            })
+            .await
+            .context("a raw GetPool")?;
+        gets.push(started.elapsed());
+    }
+    let mut rows = Vec::new();
+    let [p50, p90, p99] = percentiles(LATENCY, "POST -> 201 Bound", &binds);
+    rows.extend([p50.at_most(2.0), p90, p99.at_most(10.0)]);
+    rows.extend(percentiles(LATENCY, "raw ClaimVM", &raws));
+    rows.push(Row::millis(
+        LATENCY,
+        "raw ListLeases of the Pool p50",
+        quantile(&lists, 0.5),
+    ));
+    rows.push(Row::millis(
+        LATENCY,
+        "raw GetPool p50",
+        quantile(&gets, 0.5),
+    ));
+    for p in [0.5_f64, 0.99] {
+        let (ours, raw) = (quantile(&binds, p), quantile(&raws, p));
+        let name = rank(p);
+        let overhead = Row::new(
+            LATENCY,
+            format!("overhead over ClaimVM {name}"),
+            millis(ours) - millis(raw),
+            Unit::Millis,
+        );
+        rows.push(if p == 0.5 {
+            overhead.at_most(1.0)
+        } else {
+            overhead
+        });
+        rows.push(Row::new(
+            LATENCY,
+            format!("ratio POST / ClaimVM {name}"),
+            millis(ours) / millis(raw),
+            Unit::Times,
+        ));
+    }
+    Ok(Latency { rows, binds, claim })
+}
+
+/// `count` binds named `<prefix>-<i>` on `pool`, `concurrency` at a time over up to
+/// eight connections (as many clients would hold); returns each one's latency and the
+/// time they all took.
+pub async fn bind_many(
+    rig: &super::rig::Rig,
+    pool: &str,
+    prefix: &str,
+    range: std::ops::Range<usize>,
+    concurrency: usize,
+) -> Result<(Vec<Duration>, Duration)> {
+    let mut clients = Vec::new();
+    for _ in 0..concurrency.clamp(1, 8) {
+        clients.push(rig.client().await?);
+    }
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(range.start));
+    let started = Instant::now();
+    let workers = (0..concurrency).map(|worker| {
+        let client = clients[worker % clients.len()].clone();
+        let (next, end, pool, prefix) =
+            (next.clone(), range.end, pool.to_owned(), prefix.to_owned());
+        tokio::spawn(async move {
+            let mut took = Vec::new();
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= end {
+                    return Ok::<_, anyhow::Error>(took);
+                }
+                took.push(bind(&client, &format!("{prefix}-{i}"), &pool).await?.0);
+            }
+        })
+    });
+    let mut all = Vec::new();
+    for worker in futures::future::join_all(workers).await {
+        all.extend(worker.context("a bind worker panicked")??);
+    }
+    Ok((all, started.elapsed()))
+}
+
+/// Binds per second at each concurrency, each level on its own Pool (sized never to run
+/// dry) so that one level's leases never slow the next.
+pub async fn throughput(
+    rig: &super::rig::Rig,
+    levels: &[(usize, usize, PoolRef)],
+) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for (concurrency, count, pool) in levels {
+        let prefix = format!("c{concurrency}");
+        let (_, took) = bind_many(rig, &pool.name, &prefix, 0..*count, *concurrency).await?;
+        let row = Row::new(
+            THROUGHPUT,
+            format!("binds/s at concurrency {concurrency}"),
+            *count as f64 / took.as_secs_f64(),
+            Unit::PerSecond,
+        );
+        rows.push(if *concurrency == 64 {
+            row.at_least(2000.0)
+        } else {
+            row
+        });
+    }
+    Ok(rows)
+}
+
+/// `count` creates at once on a Pool of `count`: until all are Bound, and their p99.
+pub async fn burst(rig: &super::rig::Rig, pool: &PoolRef, count: usize) -> Result<Vec<Row>> {
+    let (binds, took) = bind_many(rig, &pool.name, "burst", 0..count, count).await?;
+    Ok(vec![
+        Row::millis(BURST, format!("{count} creates: all Bound"), took).at_most(1000.0),
+        Row::millis(BURST, "p99 of one create", quantile(&binds, 0.99)),
+    ])
+}

@@ -1,0 +1,304 @@
+//! The processes one phase of the bench runs against, as a cluster runs them: the
+//! aggregator stand-in (the cluster's authentication, authorization and the
+//! extension-apiserver ConfigMap), `battery-apiserver embedded-battery` in its own process,
+//! `battery-apiserver serve` in front of it, and one `battery-agent` per simulated Host.
+//! The bench talks to `serve` directly with the kubectl user's client certificate, so the
+//! figures are the API server's and not the stand-in's (a test proxy).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use http::{Method, StatusCode};
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use tokio::process::Command;
+
+use super::client::{self, Client, GROUP_VERSION, NAMESPACE};
+use crate::api::PoolRef;
+use crate::api::lease_client::LeaseClient;
+use crate::api::pool_admin_client::PoolAdminClient;
+use crate::apiserver::agents::Agents;
+use crate::apiserver::{AgentSpec, free_loopback_address};
+use crate::process::Process;
+use crate::stand_in::StandIn;
+use tonic::transport::Channel;
+
+/// What `battery-apiserver serve` prints once it accepts connections, before the URL.
+const SERVE_SERVING_PREFIX: &str = "battery-apiserver serve: serving ";
+/// What `battery-apiserver embedded-battery` prints once it serves, before the address.
+const BATTERY_SERVING_PREFIX: &str = "embedded battery serving battery's gRPC API on ";
+/// How long a Pool may take to fill, or a Host to report through its agent.
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// Leases outlive the run: nobody renews the bench's claims, and one that expired would
+/// take its MicroVM (and a claim of the scale scenarios) away mid-measurement.
+const LEASE: (&str, &str) = ("30m", "1h");
+
+/// A running set of processes, stopped by [`Rig::stop`] (or killed when dropped).
+pub struct Rig {
+    // Declared first so that it drops, and kills, before the directory goes.
+    processes: Processes,
+    /// `serve`'s URL.
+    pub url: String,
+    /// The embedded battery's gRPC address (`127.0.0.1:PORT`).
+    pub battery: String,
+    ca: PathBuf,
+    identity: (PathBuf, PathBuf),
+    _dir: TempDir,
+}
+
+struct Processes {
+    agents: Agents,
+    serve: Process,
+    battery: Process,
+    stand_in: StandIn,
+}
+
+impl Rig {
+    /// Starts everything, with `serve` run from `binary` and given `serve_args` on top,
+    /// and returns once every Host reports through its agent.
+    pub async fn start(binary: &Path, serve_args: &[String]) -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("battery-bench-")
+            .tempdir()
+            .context("a temporary directory")?;
+        let stand_in = StandIn::start(&dir.path().join("stand-in"), None).await;
+        let mut command = Command::new(binary);
+        command.args(["embedded-battery", "--listen", "127.0.0.1:0"]);
+        let (battery_process, battery) = Process::start(
+            command,
+            &dir.path().join("battery.log"),
+            BATTERY_SERVING_PREFIX,
+        )
+        .await;
+        let agents = Agents::new(&dir.path().join("agents"));
+        let mut command = Command::new(binary);
+        command
+            .args(["serve", "--listen", "127.0.0.1:0", "--battery-address"])
+            .arg(format!("http://{battery}"))
+            .arg("--tls-cert-file")
+            .arg(stand_in.apiserver_cert())
+            .arg("--tls-private-key-file")
+            .arg(stand_in.apiserver_key())
+            .arg("--kubeconfig")
+            .arg(stand_in.apiserver_kubeconfig())
+            .args(agents.serve_args())
+            .args(serve_args);
+        let (serve, url) = Process::start(
+            command,
+            &dir.path().join("server.log"),
+            SERVE_SERVING_PREFIX,
+        )
+        .await;
+        stand_in.set_backend(&url).await;
+        Agents::grant(&stand_in);
+        let mut rig = Self {
+            url,
+            battery,
+            ca: stand_in.serving_ca(),
+            identity: stand_in.layout().kubectl(),
+            processes: Processes {
+                agents,
+                serve,
+                battery: battery_process,
+                stand_in,
+            },
+            _dir: dir,
+        };
+        rig.start_agents().await?;
+        Ok(rig)
+    }
+
+    /// One agent per Host battery lists, each waited for until its Host reports Ready.
+    async fn start_agents(&mut self) -> Result<()> {
+        let client = self.client().await?;
+        let hosts_path = format!("{GROUP_VERSION}/hosts");
+        let hosts = eventually("the Hosts to be listed", || async {
+            let list = client
+                .json(Method::GET, &hosts_path, None, StatusCode::OK)
+                .await?;
+            let hosts: Vec<(String, String)> = list["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|h| {
+                    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+                    (text(&h["metadata"]["name"]), text(&h["spec"]["address"]))
+                })
+                .collect();
+            if hosts.is_empty() {
+                bail!("no Hosts yet");
+            }
+            Ok(hosts)
+        })
+        .await?;
+        for (host, flintlock) in hosts {
+            let listen = free_loopback_address();
+            self.processes
+                .agents
+                .start(
+                    &self.processes.stand_in,
+                    AgentSpec {
+                        host: host.clone(),
+                        flintlock,
+                        listen,
+                        extra: Vec::new(),
+                    },
+                )
+                .await;
+            let path = format!("{hosts_path}/{host}");
+            let listen = listen.to_string();
+            eventually(
+                &format!("Host {host} to report through its agent"),
+                || async {
+                    let object = client
+                        .json(Method::GET, &path, None, StatusCode::OK)
+                        .await?;
+                    let ready = object["status"]["conditions"].as_array().is_some_and(|c| {
+                        c.iter()
+                            .any(|c| c["type"] == battery_types::conditions::READY)
+                    });
+                    if object["spec"]["agentAddress"] == json!(listen) && ready {
+                        Ok(())
+                    } else {
+                        bail!("{}", object["status"])
+                    }
+                },
+            )
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+impl Rig {
+    /// A new HTTP/2 connection to `serve` as the kubectl user.
+    pub async fn client(&self) -> Result<Client> {
+        Client::connect(&self.url, &self.ca, (&self.identity.0, &self.identity.1)).await
+    }
+
+    /// An exec client of `serve` as the kubectl user.
+    pub fn exec_client(&self) -> crate::channel_exec::Client {
+        crate::channel_exec::Client {
+            https: crate::https::Client::new(
+                &self.url,
+                &self.ca,
+                crate::https::Identity::Cert(self.identity.0.clone(), self.identity.1.clone()),
+            ),
+        }
+    }
+
+    /// gRPC clients of the embedded battery's Lease and PoolAdmin services, on one
+    /// connection.
+    pub async fn battery_clients(
+        &self,
+    ) -> Result<(LeaseClient<Channel>, PoolAdminClient<Channel>)> {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", self.battery))?
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .context("connecting to the embedded battery")?;
+        Ok((
+            LeaseClient::new(channel.clone()),
+            PoolAdminClient::new(channel),
+        ))
+    }
+
+    /// `serve`'s resident memory now and at its peak (VmRSS, VmHWM), in MB.
+    pub fn serve_memory(&self) -> Result<(f64, f64)> {
+        let pid = self.processes.serve.pid();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .with_context(|| format!("reading the status of serve ({pid})"))?;
+        let field = |name: &str| -> Result<f64> {
+            let kb = status
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+                .with_context(|| format!("no {name} in the status of serve"))?;
+            Ok(kb / 1024.0)
+        };
+        Ok((field("VmRSS:")?, field("VmHWM:")?))
+    }
+
+    /// Makes the Pool `name` of `size` MicroVMs and waits until all are available, so no
+    /// bind waits for a boot. It provisions no more until it is empty
+    /// (`MinSizeThreshold`, `minSize` 1): the embedded battery's simulated boots run on
+    /// this machine, unlike a real battery's, and replacing each claimed MicroVM at once
+    /// kept it busy (more than a core) while the scenarios measured.
+    pub async fn create_pool(&self, name: &str, size: i32) -> Result<PoolRef> {
+        let client = self.client().await?;
+        let mut pool = battery_apiserver::dev::dev_pool(size);
+        pool["metadata"]["name"] = json!(name);
+        pool["spec"]["replenishment"] = json!({"type": "MinSizeThreshold", "minSize": 1});
+        pool["spec"]["lease"] = json!({"heartbeatInterval": LEASE.0, "expiryThreshold": LEASE.1});
+        client
+            .json(
+                Method::POST,
+                &client::pools_path(),
+                Some(&pool),
+                StatusCode::CREATED,
+            )
+            .await
+            .with_context(|| format!("creating the Pool {name}"))?;
+        let path = format!("{}/{name}", client::pools_path());
+        // The embedded battery boots a few dozen simulated MicroVMs a second.
+        let timeout = READY_TIMEOUT.max(Duration::from_millis(100) * size.unsigned_abs());
+        eventually_within(timeout, &format!("the Pool {name} to fill"), || async {
+            let pool = client
+                .json(Method::GET, &path, None, StatusCode::OK)
+                .await?;
+            if pool["status"]["available"].as_i64() >= Some(size.into()) {
+                Ok(())
+            } else {
+                bail!("{}", pool["status"])
+            }
+        })
+        .await?;
+        Ok(PoolRef {
+            name: name.to_owned(),
+            namespace: NAMESPACE.to_owned(),
+        })
+    }
+
+    /// Stops every process: agents, `serve`, battery, the stand-in.
+    pub async fn stop(self) {
+        let Processes {
+            agents,
+            serve,
+            battery,
+            stand_in,
+        } = self.processes;
+        // Agents and the stand-in are killed when dropped; serve and battery are waited for.
+        drop(agents);
+        serve.kill().await;
+        battery.kill().await;
+        drop(stand_in);
+    }
+}
+
+/// Retries `attempt` every 100 ms until it succeeds or [`READY_TIMEOUT`] passes.
+pub async fn eventually<T, F, Fut>(what: &str, attempt: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    eventually_within(READY_TIMEOUT, what, attempt).await
+}
+
+/// Retries `attempt` every 100 ms until it succeeds or `timeout` passes.
+async fn eventually_within<T, F, Fut>(timeout: Duration, what: &str, mut attempt: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        match attempt().await {
+            Ok(value) => return Ok(value),
+            Err(error) if Instant::now() > deadline => {
+                return Err(error.context(format!("waiting {timeout:?} for {what}")));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
