@@ -314,17 +314,8 @@ impl ApiServer {
             BATTERY_SERVING_PREFIX,
         )
         .await;
-        let mut command = Command::new(binary());
-        command
-            .args(["serve", "--listen", "127.0.0.1:0", "--battery-address"])
-            .arg(format!("http://{battery_address}"))
-            .arg("--tls-cert-file")
-            .arg(stand_in.apiserver_cert())
-            .arg("--tls-private-key-file")
-            .arg(stand_in.apiserver_key())
-            .arg("--kubeconfig")
-            .arg(stand_in.apiserver_kubeconfig())
-            .args(serve_args);
+        let mut command = serve_command(binary(), &battery_address, &stand_in);
+        command.args(serve_args);
         if let Some(data) = data {
             command.arg("--data-dir").arg(data.join("apiserver"));
         }
@@ -414,6 +405,22 @@ pub fn free_loopback_address() -> std::net::SocketAddr {
 fn binary() -> &'static Path {
     static BINARY_PATH: OnceLock<PathBuf> = OnceLock::new();
     BINARY_PATH.get_or_init(|| target_binary(BINARY, BINARY))
+}
+
+/// `binary serve` on loopback in front of the battery at `battery` (`host:port`), behind
+/// `stand_in`: its serving certificate, and the stand-in as its cluster.
+pub(crate) fn serve_command(binary: &Path, battery: &str, stand_in: &StandIn) -> Command {
+    let mut command = Command::new(binary);
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--battery-address"])
+        .arg(format!("http://{battery}"))
+        .arg("--tls-cert-file")
+        .arg(stand_in.apiserver_cert())
+        .arg("--tls-private-key-file")
+        .arg(stand_in.apiserver_key())
+        .arg("--kubeconfig")
+        .arg(stand_in.apiserver_kubeconfig());
+    command
 }
 
 /// The binary `name` (of the cargo package `package`) of this build: it sits in

@@ -72,18 +72,8 @@ impl Rig {
         )
         .await;
         let agents = Agents::new(&dir.path().join("agents"));
-        let mut command = Command::new(binary);
-        command
-            .args(["serve", "--listen", "127.0.0.1:0", "--battery-address"])
-            .arg(format!("http://{battery}"))
-            .arg("--tls-cert-file")
-            .arg(stand_in.apiserver_cert())
-            .arg("--tls-private-key-file")
-            .arg(stand_in.apiserver_key())
-            .arg("--kubeconfig")
-            .arg(stand_in.apiserver_kubeconfig())
-            .args(agents.serve_args())
-            .args(serve_args);
+        let mut command = crate::apiserver::serve_command(binary, &battery, &stand_in);
+        command.args(agents.serve_args()).args(serve_args);
         let (serve, url) = Process::start(
             command,
             &dir.path().join("server.log"),
