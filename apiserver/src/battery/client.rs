@@ -17,6 +17,7 @@ use super::errors::{BatteryError, Rpc};
 use crate::http::metrics::{BatteryOutcome, Metrics};
 use battery_types::{HostSpec, HostStatus, NetworkInterfaceStatus, PoolSpec, PoolStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 /// Every unary call gets this long; ClaimVM, which runs the pool's pre-lease hooks, gets
 /// [`CLAIM_TIMEOUT`]. Both stay well inside kube-apiserver's 60 s proxy limit.
@@ -64,6 +65,28 @@ pub struct Lease {
     pub network_interfaces: Vec<NetworkInterfaceStatus>,
     pub claimed_at: Option<Time>,
     pub expires_at: Option<MicroTime>,
+}
+
+impl Lease {
+    /// Gives the lease the times battery gave it, from when it was asked for: battery
+    /// claims at its `now` and expires the lease `threshold` later, so times read just
+    /// before asking are early by at most a round trip, and the expiry shown is never
+    /// later than battery's.
+    pub fn asked_at(
+        mut self,
+        asked: Timestamp,
+        threshold: Option<battery_types::Duration>,
+    ) -> Self {
+        self.claimed_at = Some(Time(asked));
+        self.expires_at = threshold
+            .and_then(|t| {
+                asked
+                    .checked_add(SignedDuration::from_nanos(t.as_nanos()))
+                    .ok()
+            })
+            .map(MicroTime);
+        self
+    }
 }
 
 /// A lease as battery lists it, without its id (which only the claim's record keeps).
@@ -275,8 +298,8 @@ impl BatteryClient {
     }
 
     /// Claims a MicroVM. `request_id` makes the call safe to repeat: battery answers a
-    /// repeat with the same lease. ClaimVM's answer has no expiry, so it is read from
-    /// battery's lease list right after.
+    /// repeat with the same lease. ClaimVM's answer carries no times: the caller knows
+    /// when it asked, or reads them with `lease_times`.
     pub async fn claim_vm(
         &self,
         namespace: &str,
@@ -291,20 +314,31 @@ impl BatteryClient {
         let claimed = self
             .answer(Rpc::ClaimVm, self.leases.clone().claim_vm(request))
             .await?;
-        let listed = self
-            .leases_of(Some((namespace, pool)))
-            .await?
-            .into_iter()
-            .find(|l| l.request_id == request_id);
         let host = claimed.host.unwrap_or_default();
         Ok(Lease {
             id: LeaseId::new(claimed.lease_id),
             vm_uid: claimed.vm_uid,
             host_name: host.name,
             network_interfaces: convert::network_interfaces(&claimed.network_interfaces),
-            claimed_at: listed.as_ref().and_then(|l| l.claimed_at.clone()),
-            expires_at: listed.and_then(|l| l.expires_at),
+            claimed_at: None,
+            expires_at: None,
         })
+    }
+
+    /// When battery granted the pool's lease claimed with `request_id`, and when it
+    /// expires, as its lease list says (the whole pool's, so only for rare paths).
+    pub async fn lease_times(
+        &self,
+        namespace: &str,
+        pool: &str,
+        request_id: &str,
+    ) -> Result<(Option<Time>, Option<MicroTime>), BatteryError> {
+        let listed = self
+            .leases_of(Some((namespace, pool)))
+            .await?
+            .into_iter()
+            .find(|l| l.request_id == request_id);
+        Ok(listed.map_or((None, None), |l| (l.claimed_at, l.expires_at)))
     }
 
     /// Renews a lease; answers the new expiry.

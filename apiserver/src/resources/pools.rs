@@ -8,7 +8,7 @@ use battery_api_machinery::status::ApiError;
 use battery_api_machinery::table::TableColumnDefinition;
 use battery_types::conditions;
 use battery_types::validation::FieldError;
-use battery_types::{HasResourceInfo, Placement, Pool, PoolSpec, PoolStatus};
+use battery_types::{HasResourceInfo, LeaseSettings, Placement, Pool, PoolSpec, PoolStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -18,11 +18,17 @@ use super::{KeyLocks, check_resource_version, commit};
 use crate::api::{Deleted, RequestContext, Storage, server_now};
 use crate::battery::objects::{self, PoolMeta};
 use crate::battery::{BatteryClient, BatteryPool, Failure};
+use crate::http::bounded_cache;
 use crate::http::metrics::{Metrics, PoolCounts};
 use crate::meta_store::{Key, MetaStore};
 use crate::watch::ChangeType;
 
 const RESOURCE: &str = "pools";
+/// How long a bind trusts the lease settings last seen of its Pool. Our own writes and
+/// battery's events about the Pool refresh them at once; this bounds how long a change
+/// made with `poolmgrctl` goes unseen.
+const LEASE_SETTINGS_TTL: std::time::Duration = std::time::Duration::from_secs(10);
+const LEASE_SETTINGS_CAPACITY: u64 = 10_000;
 
 fn counts(status: &PoolStatus) -> PoolCounts {
     PoolCounts {
@@ -62,6 +68,8 @@ pub struct PoolStorage {
     hosts: Arc<HostDirectory>,
     locks: KeyLocks,
     metrics: Arc<Metrics>,
+    /// Each Pool's lease settings as last read or written, so a bind needs no `GetPool`.
+    lease_settings: moka::sync::Cache<Key, LeaseSettings>,
 }
 
 fn key(namespace: &str, name: &str) -> Key {
@@ -103,6 +111,7 @@ impl PoolStorage {
             hosts,
             locks: KeyLocks::default(),
             metrics,
+            lease_settings: bounded_cache(LEASE_SETTINGS_TTL, LEASE_SETTINGS_CAPACITY),
         }
     }
 
@@ -136,8 +145,23 @@ impl PoolStorage {
             .pool(namespace, name)
             .await
             .map_err(|e| e.into_api_error(info(), name))?;
-        let record = self.store.get::<PoolRecord>(&key(namespace, name))?;
+        let key = key(namespace, name);
+        self.lease_settings
+            .insert(key.clone(), pool.spec.lease.clone());
+        let record = self.store.get::<PoolRecord>(&key)?;
         Ok(self.assemble(record, pool))
+    }
+
+    /// The Pool's lease settings, read from battery only when not seen lately.
+    pub(crate) async fn lease_settings(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<LeaseSettings, ApiError> {
+        if let Some(settings) = self.lease_settings.get(&key(namespace, name)) {
+            return Ok(settings);
+        }
+        Ok(self.read(namespace, name).await?.spec.lease)
     }
 
     /// Writes `object`'s record with a new resourceVersion and tells watchers.
@@ -163,6 +187,12 @@ impl PoolStorage {
             rejected,
         };
         commit(&self.store, &key, object, change, record, |_| Ok(()))?;
+        match change {
+            ChangeType::Deleted => self.lease_settings.invalidate(&key),
+            _ => self
+                .lease_settings
+                .insert(key.clone(), object.spec.lease.clone()),
+        }
         self.record_counts(object, change);
         Ok(())
     }

@@ -11,8 +11,11 @@ use std::time::{Duration, Instant};
 use battery_api_machinery::status::ApiError;
 use battery_api_machinery::table::TableColumnDefinition;
 use battery_types::validation::FieldError;
-use battery_types::{HasResourceInfo, MicroVMClaim, MicroVMClaimSpec, MicroVMClaimStatus};
+use battery_types::{
+    HasResourceInfo, LeaseSettings, MicroVMClaim, MicroVMClaimSpec, MicroVMClaimStatus,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::broadcast;
@@ -239,13 +242,15 @@ impl ClaimStorage {
     }
 
     /// Calls `ClaimVM`, retrying ABORTED and waiting (bounded) for a MicroVM when the pool
-    /// has none available.
+    /// has none available. The lease's expiry is reckoned from the pool's `threshold`:
+    /// reading it back from battery would cost a listing of the pool's leases per bind.
     async fn claim_vm(
         &self,
         namespace: &str,
         pool: &str,
         request_id: &str,
         name: &str,
+        threshold: Option<battery_types::Duration>,
     ) -> Result<crate::battery::Lease, BindFailure> {
         let deadline = tokio::time::Instant::now() + self.bind_wait;
         let mut aborted = 0;
@@ -253,8 +258,9 @@ impl ClaimStorage {
             // Subscribe before asking, so a VM_AVAILABLE between the answer and the wait
             // is not missed.
             let mut events = self.events.subscribe();
+            let asked = Timestamp::now();
             let err = match self.battery.claim_vm(namespace, pool, request_id).await {
-                Ok(lease) => return Ok(lease),
+                Ok(lease) => return Ok(lease.asked_at(asked, threshold)),
                 Err(err) => err,
             };
             match err.failure() {
@@ -314,7 +320,7 @@ impl ClaimStorage {
         let namespace = claim.metadata.namespace.clone().unwrap_or_default();
         let name = claim.metadata.name.clone().unwrap_or_default();
         let pool = claim.spec.pool_ref.name.clone();
-        let lease = match self
+        let mut lease = match self
             .battery
             .claim_vm(&namespace, &pool, &intent.request_id)
             .await
@@ -338,9 +344,16 @@ impl ClaimStorage {
             tracing::info!(claim = %name, %namespace, "released the lease of a bind whose create failed");
             return Ok(());
         }
+        // A replayed ClaimVM answers a lease granted earlier: its times are battery's.
+        (lease.claimed_at, lease.expires_at) = self
+            .battery
+            .lease_times(&namespace, &pool, &intent.request_id)
+            .await
+            .map_err(|e| e.into_api_error(info(), &name))?;
+        let settings = self.pools.lease_settings(&namespace, &pool).await.ok();
         let secrets = LeaseRecord {
             lease: Some(bind_status(&mut claim, self.pools.hosts(), lease)?),
-            duration_seconds: self.lease_duration(&namespace, &pool).await,
+            duration_seconds: settings.as_ref().and_then(lease_seconds),
         };
         self.commit(&mut claim, secrets, ChangeType::Added, Some(uid))?;
         tracing::info!(claim = %name, %namespace, "finished a bind interrupted by a restart");
@@ -387,10 +400,13 @@ impl ClaimStorage {
             request_id: request_id(&uid),
             abandoned: false,
         };
+        // Usually cached; a Pool battery lacks is ClaimVM's to refuse.
+        let settings = self.pools.lease_settings(&namespace, &pool).await.ok();
         self.store.transact(|tx| tx.put_intent(&uid, &intent))?;
         crate::failpoint::crash_point("bind:intent-recorded");
+        let threshold = settings.as_ref().map(|s| s.expiry_threshold);
         let lease = match self
-            .claim_vm(&namespace, &pool, &intent.request_id, &name)
+            .claim_vm(&namespace, &pool, &intent.request_id, &name, threshold)
             .await
         {
             Ok(lease) => lease,
@@ -416,7 +432,7 @@ impl ClaimStorage {
         crate::failpoint::crash_point("bind:claimed");
         let secrets = LeaseRecord {
             lease: Some(bind_status(&mut claim, self.pools.hosts(), lease)?),
-            duration_seconds: self.lease_duration(&namespace, &pool).await,
+            duration_seconds: settings.as_ref().and_then(lease_seconds),
         };
         self.commit(&mut claim, secrets, ChangeType::Added, Some(&uid))?;
         Ok(claim)
@@ -491,13 +507,11 @@ impl ClaimStorage {
         }
         Ok(())
     }
+}
 
-    /// The pool's lease lifetime in seconds, if battery still has the pool.
-    async fn lease_duration(&self, namespace: &str, pool: &str) -> Option<i32> {
-        let pool = self.pools.read(namespace, pool).await.ok()?;
-        let seconds = pool.spec.lease.expiry_threshold.as_nanos() / 1_000_000_000;
-        i32::try_from(seconds).ok()
-    }
+/// A lease's lifetime in whole seconds, as `coordination.k8s.io` Leases give it.
+fn lease_seconds(settings: &LeaseSettings) -> Option<i32> {
+    i32::try_from(settings.expiry_threshold.as_nanos() / 1_000_000_000).ok()
 }
 
 /// Fills a claim's status from battery's answer and what `hosts` says of its Host's exec
