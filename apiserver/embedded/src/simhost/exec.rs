@@ -34,6 +34,9 @@ use super::registry::ExecTarget;
 
 /// Responses queued for a slow client before reading the command's output waits.
 const OUTPUT_BUFFER: usize = 16;
+/// The most output read into one response. tokio's default (4 KiB) made bulk output
+/// cost a gRPC message, and downstream a WebSocket frame, per page.
+const OUTPUT_CHUNK: usize = 64 * 1024;
 /// What timeout(1) exits with when it had to kill the command.
 const TIMED_OUT_EXIT_CODE: i32 = 124;
 /// What a shell exits with when the command cannot be executed.
@@ -249,8 +252,8 @@ async fn execute(
         Err(error) => return End::NotStarted(error),
     };
     let mut group = ProcessGroup::of(&child);
-    let mut stdout = child.stdout.take().map(ReaderStream::new);
-    let mut stderr = child.stderr.take().map(ReaderStream::new);
+    let mut stdout = (child.stdout.take()).map(|o| ReaderStream::with_capacity(o, OUTPUT_CHUNK));
+    let mut stderr = (child.stderr.take()).map(|e| ReaderStream::with_capacity(e, OUTPUT_CHUNK));
     let stdin = pump_stdin(requests, child.stdin.take());
     tokio::pin!(stdin);
     let mut stdin_done = false;
