@@ -22,6 +22,9 @@ const LOG_TAIL_LINES: usize = 60;
 pub struct Process {
     /// Held so that dropping the process kills it (`kill_on_drop`).
     child: Child,
+    /// Its `TMPDIR`, removed once it is killed: a killed process cleans up nothing
+    /// itself (`dev` keeps its simulated Hosts' state there).
+    _tmp: tempfile::TempDir,
     stdin: tokio::sync::Mutex<ChildStdin>,
     name: String,
     log: PathBuf,
@@ -45,7 +48,12 @@ impl Process {
             .to_owned();
         let file =
             std::fs::File::create(log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("{name}-tmp-"))
+            .tempdir()
+            .unwrap_or_else(|e| panic!("a TMPDIR for {name}: {e}"));
         let mut child = command
+            .env("TMPDIR", tmp.path())
             // The log is read by people when a test fails; colour codes only get in the way.
             .env("NO_COLOR", "1")
             .stdin(Stdio::piped())
@@ -69,6 +77,7 @@ impl Process {
         });
         let process = Self {
             child,
+            _tmp: tmp,
             stdin: tokio::sync::Mutex::new(stdin),
             name,
             log: log.to_owned(),

@@ -231,14 +231,11 @@ impl<S: Storage> Stream<S> {
         {
             return true;
         }
-        let object: S::Object = match serde_json::from_value((*change.object).clone()) {
-            Ok(object) => object,
-            Err(err) => {
-                tracing::error!(error = %err, resource = info.plural, name = %change.name, "a watch change does not decode");
-                return true;
-            }
+        let Some(object) = change.object.downcast_ref::<S::Object>() else {
+            tracing::error!(resource = info.plural, name = %change.name, "a watch change holds another kind of object");
+            return true;
         };
-        if !matches(self.storage.as_ref(), &object, &self.options) {
+        if !matches(self.storage.as_ref(), object, &self.options) {
             return true;
         }
         let event_type = match change.change_type {
@@ -246,7 +243,7 @@ impl<S: Storage> Stream<S> {
             ChangeType::Modified => EventType::Modified,
             ChangeType::Deleted => EventType::Deleted,
         };
-        self.send_object(event_type, &object).await
+        self.send_object(event_type, object).await
     }
 
     async fn send_object(&mut self, event_type: EventType, object: &S::Object) -> bool {

@@ -334,7 +334,7 @@ impl BatteryClient {
         request_id: &str,
     ) -> Result<(Option<Time>, Option<MicroTime>), BatteryError> {
         let listed = self
-            .leases_of(Some((namespace, pool)))
+            .pool_leases(namespace, pool)
             .await?
             .into_iter()
             .find(|l| l.request_id == request_id);
@@ -373,6 +373,15 @@ impl BatteryClient {
     /// Every live lease, of all pools.
     pub async fn leases(&self) -> Result<Vec<LeaseInfo>, BatteryError> {
         self.leases_of(None).await
+    }
+
+    /// The live leases of one pool.
+    pub async fn pool_leases(
+        &self,
+        namespace: &str,
+        pool: &str,
+    ) -> Result<Vec<LeaseInfo>, BatteryError> {
+        self.leases_of(Some((namespace, pool))).await
     }
 
     async fn leases_of(&self, pool: Option<(&str, &str)>) -> Result<Vec<LeaseInfo>, BatteryError> {

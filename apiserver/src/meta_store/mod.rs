@@ -18,7 +18,7 @@ use redb::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::watch::{Change, ChangeType, WatchHub};
+use crate::watch::{Change, ChangeType, WatchHub, WatchedObject};
 
 const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
 const INTENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("intents");
@@ -312,7 +312,7 @@ impl Txn {
         key: &Key,
         change_type: ChangeType,
         resource_version: u64,
-        object: serde_json::Value,
+        object: WatchedObject,
     ) {
         self.changes.push(Change {
             resource_version,
@@ -320,7 +320,7 @@ impl Txn {
             namespace: (!key.namespace.is_empty()).then(|| key.namespace.clone()),
             name: key.name.clone(),
             change_type,
-            object: Arc::new(object),
+            object,
         });
     }
 }

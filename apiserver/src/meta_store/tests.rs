@@ -24,7 +24,7 @@ fn a_failed_transaction_changes_nothing_and_publishes_nothing() {
     let res: Result<(), TestError> = store.transact(|tx| {
         let rv = tx.next_resource_version();
         tx.put(&key("a", "x"), &Rec { n: 1 })?;
-        tx.record_change(&key("a", "x"), ChangeType::Added, rv, serde_json::json!({}));
+        tx.record_change(&key("a", "x"), ChangeType::Added, rv, Arc::new(()));
         Err(TestError::Refused)
     });
     assert!(matches!(res, Err(TestError::Refused)));
@@ -107,12 +107,7 @@ fn watchers_see_committed_changes_in_order() {
             for name in ["x", "y"] {
                 let rv = tx.next_resource_version();
                 tx.put(&key("a", name), &Rec { n: 0 })?;
-                tx.record_change(
-                    &key("a", name),
-                    ChangeType::Added,
-                    rv,
-                    serde_json::json!({}),
-                );
+                tx.record_change(&key("a", name), ChangeType::Added, rv, Arc::new(()));
             }
             Ok(())
         })

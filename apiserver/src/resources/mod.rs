@@ -76,7 +76,7 @@ pub fn commit<K, R>(
     also: impl FnOnce(&mut Txn) -> Result<(), StoreError>,
 ) -> Result<(), ApiError>
 where
-    K: kube::Resource + serde::Serialize,
+    K: kube::Resource + serde::Serialize + Clone + Send + Sync + 'static,
     R: serde::Serialize,
 {
     store.transact(|tx| -> Result<(), ApiError> {
@@ -87,8 +87,7 @@ where
             ChangeType::Added | ChangeType::Modified => tx.put(key, &record(object))?,
         }
         also(tx)?;
-        let value = serde_json::to_value(&*object).map_err(ApiError::internal)?;
-        tx.record_change(key, change, rv, value);
+        tx.record_change(key, change, rv, Arc::new(object.clone()));
         Ok(())
     })
 }

@@ -26,8 +26,13 @@ pub struct Change {
     pub namespace: Option<String>,
     pub name: String,
     pub change_type: ChangeType,
-    pub object: Arc<serde_json::Value>,
+    pub object: WatchedObject,
 }
+
+/// The object of a change, in its own type (a `Pool`, a `MicroVMClaim`): watchers of its
+/// resource downcast it, so no watcher decodes it, and the window holds it more compactly
+/// than as a `serde_json::Value`.
+pub type WatchedObject = Arc<dyn std::any::Any + Send + Sync>;
 
 /// The watch could not start from the resourceVersion asked for.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::client::{self, Client};
 use super::report::{Row, Unit, millis, percentiles, quantile, rank};
-use crate::api::{ClaimVmRequest, GetPoolRequest, ListLeasesRequest, PoolRef, ReleaseVmRequest};
+use crate::api::{ClaimVmRequest, PoolRef, ReleaseVmRequest};
 
 pub const LATENCY: &str = "bind latency";
 pub const THROUGHPUT: &str = "bind throughput";
@@ -49,10 +49,8 @@ pub struct Latency {
 /// machine at the same moment.
 pub async fn latency(rig: &super::rig::Rig, pool: &PoolRef, count: usize) -> Result<Latency> {
     let client = rig.client().await?;
-    let (mut lease, mut pools) = rig.battery_clients().await?;
+    let mut lease = rig.lease_client().await?;
     let (mut binds, mut raws) = (Vec::with_capacity(count), Vec::with_capacity(count));
-    // The other two battery calls a bind makes, timed alone: where a bind's time goes.
-    let (mut lists, mut gets) = (Vec::with_capacity(count), Vec::with_capacity(count));
     let mut claim = Value::Null;
     for i in 0..count {
         let (took, bound) = bind(&client, &format!("latency-{i}"), &pool.name).await?;
@@ -74,37 +72,11 @@ pub async fn latency(rig: &super::rig::Rig, pool: &PoolRef, count: usize) -> Res
             })
             .await
             .context("releasing a raw lease")?;
-        let started = Instant::now();
-        lease
-            .list_leases(ListLeasesRequest {
-                pool_ref: Some(pool.clone()),
-            })
-            .await
-            .context("a raw ListLeases")?;
-        lists.push(started.elapsed());
-        let started = Instant::now();
-        pools
-            .get_pool(GetPoolRequest {
-                r#ref: Some(pool.clone()),
-            })
-            .await
-            .context("a raw GetPool")?;
-        gets.push(started.elapsed());
     }
     let mut rows = Vec::new();
     let [p50, p90, p99] = percentiles(LATENCY, "POST -> 201 Bound", &binds);
     rows.extend([p50.at_most(2.0), p90, p99.at_most(10.0)]);
     rows.extend(percentiles(LATENCY, "raw ClaimVM", &raws));
-    rows.push(Row::millis(
-        LATENCY,
-        "raw ListLeases of the Pool p50",
-        quantile(&lists, 0.5),
-    ));
-    rows.push(Row::millis(
-        LATENCY,
-        "raw GetPool p50",
-        quantile(&gets, 0.5),
-    ));
     for p in [0.5_f64, 0.99] {
         let (ours, raw) = (quantile(&binds, p), quantile(&raws, p));
         let name = rank(p);

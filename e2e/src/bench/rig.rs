@@ -17,7 +17,6 @@ use tokio::process::Command;
 use super::client::{self, Client, GROUP_VERSION, NAMESPACE};
 use crate::api::PoolRef;
 use crate::api::lease_client::LeaseClient;
-use crate::api::pool_admin_client::PoolAdminClient;
 use crate::apiserver::agents::Agents;
 use crate::apiserver::{AgentSpec, free_loopback_address};
 use crate::process::Process;
@@ -178,20 +177,14 @@ impl Rig {
         }
     }
 
-    /// gRPC clients of the embedded battery's Lease and PoolAdmin services, on one
-    /// connection.
-    pub async fn battery_clients(
-        &self,
-    ) -> Result<(LeaseClient<Channel>, PoolAdminClient<Channel>)> {
+    /// A gRPC client of the embedded battery's Lease service.
+    pub async fn lease_client(&self) -> Result<LeaseClient<Channel>> {
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", self.battery))?
             .tcp_nodelay(true)
             .connect()
             .await
             .context("connecting to the embedded battery")?;
-        Ok((
-            LeaseClient::new(channel.clone()),
-            PoolAdminClient::new(channel),
-        ))
+        Ok(LeaseClient::new(channel))
     }
 
     /// `serve`'s resident memory now and at its peak (VmRSS, VmHWM), in MB.

@@ -13,6 +13,7 @@ use super::binds::{bind, bind_many};
 use super::client::{self, Client};
 use super::report::{Row, Unit, percentiles, quantile};
 use super::rig::Rig;
+use crate::api::ListLeasesRequest;
 
 pub const LIST: &str = "list at scale";
 pub const WATCH: &str = "watch fan-out";
@@ -49,7 +50,7 @@ pub async fn run(rig: &Rig, pool: &str, sizes: &Sizes) -> Result<Vec<Row>> {
     for (i, &count) in sizes.lists.iter().enumerate() {
         bind_many(rig, pool, "scale", made..count, FILL_CONCURRENCY).await?;
         made = count;
-        rows.extend(lists(&client, count, i + 1 == sizes.lists.len()).await?);
+        rows.extend(lists(rig, &client, count, i + 1 == sizes.lists.len()).await?);
     }
     let (at_claims, _) = rig.serve_memory()?;
     rows.push(Row::new(
@@ -88,8 +89,9 @@ pub async fn run(rig: &Rig, pool: &str, sizes: &Sizes) -> Result<Vec<Row>> {
 }
 
 /// The median time of `LIST_ROUNDS` lists of all claims (Table and JSON), and of paged
-/// lists with limit=500 (the first page, and all pages), with `count` claims stored.
-async fn lists(client: &Client, count: usize, with_target: bool) -> Result<Vec<Row>> {
+/// lists with limit=500 (the first page, and all pages), with `count` claims stored; and
+/// of the raw `ListLeases` of all pools that each list makes of battery.
+async fn lists(rig: &Rig, client: &Client, count: usize, with_target: bool) -> Result<Vec<Row>> {
     let path = client::claims_path();
     let timed = |accept: &'static str, limit: bool| {
         let path = path.clone();
@@ -136,12 +138,27 @@ async fn lists(client: &Client, count: usize, with_target: bool) -> Result<Vec<R
     let (table, _) = timed(TABLE, false).await?;
     let (json, _) = timed("application/json", false).await?;
     let (pages, first_page) = timed("application/json", true).await?;
+    let mut lease = rig.lease_client().await?;
+    let mut raw = Vec::with_capacity(LIST_ROUNDS);
+    for _ in 0..LIST_ROUNDS {
+        let started = Instant::now();
+        lease
+            .list_leases(ListLeasesRequest { pool_ref: None })
+            .await
+            .context("a raw ListLeases")?;
+        raw.push(started.elapsed());
+    }
     let target = |row: Row| if with_target { row.at_most(100.0) } else { row };
     Ok(vec![
         target(Row::millis(LIST, format!("Table of {count}"), table)),
         target(Row::millis(LIST, format!("JSON of {count}"), json)),
         Row::millis(LIST, format!("limit=500 first page of {count}"), first_page),
         Row::millis(LIST, format!("limit=500 all pages of {count}"), pages),
+        Row::millis(
+            LIST,
+            format!("raw ListLeases of {count} leases"),
+            quantile(&raw, 0.5),
+        ),
     ])
 }
 

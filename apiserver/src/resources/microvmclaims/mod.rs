@@ -231,6 +231,24 @@ impl ClaimStorage {
         Ok(leases.into_iter().map(|l| l.request_id).collect())
     }
 
+    /// One claim as a read sees it (`with_liveness`), asking battery only of its Pool's
+    /// leases: a get or an exec costs what its Pool holds, not what battery holds.
+    async fn with_current_liveness(&self, record: ClaimRecord) -> Result<ClaimRecord, ApiError> {
+        if record.lease.is_none() {
+            return Ok(record);
+        }
+        let namespace = record.metadata.namespace.as_deref().unwrap_or_default();
+        let live = self
+            .battery
+            .pool_leases(namespace, &record.spec.pool_ref.name)
+            .await
+            .map_err(|e| e.into_api_error(info(), ""))?
+            .into_iter()
+            .map(|l| l.request_id)
+            .collect();
+        Ok(self.with_liveness(record, &live))
+    }
+
     /// A Bound claim whose lease battery no longer has is Expired (`reference/
     /// battery-operator.md` §1.3: a read that finds the lease gone).
     fn with_liveness(&self, record: ClaimRecord, live: &HashSet<String>) -> ClaimRecord {
@@ -650,12 +668,7 @@ impl Storage for ClaimStorage {
             .store
             .get::<ClaimRecord>(&key(namespace, name))?
             .ok_or_else(|| ApiError::not_found(info(), name))?;
-        let live = if record.lease.is_some() {
-            self.live_request_ids().await?
-        } else {
-            HashSet::new()
-        };
-        Ok(Self::object(self.with_liveness(record, &live)))
+        Ok(Self::object(self.with_current_liveness(record).await?))
     }
 
     async fn list(&self, ctx: &RequestContext) -> Result<(Vec<MicroVMClaim>, u64), ApiError> {

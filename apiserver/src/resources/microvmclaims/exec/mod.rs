@@ -9,7 +9,6 @@
 mod session;
 mod sessions;
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::response::{IntoResponse, Response};
@@ -235,12 +234,7 @@ impl ClaimExec {
         check_holder(ctx, &record, "exec into")?;
         // As a read of the claim sees it: Expired as soon as battery no longer has the
         // lease, even before the follower records it.
-        let live = if record.lease.is_some() {
-            self.claims.live_request_ids().await?
-        } else {
-            HashSet::new()
-        };
-        let record = self.claims.with_liveness(record, &live);
+        let record = self.claims.with_current_liveness(record).await?;
         let (Some(_), Some(microvm), Some(host)) =
             (&record.lease, &record.status.micro_vm, &record.status.host)
         else {
