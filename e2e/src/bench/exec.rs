@@ -10,6 +10,13 @@ use tokio::io::AsyncReadExt as _;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 
+use battery_proto::microvmexec::services::api::v1alpha1::micro_vm_exec_client::MicroVmExecClient;
+use battery_proto::microvmexec::services::api::v1alpha1::{
+    ExecCommandRequest, ExecStart, exec_command_request, exec_command_response,
+};
+use http::{Method, StatusCode};
+use serde_json::Value;
+
 use super::binds::bind;
 use super::client::NAMESPACE;
 use super::report::{Row, Unit, percentiles, quantile};
@@ -30,17 +37,21 @@ struct Run {
 }
 
 /// `rounds` runs of `echo` for the first byte, then one `head -c bytes /dev/zero` for
-/// the throughput, each through a claim bound on `pool` and on a local pipe.
+/// the throughput, each through a claim bound on `pool` and on a local pipe; the first
+/// byte also straight from the simulated Host's `MicroVMExec`, as the agent asks it, so
+/// the Host's part of the first byte is told from ours.
 pub async fn run(rig: &Rig, pool: &str, rounds: usize, bytes: usize) -> Result<Vec<Row>> {
     let client = rig.client().await?;
-    bind(&client, "exec", pool).await?;
+    let (_, claim) = bind(&client, "exec", pool).await?;
+    let mut host = host_exec(&client, &claim).await?;
     let exec = rig.exec_client();
     let echo = ["echo", "battery"];
     let size = bytes.to_string();
     let head = ["head", "-c", size.as_str(), "/dev/zero"];
-    let (mut remote, mut local) = (Vec::new(), Vec::new());
+    let (mut remote, mut direct, mut local) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         remote.push(through_server(&exec, "exec", &echo).await?.first_byte);
+        direct.push(host.first_byte(&echo).await?);
         local.push(on_a_pipe(&echo).await?.first_byte);
     }
     let through = through_server(&exec, "exec", &head).await?;
@@ -53,6 +64,11 @@ pub async fn run(rig: &Rig, pool: &str, rounds: usize, bytes: usize) -> Result<V
     let rate = |run: &Run| run.bytes as f64 / MB / run.took.as_secs_f64();
     let [p50, _, p99] = percentiles(EXEC, "first byte through server+agent", &remote);
     let mut rows = vec![p50.at_most(5.0), p99];
+    rows.push(Row::millis(
+        EXEC,
+        "first byte straight from the simulated Host p50",
+        quantile(&direct, 0.5),
+    ));
     rows.push(Row::millis(
         EXEC,
         "first byte on a local pipe p50",
@@ -137,6 +153,63 @@ async fn through_server(exec: &channel_exec::Client, claim: &str, command: &[&st
         bytes,
         took: started.elapsed(),
     })
+}
+
+/// flintlock's `MicroVMExec` on the claim's Host, for its MicroVM, on one connection
+/// kept open as the agent keeps its own.
+struct HostExec {
+    client: MicroVmExecClient<tonic::transport::Channel>,
+    uid: String,
+}
+
+async fn host_exec(client: &super::client::Client, claim: &Value) -> Result<HostExec> {
+    let text = |v: &Value| v.as_str().map(str::to_owned);
+    let uid = text(&claim["status"]["microVM"]["uid"]).context("the claim's MicroVM uid")?;
+    let host = text(&claim["status"]["host"]["nodeName"]).context("the claim's Host")?;
+    let path = format!("{}/hosts/{host}", super::client::GROUP_VERSION);
+    let object = client
+        .json(Method::GET, &path, None, StatusCode::OK)
+        .await?;
+    let address = text(&object["spec"]["address"]).context("the Host's flintlock address")?;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))?
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .with_context(|| format!("connecting to the simulated Host at {address}"))?;
+    Ok(HostExec {
+        client: MicroVmExecClient::new(channel),
+        uid,
+    })
+}
+
+impl HostExec {
+    /// When the first stdout byte of `command` came, timed from before the stream opened.
+    async fn first_byte(&mut self, command: &[&str]) -> Result<Duration> {
+        let started = Instant::now();
+        let start = ExecCommandRequest {
+            payload: Some(exec_command_request::Payload::Start(ExecStart {
+                uid: self.uid.clone(),
+                cmd: command[0].to_owned(),
+                args: command[1..].iter().map(|a| (*a).to_owned()).collect(),
+                ..ExecStart::default()
+            })),
+        };
+        let mut stream = self
+            .client
+            .exec_command(futures::stream::iter([start]))
+            .await
+            .context("MicroVMExec on the simulated Host")?
+            .into_inner();
+        let mut first_byte = None;
+        while let Some(message) = stream.message().await? {
+            if let Some(exec_command_response::Payload::Stdout(bytes)) = message.payload
+                && !bytes.is_empty()
+            {
+                first_byte.get_or_insert_with(|| started.elapsed());
+            }
+        }
+        first_byte.context("the Host's exec printed nothing")
+    }
 }
 
 /// Runs `command` here with its stdout on a pipe read by the bench.
