@@ -243,7 +243,22 @@ impl<S: Storage> Stream<S> {
             ChangeType::Modified => EventType::Modified,
             ChangeType::Deleted => EventType::Deleted,
         };
-        self.send_object(event_type, object).await
+        if self.negotiated.target != Target::Object {
+            return self.send_object(event_type, object).await;
+        }
+        let line = change.json_line.get_or_init(|| {
+            WatchEvent::new(event_type, object)
+                .to_json_line()
+                .map(Bytes::from)
+                .map_err(|err| err.to_string())
+        });
+        match line {
+            Ok(line) => self.tx.send(Ok(line.clone())).await.is_ok(),
+            Err(err) => {
+                tracing::error!(error = %err, "encoding a watch event");
+                false
+            }
+        }
     }
 
     async fn send_object(&mut self, event_type: EventType, object: &S::Object) -> bool {

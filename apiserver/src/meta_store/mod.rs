@@ -321,6 +321,7 @@ impl Txn {
             name: key.name.clone(),
             change_type,
             object,
+            json_line: std::sync::OnceLock::new(),
         });
     }
 }

@@ -6,7 +6,7 @@
 //! answered `410 Expired`.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use tokio::sync::broadcast;
 
@@ -27,6 +27,10 @@ pub struct Change {
     pub name: String,
     pub change_type: ChangeType,
     pub object: WatchedObject,
+    /// The change's watch event as a JSON line, made by the first watcher that sends it
+    /// as a plain object and then shared by all such watchers: a fan-out serializes the
+    /// object once, not once per watcher.
+    pub json_line: OnceLock<Result<axum::body::Bytes, String>>,
 }
 
 /// The object of a change, in its own type (a `Pool`, a `MicroVMClaim`): watchers of its
@@ -131,6 +135,7 @@ mod tests {
             name: format!("p{rv}"),
             change_type: ChangeType::Added,
             object: Arc::new(serde_json::json!({})),
+            json_line: OnceLock::new(),
         }
     }
 
