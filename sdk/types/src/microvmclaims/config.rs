@@ -196,7 +196,11 @@ pub(crate) fn validate_env(env: &[ClaimEnvVar], path: &FieldPath) -> Vec<FieldEr
         if var.name.is_empty() {
             errors.push(FieldError::required(&name, ""));
         } else if !is_env_name(&var.name) {
-            errors.push(FieldError::invalid(&name, var.name.as_str(), ENV_NAME_DETAIL));
+            errors.push(FieldError::invalid(
+                &name,
+                var.name.as_str(),
+                ENV_NAME_DETAIL,
+            ));
         } else if !seen.insert(var.name.as_str()) {
             // A Pod lets the last one win; a claim's env is a map, so say it plainly.
             errors.push(FieldError::duplicate(&name, var.name.as_str()));

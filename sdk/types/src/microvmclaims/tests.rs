@@ -151,7 +151,12 @@ fn env_and_files_decode_in_the_shapes_pods_use() {
     );
     assert_eq!(config.validate(), vec![]);
     assert!(config.has_references());
-    let (kind, selector) = config.env[1].value_from.as_ref().unwrap().reference().unwrap();
+    let (kind, selector) = config.env[1]
+        .value_from
+        .as_ref()
+        .unwrap()
+        .reference()
+        .unwrap();
     assert_eq!((kind, selector.key.as_str()), (SourceKind::Secret, "token"));
     assert!(
         config.env[2]
@@ -178,7 +183,10 @@ fn env_and_files_decode_in_the_shapes_pods_use() {
         serde_json::json!({"poolRef": {"name": "builders"}, "serviceAccountName": "ci-runner"})
     );
     // Literal values alone need nothing read.
-    let literal = with_config(serde_json::json!([{"name": "A", "value": "1"}]), serde_json::json!([]));
+    let literal = with_config(
+        serde_json::json!([{"name": "A", "value": "1"}]),
+        serde_json::json!([]),
+    );
     assert!(!literal.has_references());
 }
 
@@ -259,7 +267,10 @@ fn env_and_files_are_immutable() {
         serde_json::json!([{"name": "A", "value": "1"}]),
         serde_json::json!([{"path": "/etc/a", "secretKeyRef": {"name": "s", "key": "k"}}]),
     );
-    assert_eq!(MicroVMClaimSpec::validate_update(&old, &old.clone()), vec![]);
+    assert_eq!(
+        MicroVMClaimSpec::validate_update(&old, &old.clone()),
+        vec![]
+    );
     let new = with_config(
         serde_json::json!([{"name": "A", "value": "2"}]),
         serde_json::json!([{"path": "/etc/b", "secretKeyRef": {"name": "s", "key": "k"}}]),
@@ -277,10 +288,12 @@ fn env_and_files_are_immutable() {
 fn the_schema_shows_env_and_files() {
     use kube::CustomResourceExt as _;
     let crd = serde_json::to_value(MicroVMClaim::crd()).unwrap();
-    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-        ["properties"];
+    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
     let env = &spec["env"];
-    assert_eq!(env["x-kubernetes-list-map-keys"], serde_json::json!(["name"]));
+    assert_eq!(
+        env["x-kubernetes-list-map-keys"],
+        serde_json::json!(["name"])
+    );
     let source = &env["items"]["properties"]["valueFrom"]["properties"];
     assert_eq!(
         source["secretKeyRef"]["required"],
