@@ -1,8 +1,9 @@
 //! The part of kube-apiserver that battery-apiserver itself calls (through the
 //! `--kubeconfig` that points at the stand-in): TokenReview and SubjectAccessReview
 //! answered from the policy, the ConfigMap `kube-system/extension-apiserver-authentication`
-//! (get, list, watch), Namespaces (phases from the policy) and Events. Only what a
-//! kube-apiserver would say, in its shape; nothing is persisted.
+//! (get, list, watch), Namespaces (phases from the policy), Events, and the Secrets and
+//! ConfigMaps a test creates (for claims' `env` and `files`). Only what a kube-apiserver
+//! would say, in its shape; nothing is persisted.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -12,7 +13,9 @@ use axum::body::Body;
 use http::{Method, Request, Response, StatusCode};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewStatus, UserInfo};
 use k8s_openapi::api::authorization::v1::{SubjectAccessReview, SubjectAccessReviewStatus};
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, NamespaceSpec, NamespaceStatus};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Event, Namespace, NamespaceSpec, NamespaceStatus, Secret,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     APIResource, APIResourceList, APIVersions, ListMeta, ObjectMeta, ServerAddressByClientCIDR,
     StatusDetails, Time,
@@ -43,6 +46,7 @@ enum Collection {
     ConfigMaps,
     Events,
     Namespaces,
+    Secrets,
 }
 
 impl Collection {
@@ -51,6 +55,16 @@ impl Collection {
             Self::ConfigMaps => "ConfigMap",
             Self::Events => "Event",
             Self::Namespaces => "Namespace",
+            Self::Secrets => "Secret",
+        }
+    }
+
+    fn plural(self) -> &'static str {
+        match self {
+            Self::ConfigMaps => "configmaps",
+            Self::Events => "events",
+            Self::Namespaces => "namespaces",
+            Self::Secrets => "secrets",
         }
     }
 }
@@ -78,6 +92,8 @@ struct State {
     config_map: ConfigMap,
     config_map_created: u64,
     events: Vec<Stored>,
+    /// The Secrets and ConfigMaps tests created.
+    created: Vec<Stored>,
 }
 
 /// The kube API the stand-in serves itself.
@@ -143,6 +159,7 @@ impl Cluster {
                 config_map,
                 config_map_created: 1,
                 events: Vec::new(),
+                created: Vec::new(),
             }),
             changes: broadcast::channel(256).0,
             address,
@@ -231,6 +248,27 @@ impl Cluster {
             (["namespaces", ns, "configmaps", name], _) if get => {
                 self.get(Collection::ConfigMaps, ns, name)
             }
+            (["namespaces", ns, "configmaps"], &Method::POST) => {
+                match read::<ConfigMap>(body).await {
+                    Ok(config_map) => {
+                        self.create(Collection::ConfigMaps, ns, to_value(&config_map))
+                    }
+                    Err(response) => response,
+                }
+            }
+            (["secrets"], _) if get => self.collection(Collection::Secrets, None, &query),
+            (["namespaces", ns, "secrets"], _) if get => {
+                self.collection(Collection::Secrets, Some(ns), &query)
+            }
+            (["namespaces", ns, "secrets", name], _) if get => {
+                self.get(Collection::Secrets, ns, name)
+            }
+            (["namespaces", ns, "secrets"], &Method::POST) => match read::<Secret>(body).await {
+                Ok(secret) => {
+                    self.create(Collection::Secrets, ns, to_value(&stored_secret(secret)))
+                }
+                Err(response) => response,
+            },
             (["events"], _) if get => self.collection(Collection::Events, None, &query),
             (["namespaces", ns, "events"], _) if get => {
                 self.collection(Collection::Events, Some(ns), &query)
@@ -245,10 +283,9 @@ impl Cluster {
             (
                 ["namespaces"]
                 | ["namespaces", _]
-                | ["configmaps"]
-                | ["namespaces", _, "configmaps" | "events"]
-                | ["namespaces", _, "configmaps" | "events", _]
-                | ["events"],
+                | ["configmaps" | "secrets" | "events"]
+                | ["namespaces", _, "configmaps" | "secrets" | "events"]
+                | ["namespaces", _, "configmaps" | "secrets" | "events", _],
                 _,
             ) => status::method_not_allowed(method),
             _ => status::no_such_path(),
@@ -335,6 +372,63 @@ impl Cluster {
         status::json(StatusCode::CREATED, &review)
     }
 
+    /// Creates a Secret or ConfigMap a test puts there, as kube-apiserver would: in an
+    /// existing namespace, under a name not taken.
+    fn create(&self, collection: Collection, namespace: &str, mut object: Value) -> Response<Body> {
+        if self.policy.current().namespace_phase(namespace).is_none() {
+            return namespace_not_found(namespace);
+        }
+        let name = object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if name.is_empty() {
+            return status::failure(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Invalid",
+                &format!(
+                    "{} \"\" is invalid: metadata.name: Required value: name or generateName is required",
+                    collection.kind()
+                ),
+            );
+        }
+        let mut state = self.state.lock().expect("state lock");
+        let taken = state.created.iter().any(|o| {
+            o.collection == collection
+                && o.namespace() == namespace
+                && o.object["metadata"]["name"] == name.as_str()
+        });
+        if taken {
+            return status::failure_with(
+                StatusCode::CONFLICT,
+                "AlreadyExists",
+                format!("{} \"{name}\" already exists", collection.plural()),
+                Some(StatusDetails {
+                    name: Some(name),
+                    kind: Some(collection.plural().to_owned()),
+                    ..StatusDetails::default()
+                }),
+            );
+        }
+        state.revision += 1;
+        object["apiVersion"] = json!("v1");
+        object["kind"] = json!(collection.kind());
+        let metadata = &mut object["metadata"];
+        metadata["namespace"] = json!(namespace);
+        metadata["uid"] = json!(uuid::Uuid::new_v4().to_string());
+        metadata["resourceVersion"] = json!(state.revision.to_string());
+        metadata["creationTimestamp"] = to_value(&now());
+        let stored = Stored {
+            collection,
+            created: state.revision,
+            modified: state.revision,
+            object: object.clone(),
+        };
+        state.created.push(stored.clone());
+        let _ = self.changes.send(stored);
+        status::json(StatusCode::CREATED, &object)
+    }
+
     fn create_event(&self, namespace: &str, mut event: Event) -> Response<Body> {
         if self.policy.current().namespace_phase(namespace).is_none() {
             return namespace_not_found(namespace);
@@ -403,8 +497,13 @@ impl Cluster {
     /// resourceVersion.
     fn objects(&self, collection: Collection, namespace: Option<&str>) -> (Vec<Stored>, u64) {
         let state = self.state.lock().expect("state lock");
+        let created = state
+            .created
+            .iter()
+            .filter(|o| o.collection == collection)
+            .cloned();
         let objects = match collection {
-            Collection::ConfigMaps => vec![Stored {
+            Collection::ConfigMaps => std::iter::once(Stored {
                 collection,
                 created: state.config_map_created,
                 modified: state
@@ -415,7 +514,10 @@ impl Cluster {
                     .and_then(|rv| rv.parse().ok())
                     .unwrap_or(1),
                 object: to_value(&state.config_map),
-            }],
+            })
+            .chain(created)
+            .collect(),
+            Collection::Secrets => created.collect(),
             Collection::Events => state.events.clone(),
             Collection::Namespaces => self
                 .policy
@@ -448,11 +550,7 @@ impl Cluster {
         {
             Some(found) => status::json(StatusCode::OK, &found.object),
             None => {
-                let plural = match collection {
-                    Collection::ConfigMaps => "configmaps",
-                    Collection::Events => "events",
-                    Collection::Namespaces => "namespaces",
-                };
+                let plural = collection.plural();
                 status::failure_with(
                     StatusCode::NOT_FOUND,
                     "NotFound",
@@ -627,6 +725,19 @@ fn field_value<'a>(object: &'a Value, field: &str) -> Option<&'a str> {
         .as_str()
 }
 
+/// A Secret as kube-apiserver keeps it: `stringData` merged into `data` (winning on a
+/// clash), `type` Opaque unless given.
+fn stored_secret(mut secret: Secret) -> Secret {
+    if let Some(strings) = secret.string_data.take() {
+        let data = secret.data.get_or_insert_default();
+        for (key, value) in strings {
+            data.insert(key, k8s_openapi::ByteString(value.into_bytes()));
+        }
+    }
+    secret.type_.get_or_insert_with(|| "Opaque".to_owned());
+    secret
+}
+
 fn namespace_object(name: &str, phase: &str) -> Namespace {
     Namespace {
         metadata: ObjectMeta {
@@ -683,7 +794,14 @@ fn api_resources() -> Response<Body> {
                     "configmap",
                     "ConfigMap",
                     true,
-                    &["get", "list", "watch"],
+                    &["create", "get", "list", "watch"],
+                ),
+                resource(
+                    "secrets",
+                    "secret",
+                    "Secret",
+                    true,
+                    &["create", "get", "list"],
                 ),
                 resource(
                     "events",
