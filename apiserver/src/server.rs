@@ -185,20 +185,22 @@ pub fn build(
         metrics.exec_sessions(),
     ));
     let relay = Arc::new(AgentRelay::new(settings.agent_relay.as_ref()));
-    let claims = Arc::new(ClaimStorage::new(
-        battery.clone(),
-        store.clone(),
-        pools.clone(),
-        events.clone(),
-        settings.bind_wait,
-        metrics.clone(),
-        exec_sessions.clone(),
-        ClaimConfig::new(
+    let claims = Arc::new(
+        ClaimStorage::new(
+            battery.clone(),
+            store.clone(),
+            pools.clone(),
+            events.clone(),
+            settings.bind_wait,
+            metrics.clone(),
+            exec_sessions.clone(),
+        )
+        .with_config(ClaimConfig::new(
             settings.cluster.clone(),
             settings.authorizer.clone(),
             relay.clone(),
-        ),
-    ));
+        )),
+    );
     let exec = Arc::new(ClaimExec {
         claims: claims.clone(),
         relay,

@@ -386,7 +386,7 @@ impl Cluster {
             return status::failure(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "Invalid",
-                &format!(
+                format!(
                     "{} \"\" is invalid: metadata.name: Required value: name or generateName is required",
                     collection.kind()
                 ),

@@ -163,7 +163,6 @@ impl ClaimStorage {
         bind_wait: Duration,
         metrics: Arc<Metrics>,
         exec_sessions: Arc<ExecSessions>,
-        config: ClaimConfig,
     ) -> Self {
         Self {
             battery,
@@ -174,8 +173,20 @@ impl ClaimStorage {
             bind_wait,
             metrics,
             exec_sessions,
-            config: Arc::new(config),
+            config: Arc::new(ClaimConfig::new(
+                None,
+                None,
+                Arc::new(crate::agent_relay::AgentRelay::new(None)),
+            )),
         }
+    }
+
+    /// How claims' env and files are read and written; without it, as in `dev`, only
+    /// literal env values are taken.
+    #[must_use]
+    pub fn with_config(mut self, config: ClaimConfig) -> Self {
+        self.config = Arc::new(config);
+        self
     }
 
     fn object(record: ClaimRecord) -> MicroVMClaim {
