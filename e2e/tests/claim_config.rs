@@ -17,7 +17,7 @@ use battery_proto::poolmgr::v1alpha1::ListLeasesRequest;
 use battery_proto::poolmgr::v1alpha1::lease_client::LeaseClient;
 use battery_types::{ClaimPhase, MicroVMClaim};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const NAMESPACE: &str = "default";
@@ -172,6 +172,21 @@ async fn env_and_files_from_a_secret_reach_the_microvm_and_nowhere_else() {
         "{status}"
     );
 
+    // Both are fixed once bound.
+    let patch = json!({"spec": {"env": [{"name": "TOKEN", "value": "mine"}]}});
+    let Err(kube::Error::Api(immutable)) = claims
+        .patch("configured", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    else {
+        panic!("a claim's env changed");
+    };
+    assert_eq!(immutable.code, 422, "{immutable:?}");
+    assert!(
+        immutable.message.contains("spec.env: Invalid value")
+            && immutable.message.contains("field is immutable"),
+        "{immutable:?}"
+    );
+
     // Someone who may create claims but not get the Secret: 403 naming it, no lease.
     let before = leased(&server).await;
     stand_in.edit_policy(|policy| {
@@ -293,4 +308,21 @@ async fn dev_has_literal_env_and_refuses_references() {
     };
     assert_eq!(refused.code, 400, "{refused:?}");
     assert!(refused.message.contains("no cluster"), "{refused:?}");
+
+    // The published schema shows both fields.
+    let kubectl = server.kubectls().next().expect("a kubectl");
+    let output = kubectl.ok(&["explain", "microvmclaim.spec.files"]).await;
+    for expected in [
+        "path\t<string> -required-",
+        "mode\t<integer>",
+        "secretKeyRef\t<Object>",
+    ] {
+        assert!(output.contains(expected), "{expected:?} in {output}");
+    }
+    let output = kubectl
+        .ok(&["explain", "microvmclaim.spec.env.valueFrom.secretKeyRef"])
+        .await;
+    for expected in ["key\t<string> -required-", "optional\t<boolean>"] {
+        assert!(output.contains(expected), "{expected:?} in {output}");
+    }
 }
