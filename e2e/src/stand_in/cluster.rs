@@ -32,6 +32,8 @@ use battery_api_machinery::request_info::RequestInfo;
 use super::policy::{PolicyFile, User};
 use super::status;
 
+mod created;
+
 /// The ConfigMap kube-apiserver keeps for aggregated servers.
 pub const AUTH_CONFIG_MAP: &str = "extension-apiserver-authentication";
 pub const AUTH_NAMESPACE: &str = "kube-system";
@@ -264,9 +266,11 @@ impl Cluster {
                 self.get(Collection::Secrets, ns, name)
             }
             (["namespaces", ns, "secrets"], &Method::POST) => match read::<Secret>(body).await {
-                Ok(secret) => {
-                    self.create(Collection::Secrets, ns, to_value(&stored_secret(secret)))
-                }
+                Ok(secret) => self.create(
+                    Collection::Secrets,
+                    ns,
+                    to_value(&created::stored_secret(secret)),
+                ),
                 Err(response) => response,
             },
             (["events"], _) if get => self.collection(Collection::Events, None, &query),
@@ -370,63 +374,6 @@ impl Cluster {
             ..SubjectAccessReviewStatus::default()
         });
         status::json(StatusCode::CREATED, &review)
-    }
-
-    /// Creates a Secret or ConfigMap a test puts there, as kube-apiserver would: in an
-    /// existing namespace, under a name not taken.
-    fn create(&self, collection: Collection, namespace: &str, mut object: Value) -> Response<Body> {
-        if self.policy.current().namespace_phase(namespace).is_none() {
-            return namespace_not_found(namespace);
-        }
-        let name = object["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        if name.is_empty() {
-            return status::failure(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "Invalid",
-                format!(
-                    "{} \"\" is invalid: metadata.name: Required value: name or generateName is required",
-                    collection.kind()
-                ),
-            );
-        }
-        let mut state = self.state.lock().expect("state lock");
-        let taken = state.created.iter().any(|o| {
-            o.collection == collection
-                && o.namespace() == namespace
-                && o.object["metadata"]["name"] == name.as_str()
-        });
-        if taken {
-            return status::failure_with(
-                StatusCode::CONFLICT,
-                "AlreadyExists",
-                format!("{} \"{name}\" already exists", collection.plural()),
-                Some(StatusDetails {
-                    name: Some(name),
-                    kind: Some(collection.plural().to_owned()),
-                    ..StatusDetails::default()
-                }),
-            );
-        }
-        state.revision += 1;
-        object["apiVersion"] = json!("v1");
-        object["kind"] = json!(collection.kind());
-        let metadata = &mut object["metadata"];
-        metadata["namespace"] = json!(namespace);
-        metadata["uid"] = json!(uuid::Uuid::new_v4().to_string());
-        metadata["resourceVersion"] = json!(state.revision.to_string());
-        metadata["creationTimestamp"] = to_value(&now());
-        let stored = Stored {
-            collection,
-            created: state.revision,
-            modified: state.revision,
-            object: object.clone(),
-        };
-        state.created.push(stored.clone());
-        let _ = self.changes.send(stored);
-        status::json(StatusCode::CREATED, &object)
     }
 
     fn create_event(&self, namespace: &str, mut event: Event) -> Response<Body> {
@@ -723,19 +670,6 @@ fn field_value<'a>(object: &'a Value, field: &str) -> Option<&'a str> {
         .split('.')
         .try_fold(object, |value, key| value.get(key))?
         .as_str()
-}
-
-/// A Secret as kube-apiserver keeps it: `stringData` merged into `data` (winning on a
-/// clash), `type` Opaque unless given.
-fn stored_secret(mut secret: Secret) -> Secret {
-    if let Some(strings) = secret.string_data.take() {
-        let data = secret.data.get_or_insert_default();
-        for (key, value) in strings {
-            data.insert(key, k8s_openapi::ByteString(value.into_bytes()));
-        }
-    }
-    secret.type_.get_or_insert_with(|| "Opaque".to_owned());
-    secret
 }
 
 fn namespace_object(name: &str, phase: &str) -> Namespace {

@@ -23,8 +23,10 @@ use battery_types::{KeySelector, MicroVMClaim, MicroVMClaimSpec, SourceKind};
 use moka::sync::Cache;
 use secrecy::{ExposeSecret as _, SecretSlice, SecretString};
 
+use super::{BindFailure, BindIntent, release};
 use crate::agent_relay::{AgentRelay, describe};
 use crate::api::UserInfo;
+use crate::battery::LeaseId;
 use crate::cluster::{Cluster, KeyValues};
 use crate::http::authz::{Authorizer, Decision};
 
@@ -302,6 +304,35 @@ impl ClaimConfig {
             Some(exit_status::Outcome::Error(error)) => Err(format!("the write failed: {error}")),
             None => Err("the exec agent ended the write without an exit status".to_owned()),
         }
+    }
+}
+
+impl super::ClaimStorage {
+    /// Releases the lease of a bind that cannot finish and forgets its intent; if battery
+    /// does not release for certain, the intent is marked abandoned and settled later.
+    pub(super) async fn undo_bind(
+        &self,
+        uid: &str,
+        mut intent: BindIntent,
+        lease: &LeaseId,
+        name: &str,
+    ) -> Result<(), BindFailure> {
+        match release(&self.battery, lease, name).await {
+            Ok(()) => self.store.transact(|tx| tx.delete_intent(uid))?,
+            Err(err) => {
+                tracing::warn!(error = %err, claim = %name, "releasing an unfinished bind; retrying in the background");
+                intent.abandoned = true;
+                self.store.transact(|tx| tx.put_intent(uid, &intent))?;
+                let this = self.clone();
+                let uid = uid.to_owned();
+                tokio::spawn(async move {
+                    if let Err(err) = this.settle(&uid, intent).await {
+                        tracing::warn!(error = %err, "releasing an unfinished bind; the next start retries");
+                    }
+                });
+            }
+        }
+        Ok(())
     }
 }
 

@@ -473,33 +473,6 @@ impl ClaimStorage {
         Ok(claim)
     }
 
-    /// Releases the lease of a bind that cannot finish and forgets its intent; if battery
-    /// does not release for certain, the intent is marked abandoned and settled later.
-    async fn undo_bind(
-        &self,
-        uid: &str,
-        mut intent: BindIntent,
-        lease: &LeaseId,
-        name: &str,
-    ) -> Result<(), BindFailure> {
-        match release(&self.battery, lease, name).await {
-            Ok(()) => self.store.transact(|tx| tx.delete_intent(uid))?,
-            Err(err) => {
-                tracing::warn!(error = %err, claim = %name, "releasing an unfinished bind; retrying in the background");
-                intent.abandoned = true;
-                self.store.transact(|tx| tx.put_intent(uid, &intent))?;
-                let this = self.clone();
-                let uid = uid.to_owned();
-                tokio::spawn(async move {
-                    if let Err(err) = this.settle(&uid, intent).await {
-                        tracing::warn!(error = %err, "releasing an unfinished bind; the next start retries");
-                    }
-                });
-            }
-        }
-        Ok(())
-    }
-
     /// Marks claims whose MicroVM battery deleted (expiry, or a forced pool deletion) as
     /// Expired, and tells watchers.
     pub async fn observe(&self, event: &BatteryEvent) -> Result<(), ApiError> {
