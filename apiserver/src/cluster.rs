@@ -1,16 +1,22 @@
 //! What the server needs from the Kubernetes cluster it serves, when there is one
 //! (`serve`; `dev` runs without): kube-apiserver does not run its admission chain on
 //! requests it proxies to us (`reference/aggregated-apiserver.md` §8.3), so we refuse
-//! creates in missing or terminating namespaces ourselves; and battery's hook failures
-//! become Warning Events on the Pool, so `kubectl describe pool` shows them.
+//! creates in missing or terminating namespaces ourselves; battery's hook failures
+//! become Warning Events on the Pool, so `kubectl describe pool` shows them; and a claim's
+//! `env` and `files` read the Secrets and ConfigMaps they name (after the requesting
+//! user's SubjectAccessReview, which is the claim storage's to make).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use battery_api_machinery::status::ApiError;
-use k8s_openapi::api::core::v1::{Event, EventSource, Namespace, ObjectReference};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Event, EventSource, Namespace, ObjectReference, Secret,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 use moka::sync::Cache;
+use secrecy::SecretSlice;
 
 /// How long a namespace's phase is trusted: creates in a namespace that just started
 /// terminating are refused within this long.
@@ -27,6 +33,9 @@ enum Phase {
     Terminating,
     Missing,
 }
+
+/// The keys of a Secret or ConfigMap and their values, which stay secret in memory.
+pub type KeyValues = BTreeMap<String, SecretSlice<u8>>;
 
 /// A client of the cluster's kube-apiserver.
 pub struct Cluster {
@@ -73,6 +82,55 @@ impl Cluster {
             Phase::Missing => Err(ApiError::namespace_not_found(namespace)),
             Phase::Terminating => Err(ApiError::namespace_terminating(namespace)),
         }
+    }
+
+    /// A Secret's `data`, or `None` when there is no such Secret. Never cached: a claim
+    /// bound later sees the Secret as it is then.
+    pub async fn secret_data(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<KeyValues>, ApiError> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+        let secret = api
+            .get_opt(name)
+            .await
+            .map_err(|err| read_failed("Secret", namespace, name, &err))?;
+        Ok(secret.map(|secret| {
+            secret
+                .data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(key, value)| (key, value.0.into()))
+                .collect()
+        }))
+    }
+
+    /// A ConfigMap's `data` and `binaryData` as one map (the API keeps their keys
+    /// apart), or `None` when there is no such ConfigMap.
+    pub async fn config_map_data(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<KeyValues>, ApiError> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+        let config_map = api
+            .get_opt(name)
+            .await
+            .map_err(|err| read_failed("ConfigMap", namespace, name, &err))?;
+        Ok(config_map.map(|config_map| {
+            let text = config_map
+                .data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(key, value)| (key, value.into_bytes().into()));
+            let binary = config_map
+                .binary_data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(key, value)| (key, value.0.into()));
+            text.chain(binary).collect()
+        }))
     }
 
     /// Records a Warning Event on a Pool. The Event's name carries battery's event id, so
@@ -122,6 +180,14 @@ impl Cluster {
             Err(err) => Err(err),
         }
     }
+}
+
+/// A read the cluster did not answer: ours to retry, not the user's fault (a 403 here is
+/// the API server's own RBAC lacking `get` on the kind, which the message shows).
+fn read_failed(kind: &str, namespace: &str, name: &str, err: &kube::Error) -> ApiError {
+    ApiError::service_unavailable(format!(
+        "cannot read {kind} {namespace}/{name} from the cluster: {err}"
+    ))
 }
 
 impl crate::api::NamespaceLifecycle for Cluster {

@@ -34,7 +34,7 @@ use crate::resources::follow::Follower;
 use crate::resources::hosts::certificate::{AgentSigner, HostCertificates};
 use crate::resources::hosts::{HostDirectory, HostStatusWriter, HostStorage};
 use crate::resources::microvmclaims::{
-    ClaimExec, ClaimLeases, ClaimStorage, DEFAULT_MAX_SESSIONS, ExecSessions,
+    ClaimConfig, ClaimExec, ClaimLeases, ClaimStorage, DEFAULT_MAX_SESSIONS, ExecSessions,
 };
 use crate::resources::pools::PoolStorage;
 
@@ -184,18 +184,26 @@ pub fn build(
         settings.max_exec_sessions,
         metrics.exec_sessions(),
     ));
-    let claims = Arc::new(ClaimStorage::new(
-        battery.clone(),
-        store.clone(),
-        pools.clone(),
-        events.clone(),
-        settings.bind_wait,
-        metrics.clone(),
-        exec_sessions.clone(),
-    ));
+    let relay = Arc::new(AgentRelay::new(settings.agent_relay.as_ref()));
+    let claims = Arc::new(
+        ClaimStorage::new(
+            battery.clone(),
+            store.clone(),
+            pools.clone(),
+            events.clone(),
+            settings.bind_wait,
+            metrics.clone(),
+            exec_sessions.clone(),
+        )
+        .with_config(ClaimConfig::new(
+            settings.cluster.clone(),
+            settings.authorizer.clone(),
+            relay.clone(),
+        )),
+    );
     let exec = Arc::new(ClaimExec {
         claims: claims.clone(),
-        relay: Arc::new(AgentRelay::new(settings.agent_relay.as_ref())),
+        relay,
     });
 
     let endpoints: Vec<Arc<dyn Endpoint>> = vec![

@@ -68,6 +68,7 @@ fn claim(name: &str) -> MicroVMClaim {
                 name: "dev".to_owned(),
             },
             service_account_name: "dev".to_owned(),
+            ..MicroVMClaimSpec::default()
         },
         status: None,
     }

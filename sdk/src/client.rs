@@ -187,6 +187,7 @@ impl ClaimBuilder {
                     name: self.pool.clone(),
                 },
                 service_account_name: holder,
+                ..MicroVMClaimSpec::default()
             },
             status: None,
         };

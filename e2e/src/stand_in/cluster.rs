@@ -1,8 +1,9 @@
 //! The part of kube-apiserver that battery-apiserver itself calls (through the
 //! `--kubeconfig` that points at the stand-in): TokenReview and SubjectAccessReview
 //! answered from the policy, the ConfigMap `kube-system/extension-apiserver-authentication`
-//! (get, list, watch), Namespaces (phases from the policy) and Events. Only what a
-//! kube-apiserver would say, in its shape; nothing is persisted.
+//! (get, list, watch), Namespaces (phases from the policy), Events, and the Secrets and
+//! ConfigMaps a test creates (for claims' `env` and `files`). Only what a kube-apiserver
+//! would say, in its shape; nothing is persisted.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -12,7 +13,9 @@ use axum::body::Body;
 use http::{Method, Request, Response, StatusCode};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewStatus, UserInfo};
 use k8s_openapi::api::authorization::v1::{SubjectAccessReview, SubjectAccessReviewStatus};
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, NamespaceSpec, NamespaceStatus};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Event, Namespace, NamespaceSpec, NamespaceStatus, Secret,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     APIResource, APIResourceList, APIVersions, ListMeta, ObjectMeta, ServerAddressByClientCIDR,
     StatusDetails, Time,
@@ -29,6 +32,8 @@ use battery_api_machinery::request_info::RequestInfo;
 use super::policy::{PolicyFile, User};
 use super::status;
 
+mod created;
+
 /// The ConfigMap kube-apiserver keeps for aggregated servers.
 pub const AUTH_CONFIG_MAP: &str = "extension-apiserver-authentication";
 pub const AUTH_NAMESPACE: &str = "kube-system";
@@ -43,6 +48,7 @@ enum Collection {
     ConfigMaps,
     Events,
     Namespaces,
+    Secrets,
 }
 
 impl Collection {
@@ -51,6 +57,16 @@ impl Collection {
             Self::ConfigMaps => "ConfigMap",
             Self::Events => "Event",
             Self::Namespaces => "Namespace",
+            Self::Secrets => "Secret",
+        }
+    }
+
+    fn plural(self) -> &'static str {
+        match self {
+            Self::ConfigMaps => "configmaps",
+            Self::Events => "events",
+            Self::Namespaces => "namespaces",
+            Self::Secrets => "secrets",
         }
     }
 }
@@ -78,6 +94,8 @@ struct State {
     config_map: ConfigMap,
     config_map_created: u64,
     events: Vec<Stored>,
+    /// The Secrets and ConfigMaps tests created.
+    created: Vec<Stored>,
 }
 
 /// The kube API the stand-in serves itself.
@@ -143,6 +161,7 @@ impl Cluster {
                 config_map,
                 config_map_created: 1,
                 events: Vec::new(),
+                created: Vec::new(),
             }),
             changes: broadcast::channel(256).0,
             address,
@@ -231,6 +250,29 @@ impl Cluster {
             (["namespaces", ns, "configmaps", name], _) if get => {
                 self.get(Collection::ConfigMaps, ns, name)
             }
+            (["namespaces", ns, "configmaps"], &Method::POST) => {
+                match read::<ConfigMap>(body).await {
+                    Ok(config_map) => {
+                        self.create(Collection::ConfigMaps, ns, to_value(&config_map))
+                    }
+                    Err(response) => response,
+                }
+            }
+            (["secrets"], _) if get => self.collection(Collection::Secrets, None, &query),
+            (["namespaces", ns, "secrets"], _) if get => {
+                self.collection(Collection::Secrets, Some(ns), &query)
+            }
+            (["namespaces", ns, "secrets", name], _) if get => {
+                self.get(Collection::Secrets, ns, name)
+            }
+            (["namespaces", ns, "secrets"], &Method::POST) => match read::<Secret>(body).await {
+                Ok(secret) => self.create(
+                    Collection::Secrets,
+                    ns,
+                    to_value(&created::stored_secret(secret)),
+                ),
+                Err(response) => response,
+            },
             (["events"], _) if get => self.collection(Collection::Events, None, &query),
             (["namespaces", ns, "events"], _) if get => {
                 self.collection(Collection::Events, Some(ns), &query)
@@ -245,10 +287,9 @@ impl Cluster {
             (
                 ["namespaces"]
                 | ["namespaces", _]
-                | ["configmaps"]
-                | ["namespaces", _, "configmaps" | "events"]
-                | ["namespaces", _, "configmaps" | "events", _]
-                | ["events"],
+                | ["configmaps" | "secrets" | "events"]
+                | ["namespaces", _, "configmaps" | "secrets" | "events"]
+                | ["namespaces", _, "configmaps" | "secrets" | "events", _],
                 _,
             ) => status::method_not_allowed(method),
             _ => status::no_such_path(),
@@ -403,8 +444,13 @@ impl Cluster {
     /// resourceVersion.
     fn objects(&self, collection: Collection, namespace: Option<&str>) -> (Vec<Stored>, u64) {
         let state = self.state.lock().expect("state lock");
+        let created = state
+            .created
+            .iter()
+            .filter(|o| o.collection == collection)
+            .cloned();
         let objects = match collection {
-            Collection::ConfigMaps => vec![Stored {
+            Collection::ConfigMaps => std::iter::once(Stored {
                 collection,
                 created: state.config_map_created,
                 modified: state
@@ -415,7 +461,10 @@ impl Cluster {
                     .and_then(|rv| rv.parse().ok())
                     .unwrap_or(1),
                 object: to_value(&state.config_map),
-            }],
+            })
+            .chain(created)
+            .collect(),
+            Collection::Secrets => created.collect(),
             Collection::Events => state.events.clone(),
             Collection::Namespaces => self
                 .policy
@@ -448,11 +497,7 @@ impl Cluster {
         {
             Some(found) => status::json(StatusCode::OK, &found.object),
             None => {
-                let plural = match collection {
-                    Collection::ConfigMaps => "configmaps",
-                    Collection::Events => "events",
-                    Collection::Namespaces => "namespaces",
-                };
+                let plural = collection.plural();
                 status::failure_with(
                     StatusCode::NOT_FOUND,
                     "NotFound",
@@ -683,7 +728,14 @@ fn api_resources() -> Response<Body> {
                     "configmap",
                     "ConfigMap",
                     true,
-                    &["get", "list", "watch"],
+                    &["create", "get", "list", "watch"],
+                ),
+                resource(
+                    "secrets",
+                    "secret",
+                    "Secret",
+                    true,
+                    &["create", "get", "list"],
                 ),
                 resource(
                     "events",

@@ -167,6 +167,9 @@ impl Policy {
                     ..apiserver(&["get", "list", "watch"], "", &["configmaps"])
                 },
                 apiserver(&["get", "list", "watch"], "", &["namespaces"]),
+                // What claims' `env` and `files` name, read after the creating user's
+                // SubjectAccessReview (deploy/'s RBAC grants the same).
+                apiserver(&["get"], "", &["secrets", "configmaps"]),
                 apiserver(&["create", "patch", "update"], "", &["events"]),
                 // system:discovery and system:public-info-viewer
                 Rule {

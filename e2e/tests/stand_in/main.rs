@@ -462,13 +462,14 @@ async fn the_authentication_config_map_is_served_watched_and_rotated() {
         "true"
     );
 
-    // Its namespace and name are all battery-apiserver's account may read.
+    // Its namespace and name are all battery-apiserver's account may list and watch (it
+    // may get any ConfigMap, for claims' env and files).
     let (status, _) = apiserver
-        .get("/api/v1/namespaces/default/configmaps/extension-apiserver-authentication")
+        .get("/api/v1/namespaces/default/configmaps?watch=true")
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     let (status, _) = apiserver
-        .get("/api/v1/namespaces/kube-system/configmaps/other")
+        .get("/api/v1/namespaces/kube-system/configmaps")
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
 
@@ -557,6 +558,81 @@ async fn namespaces_and_events_are_served() {
         .get("/api/v1/namespaces/default/events?fieldSelector=involvedObject.name%3Dq")
         .await;
     assert_eq!(events["items"].as_array().unwrap().len(), 0);
+}
+
+#[tokio::test]
+async fn secrets_and_config_maps_a_test_creates_are_served_to_the_apiserver() {
+    let s = Setup::start().await;
+    let kubectl = s.client(s.kubectl());
+    let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "token"},
+        "data": {"a": "YQ=="}, "stringData": {"b": "bee", "a": "ay"}});
+    let (status, created) = kubectl
+        .call(
+            "POST",
+            "/api/v1/namespaces/default/secrets",
+            &[],
+            Some(secret.clone()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    // As kube-apiserver keeps it: stringData merged into data (winning), typed Opaque.
+    assert_eq!(
+        created["data"],
+        json!({"a": "YXk=", "b": "YmVl"}),
+        "{created}"
+    );
+    assert_eq!(created["type"], "Opaque");
+    assert!(created.get("stringData").is_none(), "{created}");
+    let (status, _) = kubectl
+        .call(
+            "POST",
+            "/api/v1/namespaces/default/secrets",
+            &[],
+            Some(secret),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let config_map = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"},
+        "data": {"mode": "fast"}});
+    let (status, _) = kubectl
+        .call(
+            "POST",
+            "/api/v1/namespaces/default/configmaps",
+            &[],
+            Some(config_map),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+
+    // The apiserver's account reads them (its RBAC grants get) ...
+    let apiserver = s.client(s.apiserver());
+    let (status, read) = apiserver
+        .get("/api/v1/namespaces/default/secrets/token")
+        .await;
+    assert_eq!(
+        (status, &read["data"]["b"]),
+        (StatusCode::OK, &json!("YmVl"))
+    );
+    let (status, read) = apiserver
+        .get("/api/v1/namespaces/default/configmaps/settings")
+        .await;
+    assert_eq!(
+        (status, &read["data"]["mode"]),
+        (StatusCode::OK, &json!("fast"))
+    );
+    let (status, missing) = apiserver
+        .get("/api/v1/namespaces/default/secrets/ghost")
+        .await;
+    assert_eq!(
+        (status, missing["message"].as_str()),
+        (StatusCode::NOT_FOUND, Some("secrets \"ghost\" not found"))
+    );
+    // ... but may not list them, nor create any.
+    let (status, _) = apiserver.get("/api/v1/namespaces/default/secrets").await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    // The authentication ConfigMap is still there, beside the new one.
+    let (_, list) = kubectl.get("/api/v1/configmaps").await;
+    assert_eq!(list["items"].as_array().unwrap().len(), 2, "{list}");
 }
 
 #[tokio::test]

@@ -59,8 +59,10 @@ pub use host_certificates::{
 };
 pub use hosts::{Host, HostSpec, HostStatus, HostTls};
 pub use microvmclaims::{
-    ClaimHost, ClaimPhase, ClaimedMicroVM, MicroVMClaim, MicroVMClaimSpec, MicroVMClaimStatus,
-    NetworkInterfaceStatus, PoolRef, service_account_username,
+    ClaimEnvVar, ClaimFile, ClaimHost, ClaimPhase, ClaimedMicroVM, DEFAULT_CONFIG_MAP_FILE_MODE,
+    DEFAULT_SECRET_FILE_MODE, EnvVarSource, KeySelector, MAX_ENV, MAX_FILES, MicroVMClaim,
+    MicroVMClaimSpec, MicroVMClaimStatus, NetworkInterfaceStatus, PoolRef, SourceKind,
+    service_account_username,
 };
 pub use pools::{
     HookFailurePolicy, Hooks, LeaseSettings, Placement, Pool, PoolSpec, PoolStatus, Replenishment,

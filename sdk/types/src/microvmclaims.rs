@@ -10,12 +10,19 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+mod config;
+
+pub use config::{
+    ClaimEnvVar, ClaimFile, DEFAULT_CONFIG_MAP_FILE_MODE, DEFAULT_SECRET_FILE_MODE, EnvVarSource,
+    KeySelector, MAX_ENV, MAX_FILES, SourceKind,
+};
+
 use crate::string_enum::string_enum;
 use crate::validation::{FieldError, FieldPath, messages, validate_dns_subdomain_name};
 use crate::wire::{drop_null_from_enum, required_fields};
 
-/// The desired state of a MicroVMClaim: which Pool to take a MicroVM from, and who may use
-/// it. Both are fixed once the claim exists.
+/// The desired state of a MicroVMClaim: which Pool to take a MicroVM from, who may use
+/// it, and the MicroVM's own configuration. All are fixed once the claim exists.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "battery.liquidmetal-x.dev",
@@ -38,6 +45,17 @@ pub struct MicroVMClaimSpec {
     /// MicroVM (exec into it, renew its lease). Immutable.
     #[serde(default)]
     pub service_account_name: String,
+    /// Environment variables given to every exec session in the MicroVM (a session's own
+    /// `env` wins over one of the same name). Values from a Secret or ConfigMap are read
+    /// at bind, as the creating user, and never stored. Immutable.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub env: Vec<ClaimEnvVar>,
+    /// Files written into the MicroVM at bind, before the claim is Bound, each the content
+    /// of a Secret's or ConfigMap's key, read as the creating user. Immutable.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["path"]))]
+    pub files: Vec<ClaimFile>,
 }
 
 /// A reference to a Pool in the referring object's namespace.
@@ -135,7 +153,8 @@ pub struct NetworkInterfaceStatus {
 
 impl MicroVMClaimSpec {
     /// Checks the spec as a create must find it, with paths from `spec`: a Pool name and a
-    /// ServiceAccount name, each a DNS subdomain as object names are.
+    /// ServiceAccount name, each a DNS subdomain as object names are; `env` and `files` as
+    /// a Pod's `env` and volume items are checked.
     pub fn validate(&self) -> Vec<FieldError> {
         let path = FieldPath::new("spec");
         let mut errors =
@@ -144,12 +163,20 @@ impl MicroVMClaimSpec {
             &self.service_account_name,
             &path.child("serviceAccountName"),
         ));
+        errors.extend(config::validate_env(&self.env, &path.child("env")));
+        errors.extend(config::validate_files(&self.files, &path.child("files")));
         errors
     }
 
+    /// Whether binding reads a Secret or a ConfigMap.
+    pub fn has_references(&self) -> bool {
+        self.env.iter().any(|e| e.value_from.is_some()) || !self.files.is_empty()
+    }
+
     /// Checks an update from `old` to `new`: `new` as `validate` does, and that neither the
-    /// Pool nor the Holder changed. Changing the Holder would hand a live MicroVM to
-    /// someone else; changing the Pool would not move the MicroVM.
+    /// Pool, the Holder, the env nor the files changed. Changing the Holder would hand a
+    /// live MicroVM to someone else; changing the Pool would not move the MicroVM; the env
+    /// and files were resolved, authorized and written at bind.
     pub fn validate_update(old: &Self, new: &Self) -> Vec<FieldError> {
         let path = FieldPath::new("spec");
         let mut errors = new.validate();
@@ -164,6 +191,20 @@ impl MicroVMClaimSpec {
             errors.push(FieldError::invalid(
                 path.child("serviceAccountName"),
                 new.service_account_name.as_str(),
+                messages::IMMUTABLE,
+            ));
+        }
+        if new.env != old.env {
+            errors.push(FieldError::invalid(
+                path.child("env"),
+                serde_json::to_value(&new.env).unwrap_or_default(),
+                messages::IMMUTABLE,
+            ));
+        }
+        if new.files != old.files {
+            errors.push(FieldError::invalid(
+                path.child("files"),
+                serde_json::to_value(&new.files).unwrap_or_default(),
                 messages::IMMUTABLE,
             ));
         }

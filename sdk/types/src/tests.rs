@@ -184,6 +184,7 @@ fn empty_optional_fields_are_omitted() {
                 name: "builders".to_owned(),
             },
             service_account_name: "ci-runner".to_owned(),
+            ..MicroVMClaimSpec::default()
         },
     );
     let mut claim = serde_json::to_value(&claim).unwrap();

@@ -30,9 +30,11 @@ use crate::http::metrics::{BindOutcome, Metrics};
 use crate::meta_store::{Key, MetaStore, StoreError};
 use crate::watch::ChangeType;
 
+mod config;
 mod exec;
 mod lease;
 
+pub use config::ClaimConfig;
 pub use exec::{ClaimExec, DEFAULT_MAX_SESSIONS, ExecSessions};
 pub use lease::ClaimLeases;
 
@@ -148,6 +150,8 @@ pub struct ClaimStorage {
     metrics: Arc<Metrics>,
     /// Live exec sessions, ended when their claim loses its lease.
     exec_sessions: Arc<ExecSessions>,
+    /// Claims' env and files: read at bind, kept in memory, written at bind.
+    config: Arc<ClaimConfig>,
 }
 
 impl ClaimStorage {
@@ -169,7 +173,20 @@ impl ClaimStorage {
             bind_wait,
             metrics,
             exec_sessions,
+            config: Arc::new(ClaimConfig::new(
+                None,
+                None,
+                Arc::new(crate::agent_relay::AgentRelay::new(None)),
+            )),
         }
+    }
+
+    /// How claims' env and files are read and written; without it, as in `dev`, only
+    /// literal env values are taken.
+    #[must_use]
+    pub fn with_config(mut self, config: ClaimConfig) -> Self {
+        self.config = Arc::new(config);
+        self
     }
 
     fn object(record: ClaimRecord) -> MicroVMClaim {
@@ -217,6 +234,7 @@ impl ClaimStorage {
         // Released, expired or deleted: its MicroVM is no longer the Holder's to use.
         if leaseless && let Some(uid) = &claim.metadata.uid {
             self.exec_sessions.end_claim(uid);
+            self.config.forget(uid);
         }
         Ok(())
     }
@@ -356,7 +374,9 @@ impl ClaimStorage {
                 return Ok(());
             }
         };
-        if intent.abandoned {
+        // A bind with files cannot be finished: their contents were never kept, and its
+        // create never answered, so it is undone.
+        if intent.abandoned || !claim.spec.files.is_empty() {
             release(&self.battery, &lease.id, &name).await?;
             self.store.transact(|tx| tx.delete_intent(uid))?;
             tracing::info!(claim = %name, %namespace, "released the lease of a bind whose create failed");
@@ -379,9 +399,13 @@ impl ClaimStorage {
     }
 
     /// The bind of `create`, timed and counted by its outcome.
-    async fn bind(&self, claim: MicroVMClaim) -> Result<MicroVMClaim, ApiError> {
+    async fn bind(
+        &self,
+        claim: MicroVMClaim,
+        resolved: config::Resolved,
+    ) -> Result<MicroVMClaim, ApiError> {
         let started = Instant::now();
-        let bound = self.bind_steps(claim).await;
+        let bound = self.bind_steps(claim, resolved).await;
         let outcome = bound
             .as_ref()
             .map_or_else(|f| f.outcome, |_| BindOutcome::Bound);
@@ -389,8 +413,13 @@ impl ClaimStorage {
         bound.map_err(|f| f.error)
     }
 
-    /// Records the intent, calls `ClaimVM`, records the bound claim.
-    async fn bind_steps(&self, mut claim: MicroVMClaim) -> Result<MicroVMClaim, BindFailure> {
+    /// Records the intent, calls `ClaimVM`, writes the claim's files, records the bound
+    /// claim.
+    async fn bind_steps(
+        &self,
+        mut claim: MicroVMClaim,
+        resolved: config::Resolved,
+    ) -> Result<MicroVMClaim, BindFailure> {
         let namespace = claim.metadata.namespace.clone().unwrap_or_default();
         let name = claim.metadata.name.clone().unwrap_or_default();
         let uid = claim.metadata.uid.clone().unwrap_or_default();
@@ -448,11 +477,17 @@ impl ClaimStorage {
             }
         };
         crate::failpoint::crash_point("bind:claimed");
+        let lease = bind_status(&mut claim, self.pools.hosts(), lease)?;
+        if let Err(error) = self.config.write_files(&claim, resolved.files).await {
+            self.undo_bind(&uid, intent, &lease, &name).await?;
+            return Err(BindFailure::refused(error));
+        }
         let secrets = LeaseRecord {
-            lease: Some(bind_status(&mut claim, self.pools.hosts(), lease)?),
+            lease: Some(lease),
             duration_seconds: settings.as_ref().and_then(lease_seconds),
         };
         self.commit(&mut claim, secrets, ChangeType::Added, Some(&uid))?;
+        self.config.remember(&uid, resolved.env);
         Ok(claim)
     }
 
@@ -689,14 +724,16 @@ impl Storage for ClaimStorage {
 
     async fn create(
         &self,
-        _ctx: &RequestContext,
+        ctx: &RequestContext,
         mut claim: MicroVMClaim,
     ) -> Result<MicroVMClaim, ApiError> {
         claim.status = None;
+        // As the requesting user and before anything is leased: a refusal leaves nothing.
+        let resolved = self.config.resolve(&ctx.user, &claim).await?;
         let this = self.clone();
         // Detached, so a client that disconnects mid-bind (kube-apiserver gives up after
         // 60 s) leaves no bind half done: it completes and the claim exists.
-        tokio::spawn(async move { this.bind(claim).await })
+        tokio::spawn(async move { this.bind(claim, resolved).await })
             .await
             .map_err(ApiError::internal)?
     }

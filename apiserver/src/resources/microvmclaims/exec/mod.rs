@@ -214,6 +214,8 @@ struct Target {
     host: String,
     agent_address: String,
     microvm_uid: String,
+    /// The claim's own env, under each session's.
+    env: Arc<super::config::ClaimEnv>,
 }
 
 /// The `exec` subresource of claims.
@@ -264,7 +266,13 @@ impl ClaimExec {
                     host.node_name
                 ))
             })?;
+        let env = self
+            .claims
+            .config
+            .env(&ClaimStorage::object(record.clone()))
+            .await?;
         Ok(Target {
+            env,
             claim: ClaimRef {
                 namespace: namespace.to_owned(),
                 name: name.to_owned(),
@@ -307,7 +315,7 @@ impl Connect for Arc<ClaimExec> {
                         claim: Some(target.claim.clone()),
                         microvm_uid: target.microvm_uid,
                         command: options.command.clone(),
-                        env: options.environment()?,
+                        env: super::config::session_env(&target.env, options.environment()?),
                         working_dir: options.working_dir.clone(),
                         stdin: options.stdin,
                         stdout: options.stdout,

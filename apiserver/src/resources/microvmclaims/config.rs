@@ -1,0 +1,500 @@
+//! A claim's `env` and `files` (issue 14; ADR 0016): resolved at bind, before `ClaimVM`,
+//! as the **requesting user** — each Secret or ConfigMap is read only after the
+//! authorizer (the cluster's SubjectAccessReview) says that user may `get` it, so the
+//! server's own access lends nobody anything. Files are written through the Host's agent
+//! after `ClaimVM` and before the `201`.
+//!
+//! Values are kept in memory only, as `secrecy` secrets, in a bounded map by claim uid
+//! that a release, an expiry or a delete empties. After a restart (or an eviction) the
+//! next exec reads them again with the server's own client: the references were
+//! authorized when the claim was created, and they cannot change since.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use battery_api_machinery::request_info::RequestInfo;
+use battery_api_machinery::status::{ApiError, Reason};
+use battery_proto::agent::v1alpha1::{
+    ClaimRef, ExecOpen, ExecRequest, ExitStatus, StdinEof, exec_request, exec_response, exit_status,
+};
+use battery_types::validation::{FieldError, FieldPath};
+use battery_types::{KeySelector, MicroVMClaim, MicroVMClaimSpec, SourceKind};
+use moka::sync::Cache;
+use secrecy::{ExposeSecret as _, SecretSlice, SecretString};
+
+use super::{BindFailure, BindIntent, release};
+use crate::agent_relay::{AgentRelay, describe};
+use crate::api::UserInfo;
+use crate::battery::LeaseId;
+use crate::cluster::{Cluster, KeyValues};
+use crate::http::authz::{Authorizer, Decision};
+
+/// Claims whose env is kept; past it the least used are dropped and read again at their
+/// next exec.
+const ENV_ENTRIES: u64 = 16 * 1024;
+/// How long one file's write may take, its session's opening included.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// stdin chunks towards the agent, well under its 1 MiB message limit.
+const CHUNK_BYTES: usize = 256 * 1024;
+/// What of a failed write's stderr is shown.
+const STDERR_BYTES: usize = 2048;
+/// Writes stdin to `$1` with mode `$2`: into a temporary file beside it first, so the
+/// file never exists with partial content or a looser mode. Fixed, so nothing a user
+/// gives is ever shell text; the content arrives on stdin, never in argv or env.
+const WRITE_SCRIPT: &str = r#"set -eu
+umask 077
+mkdir -p -- "$(dirname -- "$1")"
+t="$1.battery-write"
+cat > "$t"
+chmod "$2" "$t"
+mv -f -- "$t" "$1""#;
+
+/// A claim's environment, its values secret.
+pub type ClaimEnv = BTreeMap<String, SecretString>;
+
+/// A file to write at bind.
+pub struct FileContent {
+    path: String,
+    mode: i32,
+    content: SecretSlice<u8>,
+}
+
+/// What binding a claim read.
+#[derive(Default)]
+pub struct Resolved {
+    pub env: ClaimEnv,
+    pub files: Vec<FileContent>,
+}
+
+/// Reads, keeps and writes claims' configuration.
+pub struct ClaimConfig {
+    /// `None` in `dev`: references are refused, literal values work.
+    cluster: Option<Arc<Cluster>>,
+    /// The server's authorizer; `None` allows every request (nothing else reaches it).
+    authorizer: Option<Arc<dyn Authorizer>>,
+    relay: Arc<AgentRelay>,
+    env: Cache<String, Arc<ClaimEnv>>,
+}
+
+/// The objects a spec refers to, read: `None` for one that does not exist.
+type Fetched = HashMap<(SourceKind, String), Option<KeyValues>>;
+
+impl ClaimConfig {
+    pub fn new(
+        cluster: Option<Arc<Cluster>>,
+        authorizer: Option<Arc<dyn Authorizer>>,
+        relay: Arc<AgentRelay>,
+    ) -> Self {
+        Self {
+            cluster,
+            authorizer,
+            relay,
+            env: Cache::new(ENV_ENTRIES),
+        }
+    }
+
+    /// Resolves every reference of `claim` as `user`: authorized first (a `403` naming
+    /// the object, nothing read), then read, then assembled (a `422` naming a missing
+    /// key).
+    pub async fn resolve(
+        &self,
+        user: &UserInfo,
+        claim: &MicroVMClaim,
+    ) -> Result<Resolved, ApiError> {
+        let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+        let refs = references(&claim.spec, true);
+        if !refs.is_empty() {
+            self.cluster()?;
+        }
+        for (kind, name) in &refs {
+            self.authorize(user, *kind, namespace, name).await?;
+        }
+        let fetched = self.fetch(namespace, refs).await?;
+        assemble(claim, &fetched, true)
+    }
+
+    /// `get` on the object, as `user`.
+    async fn authorize(
+        &self,
+        user: &UserInfo,
+        kind: SourceKind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(), ApiError> {
+        let Some(authorizer) = &self.authorizer else {
+            return Ok(());
+        };
+        let request = get_request(kind, namespace, name);
+        match authorizer.authorize(user, &request).await? {
+            Decision::Allow => Ok(()),
+            Decision::Deny(reason) => Err(ApiError::forbidden(&user.name, &request, &reason)),
+        }
+    }
+
+    fn cluster(&self) -> Result<&Cluster, ApiError> {
+        self.cluster.as_deref().ok_or_else(|| {
+            ApiError::bad_request(
+                "this API server has no cluster to read Secrets and ConfigMaps from \
+                 (battery-apiserver dev): give env values as `value`, and no files",
+            )
+        })
+    }
+
+    async fn fetch(
+        &self,
+        namespace: &str,
+        refs: Vec<(SourceKind, String)>,
+    ) -> Result<Fetched, ApiError> {
+        let mut fetched = Fetched::new();
+        if refs.is_empty() {
+            return Ok(fetched);
+        }
+        let cluster = self.cluster()?;
+        for (kind, name) in refs {
+            let data = match kind {
+                SourceKind::Secret => cluster.secret_data(namespace, &name).await?,
+                SourceKind::ConfigMap => cluster.config_map_data(namespace, &name).await?,
+            };
+            fetched.insert((kind, name), data);
+        }
+        Ok(fetched)
+    }
+
+    /// Keeps a bound claim's env for its exec sessions.
+    pub fn remember(&self, uid: &str, env: ClaimEnv) {
+        self.env.insert(uid.to_owned(), Arc::new(env));
+    }
+
+    /// Drops a claim's env: it was released, expired or deleted.
+    pub fn forget(&self, uid: &str) {
+        self.env.invalidate(uid);
+    }
+
+    /// A bound claim's env, read again (with the server's own client) if it is not kept.
+    pub async fn env(&self, claim: &MicroVMClaim) -> Result<Arc<ClaimEnv>, ApiError> {
+        let uid = claim.metadata.uid.clone().unwrap_or_default();
+        if let Some(env) = self.env.get(&uid) {
+            return Ok(env);
+        }
+        let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+        let fetched = self
+            .fetch(namespace, references(&claim.spec, false))
+            .await?;
+        let env = Arc::new(assemble(claim, &fetched, false)?.env);
+        self.env.insert(uid, env.clone());
+        Ok(env)
+    }
+
+    /// Writes each file into the bound `claim`'s MicroVM through its Host's agent; the
+    /// first failure is answered, naming the file's path.
+    pub async fn write_files(
+        &self,
+        claim: &MicroVMClaim,
+        files: Vec<FileContent>,
+    ) -> Result<(), ApiError> {
+        let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let status = claim.status.clone().unwrap_or_default();
+        for file in files {
+            let path = file.path.clone();
+            let failed = |why: String| {
+                ApiError::new(
+                    Reason::InternalError,
+                    format!(
+                        "cannot write file {path} into the MicroVM of microvmclaim \
+                         {namespace}/{name}; the MicroVM was released: {why}"
+                    ),
+                )
+            };
+            let (Some(host), Some(microvm)) = (&status.host, &status.micro_vm) else {
+                return Err(failed("the bind names no Host or MicroVM".to_owned()));
+            };
+            let Some(address) = &host.agent_address else {
+                return Err(failed(format!(
+                    "its Host {} has no exec agent registered",
+                    host.node_name
+                )));
+            };
+            let open = ExecOpen {
+                claim: Some(ClaimRef {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    uid: claim.metadata.uid.clone().unwrap_or_default(),
+                }),
+                microvm_uid: microvm.uid.clone(),
+                command: write_command(&file.path, file.mode),
+                env: HashMap::new(),
+                // The path is written relative to `/`, so a Host that roots sessions
+                // elsewhere (the simulated Hosts root them in the MicroVM's directory)
+                // keeps the file there.
+                working_dir: "/".to_owned(),
+                stdin: true,
+                stdout: false,
+                stderr: true,
+            };
+            let written = tokio::time::timeout(
+                WRITE_TIMEOUT,
+                self.write(&host.node_name, address, open, file.content),
+            )
+            .await
+            .unwrap_or_else(|_| Err(format!("it took over {}s", WRITE_TIMEOUT.as_secs())));
+            written.map_err(failed)?;
+        }
+        Ok(())
+    }
+
+    /// One file's session: the content on stdin, then the exit status.
+    async fn write(
+        &self,
+        host: &str,
+        address: &str,
+        open: ExecOpen,
+        content: SecretSlice<u8>,
+    ) -> Result<(), String> {
+        let session = self
+            .relay
+            .open(host, address, open)
+            .await
+            .map_err(|e| e.message().to_owned())?;
+        let requests = session.requests;
+        let feeder = tokio::spawn(async move {
+            for chunk in content.expose_secret().chunks(CHUNK_BYTES) {
+                let stdin = exec_request::Payload::Stdin(chunk.to_vec());
+                let request = ExecRequest {
+                    payload: Some(stdin),
+                };
+                if requests.send(request).await.is_err() {
+                    return;
+                }
+            }
+            let eof = exec_request::Payload::StdinEof(StdinEof {});
+            let _ = requests.send(ExecRequest { payload: Some(eof) }).await;
+        });
+        let mut responses = session.responses;
+        let mut stderr = Vec::new();
+        let outcome = loop {
+            match responses.message().await {
+                Ok(Some(response)) => match response.payload {
+                    Some(exec_response::Payload::Stderr(bytes)) => {
+                        let room = STDERR_BYTES.saturating_sub(stderr.len());
+                        stderr.extend_from_slice(&bytes[..bytes.len().min(room)]);
+                    }
+                    Some(exec_response::Payload::Exit(ExitStatus { outcome })) => break outcome,
+                    Some(exec_response::Payload::Stdout(_)) | None => {}
+                },
+                Ok(None) => break None,
+                Err(status) => {
+                    feeder.abort();
+                    return Err(format!(
+                        "the exec agent's stream failed: {}",
+                        describe(&status)
+                    ));
+                }
+            }
+        };
+        // A command that exits early leaves the rest of stdin unread.
+        feeder.abort();
+        let stderr = String::from_utf8_lossy(&stderr);
+        match outcome {
+            Some(exit_status::Outcome::Code(0)) => Ok(()),
+            Some(exit_status::Outcome::Code(code)) => {
+                Err(format!("the write exited with {code}: {}", stderr.trim()))
+            }
+            Some(exit_status::Outcome::Error(error)) => Err(format!("the write failed: {error}")),
+            None => Err("the exec agent ended the write without an exit status".to_owned()),
+        }
+    }
+}
+
+impl super::ClaimStorage {
+    /// Releases the lease of a bind that cannot finish and forgets its intent; if battery
+    /// does not release for certain, the intent is marked abandoned and settled later.
+    pub(super) async fn undo_bind(
+        &self,
+        uid: &str,
+        mut intent: BindIntent,
+        lease: &LeaseId,
+        name: &str,
+    ) -> Result<(), BindFailure> {
+        match release(&self.battery, lease, name).await {
+            Ok(()) => self.store.transact(|tx| tx.delete_intent(uid))?,
+            Err(err) => {
+                tracing::warn!(error = %err, claim = %name, "releasing an unfinished bind; retrying in the background");
+                intent.abandoned = true;
+                self.store.transact(|tx| tx.put_intent(uid, &intent))?;
+                let this = self.clone();
+                let uid = uid.to_owned();
+                tokio::spawn(async move {
+                    if let Err(err) = this.settle(&uid, intent).await {
+                        tracing::warn!(error = %err, "releasing an unfinished bind; the next start retries");
+                    }
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The write's argv: the fixed script, the path made relative to `/`, the mode in octal
+/// as `chmod` takes it.
+fn write_command(path: &str, mode: i32) -> Vec<String> {
+    vec![
+        "sh".to_owned(),
+        "-c".to_owned(),
+        WRITE_SCRIPT.to_owned(),
+        "sh".to_owned(),
+        format!(".{path}"),
+        format!("{mode:o}"),
+    ]
+}
+
+/// Merges a claim's env under a session's own: the session's `env` wins on a clash, as a
+/// command's own assignment wins over its environment.
+pub fn session_env(claim: &ClaimEnv, own: HashMap<String, String>) -> HashMap<String, String> {
+    let mut env: HashMap<String, String> = claim
+        .iter()
+        .map(|(name, value)| (name.clone(), value.expose_secret().to_owned()))
+        .collect();
+    env.extend(own);
+    env
+}
+
+/// The attributes of `get` on one core object, as a SubjectAccessReview carries them.
+fn get_request(kind: SourceKind, namespace: &str, name: &str) -> RequestInfo {
+    RequestInfo {
+        is_resource_request: true,
+        verb: "get".to_owned(),
+        api_prefix: "api".to_owned(),
+        api_version: "v1".to_owned(),
+        namespace: namespace.to_owned(),
+        resource: kind.resource().to_owned(),
+        name: name.to_owned(),
+        path: format!("/api/v1/namespaces/{namespace}/{}/{name}", kind.resource()),
+        ..RequestInfo::default()
+    }
+}
+
+/// The distinct objects the env (and, with `files`, the files) refer to, in order.
+fn references(spec: &MicroVMClaimSpec, files: bool) -> Vec<(SourceKind, String)> {
+    let env = spec
+        .env
+        .iter()
+        .filter_map(|var| var.value_from.as_ref()?.reference());
+    let files = spec
+        .files
+        .iter()
+        .filter(|_| files)
+        .filter_map(|file| file.reference());
+    let mut refs: Vec<(SourceKind, String)> = Vec::new();
+    for (kind, selector) in env.chain(files) {
+        let key = (kind, selector.name.clone());
+        if !refs.contains(&key) {
+            refs.push(key);
+        }
+    }
+    refs
+}
+
+/// The value a selector names, `Ok(None)` when it is optional and missing.
+fn lookup<'a>(
+    fetched: &'a Fetched,
+    kind: SourceKind,
+    selector: &KeySelector,
+    namespace: &str,
+    at: &FieldPath,
+) -> Result<Option<&'a SecretSlice<u8>>, FieldError> {
+    let object = fetched
+        .get(&(kind, selector.name.clone()))
+        .and_then(Option::as_ref);
+    let Some(object) = object else {
+        if selector.is_optional() {
+            return Ok(None);
+        }
+        return Err(FieldError::invalid(
+            at.child("name"),
+            selector.name.as_str(),
+            format!("{} {namespace}/{} not found", kind.kind(), selector.name),
+        ));
+    };
+    match object.get(&selector.key) {
+        Some(value) => Ok(Some(value)),
+        None if selector.is_optional() => Ok(None),
+        None => Err(FieldError::invalid(
+            at.child("key"),
+            selector.key.as_str(),
+            format!(
+                "no such key in {} {namespace}/{}",
+                kind.kind(),
+                selector.name
+            ),
+        )),
+    }
+}
+
+/// The env (and, with `files`, the files) of `claim` from what was read; every missing
+/// object or key that is not optional is a field error, answered `422` together.
+fn assemble(claim: &MicroVMClaim, fetched: &Fetched, files: bool) -> Result<Resolved, ApiError> {
+    let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+    let spec_path = FieldPath::new("spec");
+    let mut errors = Vec::new();
+    let mut resolved = Resolved::default();
+    for (index, var) in claim.spec.env.iter().enumerate() {
+        let Some((kind, selector)) = var.value_from.as_ref().and_then(|v| v.reference()) else {
+            let value = var.value.clone().unwrap_or_default();
+            resolved.env.insert(var.name.clone(), value.into());
+            continue;
+        };
+        let field = match kind {
+            SourceKind::Secret => "secretKeyRef",
+            SourceKind::ConfigMap => "configMapKeyRef",
+        };
+        let at = spec_path
+            .child("env")
+            .index(index)
+            .child("valueFrom")
+            .child(field);
+        match lookup(fetched, kind, selector, namespace, &at) {
+            Ok(None) => {}
+            Ok(Some(value)) => match std::str::from_utf8(value.expose_secret()) {
+                Ok(text) => {
+                    resolved.env.insert(var.name.clone(), text.into());
+                }
+                Err(_) => errors.push(FieldError::invalid(
+                    at.child("key"),
+                    selector.key.as_str(),
+                    "the value is not UTF-8 text, so it cannot be an environment variable",
+                )),
+            },
+            Err(error) => errors.push(error),
+        }
+    }
+    for (index, file) in claim.spec.files.iter().enumerate().filter(|_| files) {
+        let Some((kind, selector)) = file.reference() else {
+            continue;
+        };
+        let field = match kind {
+            SourceKind::Secret => "secretKeyRef",
+            SourceKind::ConfigMap => "configMapKeyRef",
+        };
+        let at = spec_path.child("files").index(index).child(field);
+        match lookup(fetched, kind, selector, namespace, &at) {
+            Ok(None) => {}
+            Ok(Some(content)) => resolved.files.push(FileContent {
+                path: file.path.clone(),
+                mode: file.mode_or_default(),
+                content: content.expose_secret().to_vec().into(),
+            }),
+            Err(error) => errors.push(error),
+        }
+    }
+    if errors.is_empty() {
+        Ok(resolved)
+    } else {
+        let name = claim.metadata.name.as_deref().unwrap_or_default();
+        Err(ApiError::invalid(super::info(), name, &errors))
+    }
+}
+
+#[cfg(test)]
+mod tests;
