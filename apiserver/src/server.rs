@@ -184,7 +184,7 @@ pub fn build(
         settings.max_exec_sessions,
         metrics.exec_sessions(),
     ));
-    let claims = Arc::new(ClaimStorage::new(
+    let mut claims = ClaimStorage::new(
         battery.clone(),
         store.clone(),
         pools.clone(),
@@ -192,7 +192,12 @@ pub fn build(
         settings.bind_wait,
         metrics.clone(),
         exec_sessions.clone(),
-    ));
+    );
+    // ResourceQuotas live in the cluster; `dev` has none.
+    if let Some(cluster) = &settings.cluster {
+        claims = claims.with_quotas(cluster.clone());
+    }
+    let claims = Arc::new(claims);
     let exec = Arc::new(ClaimExec {
         claims: claims.clone(),
         relay: Arc::new(AgentRelay::new(settings.agent_relay.as_ref())),
@@ -270,6 +275,7 @@ pub fn build(
         .layer(stack);
 
     let mut tasks = JoinSet::new();
+    tasks.spawn(claims.quotas().write_status());
     tasks.spawn(
         Follower {
             battery,

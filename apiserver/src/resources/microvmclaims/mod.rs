@@ -32,9 +32,11 @@ use crate::watch::ChangeType;
 
 mod exec;
 mod lease;
+mod quota;
 
 pub use exec::{ClaimExec, DEFAULT_MAX_SESSIONS, ExecSessions};
 pub use lease::ClaimLeases;
+pub use quota::{ClaimQuotas, QuotaSource};
 
 const RESOURCE: &str = "microvmclaims";
 /// ABORTED from ClaimVM means the MicroVM was deleted under the claim: battery says
@@ -57,6 +59,9 @@ struct ClaimRecord {
     /// `leaseDurationSeconds` even after the pool is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     lease_duration_seconds: Option<i32>,
+    /// What its MicroVM uses, for quotas (recorded where quotas apply).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    usage: Option<quota::Usage>,
 }
 
 /// What a claim's record keeps of its lease beside the status.
@@ -64,6 +69,7 @@ struct ClaimRecord {
 struct LeaseRecord {
     lease: Option<LeaseId>,
     duration_seconds: Option<i32>,
+    usage: Option<quota::Usage>,
 }
 
 impl ClaimRecord {
@@ -71,6 +77,7 @@ impl ClaimRecord {
         LeaseRecord {
             lease: self.lease.clone(),
             duration_seconds: self.lease_duration_seconds,
+            usage: self.usage,
         }
     }
 }
@@ -148,6 +155,7 @@ pub struct ClaimStorage {
     metrics: Arc<Metrics>,
     /// Live exec sessions, ended when their claim loses its lease.
     exec_sessions: Arc<ExecSessions>,
+    quotas: Arc<ClaimQuotas>,
 }
 
 impl ClaimStorage {
@@ -162,14 +170,26 @@ impl ClaimStorage {
     ) -> Self {
         Self {
             battery,
-            store,
+            store: store.clone(),
             pools,
             locks: Arc::default(),
             events,
             bind_wait,
             metrics,
             exec_sessions,
+            quotas: Arc::new(ClaimQuotas::new(store, None)),
         }
+    }
+
+    /// Enforces the ResourceQuotas `source` holds on creates.
+    pub fn with_quotas(mut self, source: Arc<dyn QuotaSource>) -> Self {
+        self.quotas = Arc::new(ClaimQuotas::new(self.store.clone(), Some(source)));
+        self
+    }
+
+    /// The quotas on claims, whose status writer the server runs.
+    pub fn quotas(&self) -> Arc<ClaimQuotas> {
+        self.quotas.clone()
     }
 
     fn object(record: ClaimRecord) -> MicroVMClaim {
@@ -202,6 +222,7 @@ impl ClaimStorage {
             status: claim.status.clone().unwrap_or_default(),
             lease: secrets.lease,
             lease_duration_seconds: secrets.duration_seconds,
+            usage: secrets.usage,
         };
         commit(
             &self.store,
@@ -217,6 +238,10 @@ impl ClaimStorage {
         // Released, expired or deleted: its MicroVM is no longer the Holder's to use.
         if leaseless && let Some(uid) = &claim.metadata.uid {
             self.exec_sessions.end_claim(uid);
+        }
+        if leaseless {
+            self.quotas
+                .changed(claim.metadata.namespace.as_deref().unwrap_or_default());
         }
         Ok(())
     }
@@ -354,6 +379,7 @@ impl ClaimStorage {
         let secrets = LeaseRecord {
             lease: Some(bind_status(&mut claim, self.pools.hosts(), lease)?),
             duration_seconds: settings.as_ref().and_then(lease_seconds),
+            usage: self.quotas.usage_of(&self.pools, &namespace, &pool).await,
         };
         self.commit(&mut claim, secrets, ChangeType::Added, Some(uid))?;
         tracing::info!(claim = %name, %namespace, "finished a bind interrupted by a restart");
@@ -395,6 +421,16 @@ impl ClaimStorage {
                 .with_specific_reason("PoolDeleting"),
             ));
         }
+        // Held until the claim is recorded Bound (or the bind fails), so quotas count it.
+        let usage = self.quotas.usage_of(&self.pools, &namespace, &pool).await;
+        let _reservation = match usage {
+            Some(usage) => self
+                .quotas
+                .reserve(&namespace, &name, &uid, usage)
+                .await
+                .map_err(BindFailure::refused)?,
+            None => None,
+        };
         let mut intent = BindIntent {
             claim: claim.clone(),
             request_id: request_id(&uid),
@@ -433,6 +469,7 @@ impl ClaimStorage {
         let secrets = LeaseRecord {
             lease: Some(bind_status(&mut claim, self.pools.hosts(), lease)?),
             duration_seconds: settings.as_ref().and_then(lease_seconds),
+            usage,
         };
         self.commit(&mut claim, secrets, ChangeType::Added, Some(&uid))?;
         Ok(claim)
