@@ -10,8 +10,8 @@
 //!   `X-Remote-*` headers, streaming both ways and splicing upgrades;
 //! - **behind** ([`cluster`]): it is the kube-apiserver that battery-apiserver's
 //!   `--kubeconfig` points to: TokenReview, SubjectAccessReview, the ConfigMap
-//!   `kube-system/extension-apiserver-authentication` (get, list, watch), Namespaces and
-//!   Events.
+//!   `kube-system/extension-apiserver-authentication` (get, list, watch), Namespaces,
+//!   Events and ResourceQuotas.
 //!
 //! Certificates and kubeconfigs are in [`pki`], the policy file and the authorization
 //! decision in [`policy`], and [`StandIn`] starts the binary for tests.
@@ -21,6 +21,7 @@ pub mod front;
 mod launcher;
 pub mod pki;
 pub mod policy;
+mod quotas;
 mod status;
 
 use std::net::SocketAddr;
@@ -47,7 +48,8 @@ webhooks, for battery-apiserver's end-to-end tests. It is not a kube-apiserver.\
 In front, it authenticates and authorizes kubectl's requests from a policy file and forwards \
 them to battery-apiserver with the front-proxy client certificate and X-Remote-* headers. \
 Behind, it answers what battery-apiserver asks a cluster: TokenReview, SubjectAccessReview, \
-the ConfigMap kube-system/extension-apiserver-authentication, Namespaces and Events.\n\n\
+the ConfigMap kube-system/extension-apiserver-authentication, Namespaces, Events and \
+ResourceQuotas.\n\n\
 Without --backend, the backend's URL is read from stdin, one line at a time (each line \
 replaces the last)."
 )]

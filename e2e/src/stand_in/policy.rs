@@ -168,6 +168,9 @@ impl Policy {
                 },
                 apiserver(&["get", "list", "watch"], "", &["namespaces"]),
                 apiserver(&["create", "patch", "update"], "", &["events"]),
+                // Quotas on claims: read, and our entries of their status written.
+                apiserver(&["get", "list", "watch"], "", &["resourcequotas"]),
+                apiserver(&["patch", "update"], "", &["resourcequotas/status"]),
                 // system:discovery and system:public-info-viewer
                 Rule {
                     groups: strings(&[AUTHENTICATED]),

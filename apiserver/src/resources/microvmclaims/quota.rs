@@ -370,27 +370,24 @@ impl ClaimQuotas {
     }
 
     /// What the namespace's Bound claims and binds in flight use; a claim recorded while
-    /// its bind still holds the reservation counts once.
+    /// its bind still holds the reservation counts once. Binds record their claims and
+    /// drop their reservations without the namespace's lock, so the reservations are read
+    /// first: a bind whose reservation is already gone has already recorded its claim.
     fn used(&self, namespace: &str) -> Result<Totals, ApiError> {
-        let (records, _) = self.store.list::<ClaimRecord>(RESOURCE, Some(namespace))?;
-        let mut usages: HashMap<String, Usage> = records
-            .into_iter()
-            .filter(|r| r.lease.is_some())
-            .map(|r| {
-                (
-                    r.metadata.uid.unwrap_or_default(),
-                    r.usage.unwrap_or_default(),
-                )
-            })
-            .collect();
-        if let Some(binds) = self
+        let mut usages: HashMap<String, Usage> = self
             .reserved
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(namespace)
-        {
-            usages.extend(binds.iter().map(|(uid, usage)| (uid.clone(), *usage)));
-        }
+            .cloned()
+            .unwrap_or_default();
+        let (records, _) = self.store.list::<ClaimRecord>(RESOURCE, Some(namespace))?;
+        usages.extend(records.into_iter().filter(|r| r.lease.is_some()).map(|r| {
+            (
+                r.metadata.uid.unwrap_or_default(),
+                r.usage.unwrap_or_default(),
+            )
+        }));
         let mut totals = Totals::default();
         usages.into_values().for_each(|usage| totals.add(usage));
         Ok(totals)
