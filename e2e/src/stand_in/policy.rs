@@ -169,8 +169,8 @@ impl Policy {
                 apiserver(&["get", "list", "watch"], "", &["namespaces"]),
                 apiserver(&["create", "patch", "update"], "", &["events"]),
                 // Quotas on claims: read, and our entries of their status written.
-                apiserver(&["get", "list", "watch"], "", &["resourcequotas"]),
-                apiserver(&["patch", "update"], "", &["resourcequotas/status"]),
+                apiserver(&["get", "list"], "", &["resourcequotas"]),
+                apiserver(&["patch"], "", &["resourcequotas/status"]),
                 // system:discovery and system:public-info-viewer
                 Rule {
                     groups: strings(&[AUTHENTICATED]),
