@@ -2,19 +2,21 @@
 //! (`serve`; `dev` runs without): kube-apiserver does not run its admission chain on
 //! requests it proxies to us (`reference/aggregated-apiserver.md` §8.3), so we refuse
 //! creates in missing or terminating namespaces ourselves; battery's hook failures
-//! become Warning Events on the Pool, so `kubectl describe pool` shows them; and a claim's
+//! become Warning Events on the Pool, so `kubectl describe pool` shows them; a claim's
 //! `env` and `files` read the Secrets and ConfigMaps they name (after the requesting
-//! user's SubjectAccessReview, which is the claim storage's to make).
+//! user's SubjectAccessReview, which is the claim storage's to make); and claims' quotas
+//! are the namespace's ResourceQuotas, read here, and their status written here.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use battery_api_machinery::status::ApiError;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Event, EventSource, Namespace, ObjectReference, Secret,
+    ConfigMap, Event, EventSource, Namespace, ObjectReference, ResourceQuota, Secret,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use moka::sync::Cache;
 use secrecy::SecretSlice;
 
@@ -24,6 +26,11 @@ const NAMESPACE_TTL: Duration = Duration::from_secs(2);
 /// Phases kept at most, so creates naming many namespaces cannot grow memory without
 /// bound; past it the least used go first.
 const NAMESPACE_CACHE_ENTRIES: u64 = 4096;
+/// How long a namespace's ResourceQuotas are trusted: a quota created or changed applies
+/// to creates within this long (the quota plugin's informer lags too).
+const QUOTA_TTL: Duration = Duration::from_secs(2);
+/// Namespaces whose quotas are kept at most, as for phases.
+const QUOTA_CACHE_ENTRIES: u64 = 4096;
 /// The `source.component` of our Events.
 const COMPONENT: &str = "battery-apiserver";
 
@@ -41,6 +48,7 @@ pub type KeyValues = BTreeMap<String, SecretSlice<u8>>;
 pub struct Cluster {
     client: kube::Client,
     phases: Cache<String, Phase>,
+    quotas: Cache<String, Arc<Vec<ResourceQuota>>>,
 }
 
 impl Cluster {
@@ -48,6 +56,7 @@ impl Cluster {
         Self {
             client,
             phases: crate::http::bounded_cache(NAMESPACE_TTL, NAMESPACE_CACHE_ENTRIES),
+            quotas: crate::http::bounded_cache(QUOTA_TTL, QUOTA_CACHE_ENTRIES),
         }
     }
 
@@ -196,5 +205,65 @@ impl crate::api::NamespaceLifecycle for Cluster {
         namespace: &'a str,
     ) -> futures::future::BoxFuture<'a, Result<(), ApiError>> {
         Box::pin(Cluster::admit_create(self, namespace))
+    }
+}
+
+impl Cluster {
+    /// The namespace's ResourceQuotas, read when not read lately. A read that fails
+    /// refuses the create, as the quota plugin fails closed.
+    pub async fn resource_quotas(
+        &self,
+        namespace: &str,
+    ) -> Result<Arc<Vec<ResourceQuota>>, ApiError> {
+        if let Some(quotas) = self.quotas.get(namespace) {
+            return Ok(quotas);
+        }
+        let api: Api<ResourceQuota> = Api::namespaced(self.client.clone(), namespace);
+        let list = api.list(&ListParams::default()).await.map_err(|err| {
+            ApiError::service_unavailable(format!(
+                "cannot read the resource quotas of namespace {namespace}: {err}"
+            ))
+        })?;
+        let quotas = Arc::new(list.items);
+        self.quotas.insert(namespace.to_owned(), quotas.clone());
+        Ok(quotas)
+    }
+
+    /// Merges `patch` into a ResourceQuota's status subresource; the cached quotas of
+    /// its namespace are read again next time, so they show the write.
+    pub async fn patch_resource_quota_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        patch: serde_json::Value,
+    ) -> Result<(), ApiError> {
+        let api: Api<ResourceQuota> = Api::namespaced(self.client.clone(), namespace);
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|err| {
+                ApiError::service_unavailable(format!(
+                    "cannot write the status of resource quota {namespace}/{name}: {err}"
+                ))
+            })?;
+        self.quotas.invalidate(namespace);
+        Ok(())
+    }
+}
+
+impl crate::resources::microvmclaims::QuotaSource for Cluster {
+    fn quotas<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<Arc<Vec<ResourceQuota>>, ApiError>> {
+        Box::pin(self.resource_quotas(namespace))
+    }
+
+    fn patch_quota_status<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        patch: serde_json::Value,
+    ) -> futures::future::BoxFuture<'a, Result<(), ApiError>> {
+        Box::pin(self.patch_resource_quota_status(namespace, name, patch))
     }
 }

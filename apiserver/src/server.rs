@@ -185,22 +185,25 @@ pub fn build(
         metrics.exec_sessions(),
     ));
     let relay = Arc::new(AgentRelay::new(settings.agent_relay.as_ref()));
-    let claims = Arc::new(
-        ClaimStorage::new(
-            battery.clone(),
-            store.clone(),
-            pools.clone(),
-            events.clone(),
-            settings.bind_wait,
-            metrics.clone(),
-            exec_sessions.clone(),
-        )
-        .with_config(ClaimConfig::new(
-            settings.cluster.clone(),
-            settings.authorizer.clone(),
-            relay.clone(),
-        )),
-    );
+    let mut claims = ClaimStorage::new(
+        battery.clone(),
+        store.clone(),
+        pools.clone(),
+        events.clone(),
+        settings.bind_wait,
+        metrics.clone(),
+        exec_sessions.clone(),
+    )
+    .with_config(ClaimConfig::new(
+        settings.cluster.clone(),
+        settings.authorizer.clone(),
+        relay.clone(),
+    ));
+    // ResourceQuotas live in the cluster; `dev` has none.
+    if let Some(cluster) = &settings.cluster {
+        claims = claims.with_quotas(cluster.clone());
+    }
+    let claims = Arc::new(claims);
     let exec = Arc::new(ClaimExec {
         claims: claims.clone(),
         relay,
@@ -278,6 +281,7 @@ pub fn build(
         .layer(stack);
 
     let mut tasks = JoinSet::new();
+    tasks.spawn(claims.quotas().write_status());
     tasks.spawn(
         Follower {
             battery,

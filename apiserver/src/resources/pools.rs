@@ -39,6 +39,24 @@ fn counts(status: &PoolStatus) -> PoolCounts {
     }
 }
 
+/// What a bind reads of its Pool: the lease settings and the size of its MicroVMs.
+#[derive(Debug, Clone)]
+struct BindSettings {
+    lease: LeaseSettings,
+    vcpu: i32,
+    memory_in_mb: i32,
+}
+
+impl BindSettings {
+    fn of(spec: &PoolSpec) -> Self {
+        Self {
+            lease: spec.lease.clone(),
+            vcpu: spec.template.vcpu,
+            memory_in_mb: spec.template.memory_in_mb,
+        }
+    }
+}
+
 /// What the metadata store keeps of a Pool.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct PoolRecord {
@@ -68,8 +86,8 @@ pub struct PoolStorage {
     hosts: Arc<HostDirectory>,
     locks: KeyLocks,
     metrics: Arc<Metrics>,
-    /// Each Pool's lease settings as last read or written, so a bind needs no `GetPool`.
-    lease_settings: moka::sync::Cache<Key, LeaseSettings>,
+    /// What a bind needs of each Pool, as last read or written, so it needs no `GetPool`.
+    lease_settings: moka::sync::Cache<Key, BindSettings>,
 }
 
 fn key(namespace: &str, name: &str) -> Key {
@@ -147,7 +165,7 @@ impl PoolStorage {
             .map_err(|e| e.into_api_error(info(), name))?;
         let key = key(namespace, name);
         self.lease_settings
-            .insert(key.clone(), pool.spec.lease.clone());
+            .insert(key.clone(), BindSettings::of(&pool.spec));
         let record = self.store.get::<PoolRecord>(&key)?;
         Ok(self.assemble(record, pool))
     }
@@ -158,10 +176,24 @@ impl PoolStorage {
         namespace: &str,
         name: &str,
     ) -> Result<LeaseSettings, ApiError> {
+        Ok(self.bind_settings(namespace, name).await?.lease)
+    }
+
+    /// The vCPUs and memory (MiB) of the Pool's MicroVMs, for quotas on claims.
+    pub(crate) async fn vm_size(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(i32, i32), ApiError> {
+        let settings = self.bind_settings(namespace, name).await?;
+        Ok((settings.vcpu, settings.memory_in_mb))
+    }
+
+    async fn bind_settings(&self, namespace: &str, name: &str) -> Result<BindSettings, ApiError> {
         if let Some(settings) = self.lease_settings.get(&key(namespace, name)) {
             return Ok(settings);
         }
-        Ok(self.read(namespace, name).await?.spec.lease)
+        Ok(BindSettings::of(&self.read(namespace, name).await?.spec))
     }
 
     /// Writes `object`'s record with a new resourceVersion and tells watchers.
@@ -191,7 +223,7 @@ impl PoolStorage {
             ChangeType::Deleted => self.lease_settings.invalidate(&key),
             _ => self
                 .lease_settings
-                .insert(key.clone(), object.spec.lease.clone()),
+                .insert(key.clone(), BindSettings::of(&object.spec)),
         }
         self.record_counts(object, change);
         Ok(())

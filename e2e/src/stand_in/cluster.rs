@@ -1,9 +1,9 @@
 //! The part of kube-apiserver that battery-apiserver itself calls (through the
 //! `--kubeconfig` that points at the stand-in): TokenReview and SubjectAccessReview
 //! answered from the policy, the ConfigMap `kube-system/extension-apiserver-authentication`
-//! (get, list, watch), Namespaces (phases from the policy), Events, and the Secrets and
-//! ConfigMaps a test creates (for claims' `env` and `files`). Only what a kube-apiserver
-//! would say, in its shape; nothing is persisted.
+//! (get, list, watch), Namespaces (phases from the policy), Events, ResourceQuotas
+//! ([`super::quotas`]), and the Secrets and ConfigMaps a test creates (for claims' `env`
+//! and `files`). Only what a kube-apiserver would say, in its shape; nothing is persisted.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -103,6 +103,7 @@ pub struct Cluster {
     policy: Arc<PolicyFile>,
     state: Mutex<State>,
     changes: broadcast::Sender<Stored>,
+    quotas: super::quotas::Quotas,
     /// `host:port` of the stand-in, for `/api`'s `serverAddressByClientCIDRs`.
     address: String,
 }
@@ -164,6 +165,7 @@ impl Cluster {
                 created: Vec::new(),
             }),
             changes: broadcast::channel(256).0,
+            quotas: super::quotas::Quotas::default(),
             address,
         }
     }
@@ -240,6 +242,13 @@ impl Cluster {
         };
         let segments: Vec<&str> = rest.split('/').collect();
         let get = method == Method::GET;
+        if let ["namespaces", ns, "resourcequotas", rest @ ..] = segments.as_slice() {
+            let exists = self.policy.current().namespace_phase(ns).is_some();
+            return self
+                .quotas
+                .handle(ns, exists, rest, method, &parts.headers, body)
+                .await;
+        }
         match (segments.as_slice(), method) {
             (["namespaces"], _) if get => self.collection(Collection::Namespaces, None, &query),
             (["namespaces", name], _) if get => self.get(Collection::Namespaces, "", name),
@@ -694,7 +703,7 @@ fn namespace_object(name: &str, phase: &str) -> Namespace {
     }
 }
 
-fn namespace_not_found(name: &str) -> Response<Body> {
+pub(super) fn namespace_not_found(name: &str) -> Response<Body> {
     status::failure_with(
         StatusCode::NOT_FOUND,
         "NotFound",
@@ -751,13 +760,27 @@ fn api_resources() -> Response<Body> {
                     false,
                     &["get", "list", "watch"],
                 ),
+                resource(
+                    "resourcequotas",
+                    "resourcequota",
+                    "ResourceQuota",
+                    true,
+                    &["create", "get", "list"],
+                ),
+                resource(
+                    "resourcequotas/status",
+                    "",
+                    "ResourceQuota",
+                    true,
+                    &["get", "patch", "update"],
+                ),
             ],
         },
     )
 }
 
 /// The request body as `T`, or the 400 Status kube-apiserver would answer.
-async fn read<T: DeserializeOwned>(body: Body) -> Result<T, Response<Body>> {
+pub(super) async fn read<T: DeserializeOwned>(body: Body) -> Result<T, Response<Body>> {
     let bytes = axum::body::to_bytes(body, BODY_LIMIT)
         .await
         .map_err(|e| status::bad_request(format!("reading the request body: {e}")))?;
@@ -769,7 +792,7 @@ fn to_value(object: &impl Serialize) -> Value {
     serde_json::to_value(object).expect("API objects serialize")
 }
 
-fn now() -> Time {
+pub(super) fn now() -> Time {
     // k8s-openapi's jiff is built without `std`, so it has no clock of its own.
     let seconds = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

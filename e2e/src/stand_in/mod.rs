@@ -11,7 +11,7 @@
 //! - **behind** ([`cluster`]): it is the kube-apiserver that battery-apiserver's
 //!   `--kubeconfig` points to: TokenReview, SubjectAccessReview, the ConfigMap
 //!   `kube-system/extension-apiserver-authentication` (get, list, watch), Namespaces,
-//!   Events, and Secrets and ConfigMaps a test creates.
+//!   Events, ResourceQuotas, and Secrets and ConfigMaps a test creates.
 //!
 //! Certificates and kubeconfigs are in [`pki`], the policy file and the authorization
 //! decision in [`policy`], and [`StandIn`] starts the binary for tests.
@@ -21,6 +21,7 @@ pub mod front;
 mod launcher;
 pub mod pki;
 pub mod policy;
+mod quotas;
 mod status;
 
 use std::net::SocketAddr;
@@ -47,8 +48,8 @@ webhooks, for battery-apiserver's end-to-end tests. It is not a kube-apiserver.\
 In front, it authenticates and authorizes kubectl's requests from a policy file and forwards \
 them to battery-apiserver with the front-proxy client certificate and X-Remote-* headers. \
 Behind, it answers what battery-apiserver asks a cluster: TokenReview, SubjectAccessReview, \
-the ConfigMap kube-system/extension-apiserver-authentication, Namespaces, Events, and \
-Secrets and ConfigMaps created through it.\n\n\
+the ConfigMap kube-system/extension-apiserver-authentication, Namespaces, Events, \
+ResourceQuotas, and Secrets and ConfigMaps created through it.\n\n\
 Without --backend, the backend's URL is read from stdin, one line at a time (each line \
 replaces the last)."
 )]

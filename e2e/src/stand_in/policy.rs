@@ -171,6 +171,9 @@ impl Policy {
                 // SubjectAccessReview (deploy/'s RBAC grants the same).
                 apiserver(&["get"], "", &["secrets", "configmaps"]),
                 apiserver(&["create", "patch", "update"], "", &["events"]),
+                // Quotas on claims: read, and our entries of their status written.
+                apiserver(&["get", "list"], "", &["resourcequotas"]),
+                apiserver(&["patch"], "", &["resourcequotas/status"]),
                 // system:discovery and system:public-info-viewer
                 Rule {
                     groups: strings(&[AUTHENTICATED]),

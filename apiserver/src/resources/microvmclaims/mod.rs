@@ -33,10 +33,12 @@ use crate::watch::ChangeType;
 mod config;
 mod exec;
 mod lease;
+mod quota;
 
 pub use config::ClaimConfig;
 pub use exec::{ClaimExec, DEFAULT_MAX_SESSIONS, ExecSessions};
 pub use lease::ClaimLeases;
+pub use quota::{ClaimQuotas, QuotaSource};
 
 const RESOURCE: &str = "microvmclaims";
 /// ABORTED from ClaimVM means the MicroVM was deleted under the claim: battery says
@@ -59,6 +61,9 @@ struct ClaimRecord {
     /// `leaseDurationSeconds` even after the pool is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     lease_duration_seconds: Option<i32>,
+    /// What its MicroVM uses, for quotas (recorded where quotas apply).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    usage: Option<quota::Usage>,
 }
 
 /// What a claim's record keeps of its lease beside the status.
@@ -66,6 +71,7 @@ struct ClaimRecord {
 struct LeaseRecord {
     lease: Option<LeaseId>,
     duration_seconds: Option<i32>,
+    usage: Option<quota::Usage>,
 }
 
 impl ClaimRecord {
@@ -73,6 +79,7 @@ impl ClaimRecord {
         LeaseRecord {
             lease: self.lease.clone(),
             duration_seconds: self.lease_duration_seconds,
+            usage: self.usage,
         }
     }
 }
@@ -152,6 +159,8 @@ pub struct ClaimStorage {
     exec_sessions: Arc<ExecSessions>,
     /// Claims' env and files: read at bind, kept in memory, written at bind.
     config: Arc<ClaimConfig>,
+    /// The namespaces' ResourceQuotas, enforced on creates.
+    quotas: Arc<ClaimQuotas>,
 }
 
 impl ClaimStorage {
@@ -166,7 +175,7 @@ impl ClaimStorage {
     ) -> Self {
         Self {
             battery,
-            store,
+            store: store.clone(),
             pools,
             locks: Arc::default(),
             events,
@@ -178,6 +187,7 @@ impl ClaimStorage {
                 None,
                 Arc::new(crate::agent_relay::AgentRelay::new(None)),
             )),
+            quotas: Arc::new(ClaimQuotas::new(store, None)),
         }
     }
 
@@ -187,6 +197,18 @@ impl ClaimStorage {
     pub fn with_config(mut self, config: ClaimConfig) -> Self {
         self.config = Arc::new(config);
         self
+    }
+
+    /// Enforces the ResourceQuotas `source` holds on creates.
+    #[must_use]
+    pub fn with_quotas(mut self, source: Arc<dyn QuotaSource>) -> Self {
+        self.quotas = Arc::new(ClaimQuotas::new(self.store.clone(), Some(source)));
+        self
+    }
+
+    /// The quotas on claims, whose status writer the server runs.
+    pub fn quotas(&self) -> Arc<ClaimQuotas> {
+        self.quotas.clone()
     }
 
     fn object(record: ClaimRecord) -> MicroVMClaim {
@@ -219,6 +241,7 @@ impl ClaimStorage {
             status: claim.status.clone().unwrap_or_default(),
             lease: secrets.lease,
             lease_duration_seconds: secrets.duration_seconds,
+            usage: secrets.usage,
         };
         commit(
             &self.store,
@@ -235,6 +258,10 @@ impl ClaimStorage {
         if leaseless && let Some(uid) = &claim.metadata.uid {
             self.exec_sessions.end_claim(uid);
             self.config.forget(uid);
+        }
+        if leaseless {
+            self.quotas
+                .changed(claim.metadata.namespace.as_deref().unwrap_or_default());
         }
         Ok(())
     }
@@ -392,6 +419,7 @@ impl ClaimStorage {
         let secrets = LeaseRecord {
             lease: Some(bind_status(&mut claim, self.pools.hosts(), lease)?),
             duration_seconds: settings.as_ref().and_then(lease_seconds),
+            usage: self.quotas.usage_of(&self.pools, &namespace, &pool).await,
         };
         self.commit(&mut claim, secrets, ChangeType::Added, Some(uid))?;
         tracing::info!(claim = %name, %namespace, "finished a bind interrupted by a restart");
@@ -442,6 +470,16 @@ impl ClaimStorage {
                 .with_specific_reason("PoolDeleting"),
             ));
         }
+        // Held until the claim is recorded Bound (or the bind fails), so quotas count it.
+        let usage = self.quotas.usage_of(&self.pools, &namespace, &pool).await;
+        let _reservation = match usage {
+            Some(usage) => self
+                .quotas
+                .reserve(&namespace, &name, &uid, usage)
+                .await
+                .map_err(BindFailure::refused)?,
+            None => None,
+        };
         let mut intent = BindIntent {
             claim: claim.clone(),
             request_id: request_id(&uid),
@@ -485,6 +523,7 @@ impl ClaimStorage {
         let secrets = LeaseRecord {
             lease: Some(lease),
             duration_seconds: settings.as_ref().and_then(lease_seconds),
+            usage,
         };
         self.commit(&mut claim, secrets, ChangeType::Added, Some(&uid))?;
         self.config.remember(&uid, resolved.env);
