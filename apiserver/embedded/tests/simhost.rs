@@ -923,6 +923,35 @@ async fn a_restarted_host_keeps_its_microvms() {
 }
 
 #[tokio::test]
+async fn concurrent_creates_are_each_persisted_before_they_are_answered() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let host = start_host(dir.path(), FOREVER).await;
+    let channel = connect(&host).await;
+    // Many creates at once share writes of the state file; each answer still means
+    // its MicroVM is in the file, so a crash right after loses none of them.
+    let creates = (0..64).map(|i| {
+        let mut microvms = MicroVmClient::new(channel.clone());
+        async move { uid(&create(&mut microvms, spec(&format!("vm{i}"))).await) }
+    });
+    let created: BTreeSet<String> = futures::future::join_all(creates)
+        .await
+        .into_iter()
+        .collect();
+    assert_eq!(created.len(), 64);
+    let file = std::fs::read_to_string(dir.path().join("microvms.json")).expect("state file");
+    for uid in &created {
+        assert!(file.contains(uid.as_str()), "{uid} answered but not persisted");
+    }
+    host.shutdown().await;
+    let host = start_host(dir.path(), FOREVER).await;
+    assert_eq!(
+        host.microvm_uids().into_iter().collect::<BTreeSet<_>>(),
+        created
+    );
+    host.shutdown().await;
+}
+
+#[tokio::test]
 async fn server_info_and_health() {
     let dir = tempfile::tempdir().expect("temp dir");
     let host = SimulatedHost::start(SimulatedHostConfig {

@@ -1,5 +1,7 @@
 //! The simulated Host's MicroVMs: kept in memory, persisted as JSON in
-//! `<state_dir>/microvms.json` after every change, each with a scratch directory
+//! `<state_dir>/microvms.json` before any change is answered (concurrent changes share
+//! one write: the file is the whole list, so writing it once per change made a Host's
+//! boots quadratic in its MicroVMs), each with a scratch directory
 //! `<state_dir>/microvms/<uid>/` that stands in for its root filesystem.
 
 use std::collections::{BTreeMap, HashSet};
@@ -119,9 +121,18 @@ impl Vm {
 struct Vms {
     by_uid: BTreeMap<String, Vm>,
     next_interface_index: i32,
+    /// Changes made so far; the state file holds every change up to the one it was
+    /// written at.
+    changes: u64,
 }
 
 impl Vms {
+    /// Counts a change just made; answers its number, for [`Registry::persist`].
+    fn changed(&mut self) -> u64 {
+        self.changes += 1;
+        self.changes
+    }
+
     fn to_file(&self) -> StateFile {
         StateFile {
             microvms: self
@@ -171,9 +182,9 @@ pub(super) struct Registry {
     state_file: PathBuf,
     scratch_root: PathBuf,
     vms: Mutex<Vms>,
-    /// Held across a change and the write that persists it, so the file always
-    /// ends up holding the newest list.
-    writes: tokio::sync::Mutex<()>,
+    /// Held across a write of the state file; holds the number of the last change
+    /// written, so a change a newer write already holds is not written again.
+    writes: tokio::sync::Mutex<u64>,
     host_shutdown: CancellationToken,
 }
 
@@ -262,8 +273,9 @@ impl Registry {
             vms: Mutex::new(Vms {
                 by_uid,
                 next_interface_index,
+                changes: 0,
             }),
-            writes: tokio::sync::Mutex::new(()),
+            writes: tokio::sync::Mutex::new(0),
             host_shutdown,
         };
         Ok((registry, pending))
@@ -292,7 +304,6 @@ impl Registry {
                 source,
             })?;
 
-        let _writes = self.writes.lock().await;
         let inserted = {
             let mut vms = self.lock();
             vms.allocate_interfaces(&spec).map(|interfaces| {
@@ -312,18 +323,22 @@ impl Registry {
                     lifetime: vm.lifetime.clone(),
                 };
                 vms.by_uid.insert(uid.clone(), vm);
-                (created, vms.to_file())
+                (created, vms.changed())
             })
         };
-        let (created, file) = match inserted {
+        let (created, change) = match inserted {
             Ok(inserted) => inserted,
             Err(error) => {
                 remove_scratch_dir(&scratch_dir).await;
                 return Err(error);
             }
         };
-        if let Err(error) = self.write(&file).await {
-            self.lock().by_uid.remove(&uid);
+        if let Err(error) = self.persist(change).await {
+            {
+                let mut vms = self.lock();
+                vms.by_uid.remove(&uid);
+                vms.changed();
+            }
             remove_scratch_dir(&scratch_dir).await;
             return Err(RequestError::Persist(error));
         }
@@ -363,20 +378,21 @@ impl Registry {
         if uid.is_empty() {
             return Err(RequestError::UidRequired);
         }
-        let writes = self.writes.lock().await;
-        let (vm, file) = {
+        let (vm, change) = {
             let mut vms = self.lock();
             let vm = vms
                 .by_uid
                 .remove(uid)
                 .ok_or_else(|| RequestError::NotFound(uid.to_owned()))?;
-            (vm, vms.to_file())
+            (vm, vms.changed())
         };
-        if let Err(error) = self.write(&file).await {
-            self.lock().by_uid.insert(uid.to_owned(), vm);
+        if let Err(error) = self.persist(change).await {
+            let mut vms = self.lock();
+            vms.by_uid.insert(uid.to_owned(), vm);
+            vms.changed();
+            drop(vms);
             return Err(RequestError::Persist(error));
         }
-        drop(writes);
 
         vm.lifetime.cancel.cancel();
         vm.lifetime.tasks.close();
@@ -389,8 +405,7 @@ impl Registry {
     /// Ends a PENDING MicroVM's boot in `state`. A MicroVM deleted meanwhile stays
     /// deleted.
     pub(super) async fn finish_boot(&self, uid: &str, state: VmState) {
-        let _writes = self.writes.lock().await;
-        let file = {
+        let change = {
             let mut vms = self.lock();
             let Some(vm) = vms.by_uid.get_mut(uid) else {
                 return;
@@ -400,10 +415,10 @@ impl Registry {
             }
             vm.state = state;
             vm.version = vm.version.saturating_add(1);
-            vms.to_file()
+            vms.changed()
         };
         // Nobody waits on a boot to report to; the next change persists it again.
-        if let Err(error) = self.write(&file).await {
+        if let Err(error) = self.persist(change).await {
             warn!(uid, error = %error_chain(&error), "persisting a finished boot failed");
         }
     }
@@ -456,6 +471,24 @@ impl Registry {
         // No code panics while holding the lock, and the map stays consistent
         // between statements, so a poisoned lock's data is still good.
         self.vms.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Returns once the state file holds change `change`: at once if a write made
+    /// after it already finished, else by writing the list as it is now, which holds
+    /// it and every change made meanwhile (the changes waiting behind this write are
+    /// then already done).
+    async fn persist(&self, change: u64) -> Result<(), PersistError> {
+        let mut written = self.writes.lock().await;
+        if *written >= change {
+            return Ok(());
+        }
+        let (file, latest) = {
+            let vms = self.lock();
+            (vms.to_file(), vms.changes)
+        };
+        self.write(&file).await?;
+        *written = latest;
+        Ok(())
     }
 
     /// Replaces the state file atomically: a crash leaves the old list or the new.
@@ -630,6 +663,7 @@ mod tests {
         let mut vms = Vms {
             by_uid: BTreeMap::new(),
             next_interface_index: FIRST_INTERFACE_INDEX,
+            changes: 0,
         };
         let spec = MicroVmSpec {
             interfaces: vec![
@@ -674,6 +708,7 @@ mod tests {
         let mut vms = Vms {
             by_uid: BTreeMap::new(),
             next_interface_index: FIRST_INTERFACE_INDEX,
+            changes: 0,
         };
         let mut bad = iface("eth0", IfaceType::Tap, None);
         bad.r#type = 7;
