@@ -940,7 +940,10 @@ async fn concurrent_creates_are_each_persisted_before_they_are_answered() {
     assert_eq!(created.len(), 64);
     let file = std::fs::read_to_string(dir.path().join("microvms.json")).expect("state file");
     for uid in &created {
-        assert!(file.contains(uid.as_str()), "{uid} answered but not persisted");
+        assert!(
+            file.contains(uid.as_str()),
+            "{uid} answered but not persisted"
+        );
     }
     host.shutdown().await;
     let host = start_host(dir.path(), FOREVER).await;

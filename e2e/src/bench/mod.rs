@@ -158,12 +158,12 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
             .zip(&levels)
             .map(|(name, level)| (*name, level.2)),
     );
-    let pools = futures::future::try_join_all(
-        pools
-            .iter()
-            .map(|(name, size)| rig.create_pool(name, *size)),
-    )
-    .await?;
+    // One at a time, for the reason of `FILL_STEP`.
+    let mut created = Vec::with_capacity(pools.len());
+    for (name, size) in &pools {
+        created.push(rig.create_pool(name, *size).await?);
+    }
+    let pools = created;
     let latency = binds::latency(&rig, &pools[0], serial_binds).await?;
     rows.extend(latency.rows.iter().cloned());
     let levels: Vec<_> = levels

@@ -29,6 +29,11 @@ const SERVE_SERVING_PREFIX: &str = "battery-apiserver serve: serving ";
 const BATTERY_SERVING_PREFIX: &str = "embedded battery serving battery's gRPC API on ";
 /// How long a Pool may take to fill, or a Host to report through its agent.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// The most MicroVMs a Pool grows by at once while the bench fills it: thousands of
+/// simulated boots at once starve the Hosts (battery's guest-agent probes time out and
+/// it deletes the MicroVMs) and the agents' health checks with them, so the Hosts go
+/// unready and are cordoned mid-fill.
+const FILL_STEP: i32 = 200;
 /// Leases outlive the run: nobody renews the bench's claims, and one that expired would
 /// take its MicroVM (and a claim of the scale scenarios) away mid-measurement.
 const LEASE: (&str, &str) = ("30m", "1h");
@@ -204,15 +209,16 @@ impl Rig {
     }
 
     /// Makes the Pool `name` of `size` MicroVMs and waits until all are available, so no
-    /// bind waits for a boot. It provisions no more until it is empty
-    /// (`MinSizeThreshold`, `minSize` 1): the embedded battery's simulated boots run on
-    /// this machine, unlike a real battery's, and replacing each claimed MicroVM at once
-    /// kept it busy (more than a core) while the scenarios measured.
+    /// bind waits for a boot. It grows by `FILL_STEP` at a time, then provisions no more
+    /// until it is empty (`MinSizeThreshold`, `minSize` 1): the embedded battery's
+    /// simulated boots run on this machine, unlike a real battery's, and replacing each
+    /// claimed MicroVM at once kept it busy (more than a core) while the scenarios
+    /// measured.
     pub async fn create_pool(&self, name: &str, size: i32) -> Result<PoolRef> {
         let client = self.client().await?;
-        let mut pool = battery_apiserver::dev::dev_pool(size);
+        let mut target = size.min(FILL_STEP);
+        let mut pool = battery_apiserver::dev::dev_pool(target);
         pool["metadata"]["name"] = json!(name);
-        pool["spec"]["replenishment"] = json!({"type": "MinSizeThreshold", "minSize": 1});
         pool["spec"]["lease"] = json!({"heartbeatInterval": LEASE.0, "expiryThreshold": LEASE.1});
         client
             .json(
@@ -224,17 +230,28 @@ impl Rig {
             .await
             .with_context(|| format!("creating the Pool {name}"))?;
         let path = format!("{}/{name}", client::pools_path());
-        // The embedded battery boots a few dozen simulated MicroVMs a second.
-        let timeout = READY_TIMEOUT.max(Duration::from_millis(100) * size.unsigned_abs());
-        eventually_within(timeout, &format!("the Pool {name} to fill"), || async {
-            let pool = client
-                .json(Method::GET, &path, None, StatusCode::OK)
-                .await?;
-            if pool["status"]["available"].as_i64() >= Some(size.into()) {
-                Ok(())
-            } else {
-                bail!("{}", pool["status"])
+        loop {
+            // The embedded battery boots a few dozen simulated MicroVMs a second.
+            let timeout = READY_TIMEOUT.max(Duration::from_millis(100) * FILL_STEP.unsigned_abs());
+            eventually_within(timeout, &format!("the Pool {name} to fill"), || async {
+                let pool = client
+                    .json(Method::GET, &path, None, StatusCode::OK)
+                    .await?;
+                if pool["status"]["available"].as_i64() >= Some(target.into()) {
+                    Ok(())
+                } else {
+                    bail!("{}", pool["status"])
+                }
+            })
+            .await?;
+            if target == size {
+                break;
             }
+            target = (target + FILL_STEP).min(size);
+            update_spec(&client, &path, |spec| spec["size"] = json!(target)).await?;
+        }
+        update_spec(&client, &path, |spec| {
+            spec["replenishment"] = json!({"type": "MinSizeThreshold", "minSize": 1});
         })
         .await?;
         Ok(PoolRef {
@@ -266,6 +283,20 @@ where
     Fut: std::future::Future<Output = Result<T>>,
 {
     eventually_within(READY_TIMEOUT, what, attempt).await
+}
+
+/// Changes the spec of the Pool at `path` with `change` (a read, then an update, again
+/// when the Pool's status moved its resourceVersion in between).
+async fn update_spec(client: &Client, path: &str, change: impl Fn(&mut Value)) -> Result<()> {
+    eventually(&format!("updating {path}"), || async {
+        let mut pool = client.json(Method::GET, path, None, StatusCode::OK).await?;
+        change(&mut pool["spec"]);
+        client
+            .json(Method::PUT, path, Some(&pool), StatusCode::OK)
+            .await?;
+        Ok(())
+    })
+    .await
 }
 
 /// Retries `attempt` every 100 ms until it succeeds or `timeout` passes.
