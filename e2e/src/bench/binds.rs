@@ -19,13 +19,18 @@ pub const BURST: &str = "burst";
 /// Creates the claim `name` on `pool` and checks that the 201 says Bound; returns how
 /// long it took and the claim.
 pub async fn bind(client: &Client, name: &str, pool: &str) -> Result<(Duration, Value)> {
-    let body = client::claim(name, pool);
+    bind_claim(client, &client::claim(name, pool)).await
+}
+
+/// Creates the claim `body` and checks that the 201 says Bound.
+async fn bind_claim(client: &Client, body: &Value) -> Result<(Duration, Value)> {
+    let name = body["metadata"]["name"].as_str().unwrap_or_default();
     let started = Instant::now();
     let bound = client
         .json(
             Method::POST,
             &client::claims_path(),
-            Some(&body),
+            Some(body),
             StatusCode::CREATED,
         )
         .await?;
@@ -34,6 +39,37 @@ pub async fn bind(client: &Client, name: &str, pool: &str) -> Result<(Duration, 
         bail!("the claim {name} was answered 201 but not Bound: {bound}");
     }
     Ok((took, bound))
+}
+
+/// `count` serial pairs of binds on `pool`: a plain claim, then one whose env and one
+/// file come from a Secret (read after a SubjectAccessReview, the file written through
+/// the agent before the 201): what per-claim configuration adds to a bind.
+pub async fn with_config(rig: &super::rig::Rig, pool: &PoolRef, count: usize) -> Result<Vec<Row>> {
+    const SECRET: &str = "bench-config";
+    rig.create_secret(SECRET, "TOKEN", "bench-token").await?;
+    let client = rig.client().await?;
+    let reference = serde_json::json!({"name": SECRET, "key": "TOKEN"});
+    let (mut plain, mut configured) = (Vec::with_capacity(count), Vec::with_capacity(count));
+    for i in 0..count {
+        plain.push(bind(&client, &format!("plain-{i}"), &pool.name).await?.0);
+        let mut claim = client::claim(&format!("config-{i}"), &pool.name);
+        claim["spec"]["env"] =
+            serde_json::json!([{"name": "TOKEN", "valueFrom": {"secretKeyRef": reference}}]);
+        claim["spec"]["files"] =
+            serde_json::json!([{"path": "/etc/bench/token", "secretKeyRef": reference}]);
+        configured.push(bind_claim(&client, &claim).await?.0);
+    }
+    let (bare, with) = (quantile(&plain, 0.5), quantile(&configured, 0.5));
+    Ok(vec![
+        Row::millis(LATENCY, "with env and a file from a Secret p50", with),
+        Row::millis(LATENCY, "plain, the same Pool, interleaved p50", bare),
+        Row::new(
+            LATENCY,
+            "ratio with env and a file / plain p50",
+            millis(with) / millis(bare),
+            Unit::Times,
+        ),
+    ])
 }
 
 /// What the serial scenario measured, for the CRD floor to compare with.

@@ -56,6 +56,8 @@ pub struct Args {
 /// How big each scenario is.
 struct Sizes {
     serial_binds: usize,
+    /// Serial binds of each kind, plain and with env and a file from a Secret.
+    config_binds: usize,
     /// (concurrency, binds) per throughput level.
     throughput: [(usize, usize); 3],
     burst: usize,
@@ -69,6 +71,7 @@ impl Sizes {
     /// The sizes.
     const FULL: Self = Self {
         serial_binds: 2000,
+        config_binds: 100,
         throughput: [(1, 100), (8, 300), (64, 600)],
         burst: 300,
         crd_binds: 500,
@@ -84,6 +87,7 @@ impl Sizes {
     /// Seconds of work, every scenario still measured.
     const QUICK: Self = Self {
         serial_binds: 20,
+        config_binds: 5,
         throughput: [(1, 5), (8, 24), (64, 64)],
         burst: 30,
         crd_binds: 10,
@@ -146,7 +150,11 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
     // Two claims a round, ours and the raw one, and the exec scenario's claim: a
     // MicroVM booted for each beforehand.
     let serial_pool = (serial_binds * 2 + 1) as i32;
-    let mut pools = vec![("latency", serial_pool), ("burst", sizes.burst as i32)];
+    let mut pools = vec![
+        ("latency", serial_pool),
+        ("burst", sizes.burst as i32),
+        ("config", (sizes.config_binds * 2) as i32),
+    ];
     // A MicroVM ready for every bind: a bind that waits for one measures a boot.
     let levels = sizes
         .throughput
@@ -166,9 +174,10 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
     let pools = created;
     let latency = binds::latency(&rig, &pools[0], serial_binds).await?;
     rows.extend(latency.rows.iter().cloned());
+    rows.extend(binds::with_config(&rig, &pools[2], sizes.config_binds).await?);
     let levels: Vec<_> = levels
         .iter()
-        .zip(&pools[2..])
+        .zip(&pools[3..])
         .map(|(&(concurrency, count, _), pool)| (concurrency, count, pool.clone()))
         .collect();
     rows.extend(binds::throughput(&rig, &levels).await?);

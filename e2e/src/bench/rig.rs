@@ -182,6 +182,31 @@ impl Rig {
         }
     }
 
+    /// Creates the Secret `name` holding `key: value` in the bench's namespace, in the
+    /// cluster (the stand-in), as the kubectl user.
+    pub async fn create_secret(&self, name: &str, key: &str, value: &str) -> Result<()> {
+        let cluster = Client::connect(
+            self.processes.stand_in.url(),
+            &self.ca,
+            (&self.identity.0, &self.identity.1),
+        )
+        .await?;
+        let secret = json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name}, "stringData": {key: value}
+        });
+        cluster
+            .json(
+                Method::POST,
+                &format!("/api/v1/namespaces/{NAMESPACE}/secrets"),
+                Some(&secret),
+                StatusCode::CREATED,
+            )
+            .await
+            .with_context(|| format!("creating the Secret {name}"))?;
+        Ok(())
+    }
+
     /// A gRPC client of the embedded battery's Lease service.
     pub async fn lease_client(&self) -> Result<LeaseClient<Channel>> {
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", self.battery))?
