@@ -382,6 +382,24 @@ impl ApiServer {
         self.battery.as_deref()
     }
 
+    /// Every lease the embedded battery holds now, asked of battery itself (on
+    /// [`Route::Aggregated`]; panics on another route).
+    pub async fn battery_leases(&self) -> Vec<crate::api::LeaseRecord> {
+        let address = self
+            .battery_address()
+            .expect("a route with its own battery");
+        let mut leases =
+            crate::api::lease_client::LeaseClient::connect(format!("http://{address}"))
+                .await
+                .expect("connect to the embedded battery");
+        leases
+            .list_leases(crate::api::ListLeasesRequest { pool_ref: None })
+            .await
+            .expect("ListLeases")
+            .into_inner()
+            .leases
+    }
+
     /// battery-apiserver's own URL, not the stand-in's.
     pub fn backend(&self) -> &str {
         &self.backend

@@ -7,8 +7,6 @@ use std::process::Command;
 
 use battery_e2e::apiserver::ApiServer;
 use battery_e2e::kube_client;
-use battery_proto::poolmgr::v1alpha1::ListLeasesRequest;
-use battery_proto::poolmgr::v1alpha1::lease_client::LeaseClient;
 use battery_types::{ClaimPhase, MicroVMClaim, MicroVMClaimSpec, Pool, PoolRef};
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 
@@ -44,17 +42,8 @@ async fn pools(server: &ApiServer) -> BTreeSet<String> {
 
 /// The MicroVMs battery has leased, asked of battery itself.
 async fn leased(server: &ApiServer) -> BTreeSet<String> {
-    let address = format!("http://{}", server.battery_address().unwrap());
-    let mut leases = LeaseClient::connect(address).await.unwrap();
-    leases
-        .list_leases(ListLeasesRequest { pool_ref: None })
-        .await
-        .unwrap()
-        .into_inner()
-        .leases
-        .into_iter()
-        .map(|lease| lease.vm_uid)
-        .collect()
+    let leases = server.battery_leases().await;
+    leases.into_iter().map(|lease| lease.vm_uid).collect()
 }
 
 fn claim(name: &str) -> MicroVMClaim {

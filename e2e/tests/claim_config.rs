@@ -13,8 +13,6 @@ use battery_e2e::apiserver::ApiServer;
 use battery_e2e::channel_exec;
 use battery_e2e::https::{Client, Identity};
 use battery_e2e::kube_client;
-use battery_proto::poolmgr::v1alpha1::ListLeasesRequest;
-use battery_proto::poolmgr::v1alpha1::lease_client::LeaseClient;
 use battery_types::{ClaimPhase, MicroVMClaim};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
@@ -41,17 +39,8 @@ fn secret_env() -> Value {
 
 /// The MicroVMs battery has leased, asked of battery itself.
 async fn leased(server: &ApiServer) -> BTreeSet<String> {
-    let address = format!("http://{}", server.battery_address().unwrap());
-    let mut leases = LeaseClient::connect(address).await.unwrap();
-    leases
-        .list_leases(ListLeasesRequest { pool_ref: None })
-        .await
-        .unwrap()
-        .into_inner()
-        .leases
-        .into_iter()
-        .map(|lease| lease.vm_uid)
-        .collect()
+    let leases = server.battery_leases().await;
+    leases.into_iter().map(|lease| lease.vm_uid).collect()
 }
 
 /// Runs `command` in the claim as the kubectl user, in `/`, with the session's own

@@ -7,8 +7,6 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use battery_e2e::api::ListLeasesRequest;
-use battery_e2e::api::lease_client::LeaseClient;
 use battery_e2e::apiserver::ApiServer;
 use battery_e2e::{eventually, kube_client};
 use battery_types::{MicroVMClaim, Pool};
@@ -80,27 +78,16 @@ async fn create(
         })
 }
 
-/// battery's leases in the namespace, by request id.
+/// battery's leases of the test's Pools, by request id.
 async fn leases(server: &ApiServer) -> BTreeSet<String> {
-    let address = server.battery_address().expect("aggregated");
-    let mut client = LeaseClient::connect(format!("http://{address}"))
-        .await
-        .unwrap();
-    let mut ids = BTreeSet::new();
-    for pool in ["quota", "wide"] {
-        let response = client
-            .list_leases(ListLeasesRequest {
-                pool_ref: Some(battery_e2e::api::PoolRef {
-                    namespace: NAMESPACE.to_owned(),
-                    name: pool.to_owned(),
-                }),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        ids.extend(response.leases.into_iter().map(|l| l.request_id));
-    }
-    ids
+    let leases = server.battery_leases().await;
+    leases
+        .into_iter()
+        .filter(|l| {
+            l.pool_namespace == NAMESPACE && ["quota", "wide"].contains(&l.pool_name.as_str())
+        })
+        .map(|l| l.request_id)
+        .collect()
 }
 
 /// The request ids battery knows the Bound claims' leases by.

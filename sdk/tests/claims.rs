@@ -231,8 +231,8 @@ async fn renewal_outlives_the_expiry_and_stops_when_another_client_deletes_the_c
 
 #[tokio::test]
 async fn lost_reports_a_lease_that_battery_ended() {
+    use battery_proto::poolmgr::v1alpha1::ReleaseVmRequest;
     use battery_proto::poolmgr::v1alpha1::lease_client::LeaseClient;
-    use battery_proto::poolmgr::v1alpha1::{ListLeasesRequest, ReleaseVmRequest};
 
     // Through the stand-in, with battery in its own process, to reach it behind our back.
     let server = ApiServer::start(Route::Aggregated).await;
@@ -250,17 +250,14 @@ async fn lost_reports_a_lease_that_battery_ended() {
         .unwrap()
         .uid;
 
-    let battery = format!("http://{}", server.battery_address().unwrap());
-    let mut leases = LeaseClient::connect(battery).await.unwrap();
-    let lease = leases
-        .list_leases(ListLeasesRequest { pool_ref: None })
+    let lease = server
+        .battery_leases()
         .await
-        .unwrap()
-        .into_inner()
-        .leases
         .into_iter()
         .find(|l| l.vm_uid == vm)
         .expect("battery has the claim's lease");
+    let battery = format!("http://{}", server.battery_address().unwrap());
+    let mut leases = LeaseClient::connect(battery).await.unwrap();
     leases
         .release_vm(ReleaseVmRequest {
             lease_id: lease.lease_id,
