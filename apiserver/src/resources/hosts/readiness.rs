@@ -126,12 +126,17 @@ impl HostStorage {
             .map_err(|e| e.into_api_error(info(), name))?;
         match &why {
             Some(why) => {
+                // Recorded before battery cordons, so a read in between (reads take no
+                // lock) never shows our cordon as the admin's `spec.unschedulable`.
+                let before = record.reporting.clone();
                 record.reporting.admin_unschedulable = host.spec.unschedulable;
-                self.battery()
-                    .cordon_host(name, why)
-                    .await
-                    .map_err(|e| e.into_api_error(info(), name))?;
                 record.reporting.cordoned_not_ready = true;
+                self.store().transact(|tx| tx.put(&key(name), &record))?;
+                if let Err(err) = self.battery().cordon_host(name, why).await {
+                    record.reporting = before;
+                    self.store().transact(|tx| tx.put(&key(name), &record))?;
+                    return Err(err.into_api_error(info(), name));
+                }
             }
             None => {
                 if record.reporting.admin_unschedulable {
