@@ -24,11 +24,11 @@ use crate::meta_store::{Key, MetaStore};
 use crate::watch::ChangeType;
 
 const RESOURCE: &str = "pools";
-/// How long a bind trusts the lease settings last seen of its Pool. Our own writes and
+/// How long a bind trusts what it last saw of its Pool (`BindSettings`). Our own writes and
 /// battery's events about the Pool refresh them at once; this bounds how long a change
 /// made with `poolmgrctl` goes unseen.
-const LEASE_SETTINGS_TTL: std::time::Duration = std::time::Duration::from_secs(10);
-const LEASE_SETTINGS_CAPACITY: u64 = 10_000;
+const BIND_SETTINGS_TTL: std::time::Duration = std::time::Duration::from_secs(10);
+const BIND_SETTINGS_CAPACITY: u64 = 10_000;
 
 fn counts(status: &PoolStatus) -> PoolCounts {
     PoolCounts {
@@ -87,7 +87,7 @@ pub struct PoolStorage {
     locks: KeyLocks,
     metrics: Arc<Metrics>,
     /// What a bind needs of each Pool, as last read or written, so it needs no `GetPool`.
-    lease_settings: moka::sync::Cache<Key, BindSettings>,
+    bind_settings: moka::sync::Cache<Key, BindSettings>,
 }
 
 fn key(namespace: &str, name: &str) -> Key {
@@ -129,7 +129,7 @@ impl PoolStorage {
             hosts,
             locks: KeyLocks::default(),
             metrics,
-            lease_settings: bounded_cache(LEASE_SETTINGS_TTL, LEASE_SETTINGS_CAPACITY),
+            bind_settings: bounded_cache(BIND_SETTINGS_TTL, BIND_SETTINGS_CAPACITY),
         }
     }
 
@@ -164,7 +164,7 @@ impl PoolStorage {
             .await
             .map_err(|e| e.into_api_error(info(), name))?;
         let key = key(namespace, name);
-        self.lease_settings
+        self.bind_settings
             .insert(key.clone(), BindSettings::of(&pool.spec));
         let record = self.store.get::<PoolRecord>(&key)?;
         Ok(self.assemble(record, pool))
@@ -176,7 +176,7 @@ impl PoolStorage {
         namespace: &str,
         name: &str,
     ) -> Result<LeaseSettings, ApiError> {
-        Ok(self.bind_settings(namespace, name).await?.lease)
+        Ok(self.settings_of(namespace, name).await?.lease)
     }
 
     /// The vCPUs and memory (MiB) of the Pool's MicroVMs, for quotas on claims.
@@ -185,12 +185,12 @@ impl PoolStorage {
         namespace: &str,
         name: &str,
     ) -> Result<(i32, i32), ApiError> {
-        let settings = self.bind_settings(namespace, name).await?;
+        let settings = self.settings_of(namespace, name).await?;
         Ok((settings.vcpu, settings.memory_in_mb))
     }
 
-    async fn bind_settings(&self, namespace: &str, name: &str) -> Result<BindSettings, ApiError> {
-        if let Some(settings) = self.lease_settings.get(&key(namespace, name)) {
+    async fn settings_of(&self, namespace: &str, name: &str) -> Result<BindSettings, ApiError> {
+        if let Some(settings) = self.bind_settings.get(&key(namespace, name)) {
             return Ok(settings);
         }
         Ok(BindSettings::of(&self.read(namespace, name).await?.spec))
@@ -220,9 +220,9 @@ impl PoolStorage {
         };
         commit(&self.store, &key, object, change, record, |_| Ok(()))?;
         match change {
-            ChangeType::Deleted => self.lease_settings.invalidate(&key),
+            ChangeType::Deleted => self.bind_settings.invalidate(&key),
             _ => self
-                .lease_settings
+                .bind_settings
                 .insert(key.clone(), BindSettings::of(&object.spec)),
         }
         self.record_counts(object, change);
