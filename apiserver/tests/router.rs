@@ -223,6 +223,23 @@ async fn lists_page_with_limit_and_continue() {
     assert!(page2["metadata"].get("continue").is_none());
     let (status, bad) = h.json(get(&format!("{POOLS}?continue=garbage"))).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+    // With a selector what follows is not counted (it would be before filtering), as
+    // kube-apiserver leaves it out; the token still resumes.
+    let (_, selected) = h
+        .json(get(&format!("{POOLS}?limit=2&labelSelector=team%3Dci")))
+        .await;
+    assert_eq!(names(&selected), ["p1", "p2"]);
+    assert!(
+        selected["metadata"].get("remainingItemCount").is_none(),
+        "{selected}"
+    );
+    let token = selected["metadata"]["continue"].as_str().unwrap();
+    let (_, rest) = h
+        .json(get(&format!(
+            "{POOLS}?limit=2&labelSelector=team%3Dci&continue={token}"
+        )))
+        .await;
+    assert_eq!(names(&rest), ["p3"]);
 }
 
 #[tokio::test]

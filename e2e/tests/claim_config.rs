@@ -246,7 +246,10 @@ async fn env_and_files_from_a_secret_reach_the_microvm_and_nowhere_else() {
     };
     assert_eq!(failed.code, 500, "{failed:?}");
     assert!(
-        failed.message.contains("cannot write file /srv/a/b"),
+        failed
+            .message
+            .contains("cannot write files /srv/a, /srv/a/b")
+            && failed.message.contains("srv/a/b: Cannot open"),
         "{failed:?}"
     );
     assert_eq!(leased(&server).await, before);

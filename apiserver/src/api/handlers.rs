@@ -22,7 +22,7 @@ use serde_json::Value;
 use super::RequestContext;
 use super::managed_fields;
 use super::respond::{self, Warnings};
-use super::storage::{Deleted, Storage, server_now};
+use super::storage::{Deleted, Storage, list_key, server_now};
 
 /// A patch or apply that loses an optimistic-concurrency race is retried this often,
 /// as Go's `GuaranteedUpdate` does, when the client did not pin a resourceVersion.
@@ -49,21 +49,25 @@ pub async fn get<S: Storage>(
     respond::object(storage, StatusCode::OK, negotiated, table, &object, &[])
 }
 
-/// Items that pass both selectors, in the storage's (namespace, name) order.
+/// Items that pass both selectors, in the storage's [`list_key`] order.
 pub async fn select<S: Storage>(
     storage: &S,
     ctx: &RequestContext,
     options: &ListOptions,
 ) -> Result<(Vec<S::Object>, u64), ApiError> {
-    let mut supported = vec!["metadata.name", "metadata.namespace"];
-    supported.extend_from_slice(storage.selectable_fields());
-    options.field_selector.check_supported(&supported)?;
+    check_selectable(storage, options)?;
     let (items, rv) = storage.list(ctx).await?;
     let items = items
         .into_iter()
         .filter(|o| matches(storage, o, options))
         .collect();
     Ok((items, rv))
+}
+
+fn check_selectable<S: Storage>(storage: &S, options: &ListOptions) -> Result<(), ApiError> {
+    let mut supported = vec!["metadata.name", "metadata.namespace"];
+    supported.extend_from_slice(storage.selectable_fields());
+    options.field_selector.check_supported(&supported)
 }
 
 /// Whether `object` passes the label and field selectors of `options`.
@@ -90,6 +94,9 @@ pub fn matches<S: Storage>(storage: &S, object: &S::Object, options: &ListOption
     })
 }
 
+/// A list, or with `limit` one page of it: the storage reads the page after the
+/// continue token's key and no more, then the selectors filter it, so a page may hold
+/// fewer than `limit` items and still have a continue token, as kube-apiserver's may.
 pub async fn list<S: Storage>(
     storage: &S,
     ctx: &RequestContext,
@@ -97,85 +104,58 @@ pub async fn list<S: Storage>(
     negotiated: &Negotiated,
     table: TableOptions,
 ) -> Result<Response, ApiError> {
-    let (items, rv) = select(storage, ctx, options).await?;
-    let page = paginate(items, options)?;
+    check_selectable(storage, options)?;
+    let after = options
+        .continue_token
+        .as_deref()
+        .map(decode_continue)
+        .transpose()?;
+    let limit = options.limit.map_or(usize::MAX, |l| {
+        usize::try_from(l.get()).unwrap_or(usize::MAX)
+    });
+    let page = storage.list_page(ctx, after.as_deref(), limit).await?;
+    let continue_token = match page.items.last() {
+        Some(last) if page.rest > 0 => Some(encode_continue(&list_key(last))),
+        _ => None,
+    };
+    // Counted only without selectors, as kube-apiserver does: what follows is not
+    // filtered, so with selectors the count would overstate.
+    let selected = !options.label_selector.is_empty() || !options.field_selector.is_empty();
+    let remaining = (continue_token.is_some() && !selected)
+        .then(|| i64::try_from(page.rest).ok())
+        .flatten();
+    let items: Vec<_> = page
+        .items
+        .into_iter()
+        .filter(|o| matches(storage, o, options))
+        .collect();
     let metadata = ListMeta {
-        resource_version: Some(rv.to_string()),
-        continue_: page.continue_token,
-        remaining_item_count: page.remaining,
+        resource_version: Some(page.resource_version.to_string()),
+        continue_: continue_token,
+        remaining_item_count: remaining,
         ..ListMeta::default()
     };
-    respond::list(storage, negotiated, table, &page.items, metadata)
+    respond::list(storage, negotiated, table, &items, metadata)
 }
 
-/// `limit`/`continue`: the continue token is the key of the last item served, so a page
-/// resumes after it whatever changed meanwhile (our lists are always current, so the
-/// token never expires).
-/// One page of a list.
-struct Page<T> {
-    items: Vec<T>,
-    continue_token: Option<String>,
-    remaining: Option<i64>,
-}
-
-fn paginate<T: Resource>(items: Vec<T>, options: &ListOptions) -> Result<Page<T>, ApiError> {
-    let start = match &options.continue_token {
-        None => 0,
-        Some(token) => {
-            let after = decode_continue(token)?;
-            items.partition_point(|o| item_key(o) <= after)
-        }
-    };
-    let mut rest: Vec<T> = items.into_iter().skip(start).collect();
-    let whole = |items| Page {
-        items,
-        continue_token: None,
-        remaining: None,
-    };
-    let Some(limit) = options.limit else {
-        return Ok(whole(rest));
-    };
-    let limit = usize::try_from(limit.get()).unwrap_or(usize::MAX);
-    if rest.len() <= limit {
-        return Ok(whole(rest));
-    }
-    let remaining = i64::try_from(rest.len() - limit).ok();
-    rest.truncate(limit);
-    let continue_token = rest.last().map(|o| encode_continue(&item_key(o)));
-    Ok(Page {
-        items: rest,
-        continue_token,
-        remaining,
-    })
-}
-
-fn item_key<T: Resource>(object: &T) -> (String, String) {
-    let meta = object.meta();
-    (
-        meta.namespace.clone().unwrap_or_default(),
-        meta.name.clone().unwrap_or_default(),
-    )
-}
-
-fn encode_continue(key: &(String, String)) -> String {
+/// A continue token names the [`list_key`] of the last item served, so a page resumes
+/// after it whatever changed meanwhile (our lists are always current, so the token never
+/// expires).
+fn encode_continue(key: &str) -> String {
     use base64::Engine;
-    let json = serde_json::json!({"v": 1, "after": [key.0, key.1]});
+    let json = serde_json::json!({"v": 2, "after": key});
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json.to_string())
 }
 
-fn decode_continue(token: &str) -> Result<(String, String), ApiError> {
+fn decode_continue(token: &str) -> Result<String, ApiError> {
     use base64::Engine;
     let invalid = || ApiError::bad_request("continue key is not valid");
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(token)
         .map_err(|_| invalid())?;
     let value: Value = serde_json::from_slice(&bytes).map_err(|_| invalid())?;
-    match value
-        .get("after")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-    {
-        Some([Value::String(ns), Value::String(name)]) => Ok((ns.clone(), name.clone())),
+    match (value.get("v").and_then(Value::as_u64), value.get("after")) {
+        (Some(2), Some(Value::String(after))) => Ok(after.clone()),
         _ => Err(invalid()),
     }
 }

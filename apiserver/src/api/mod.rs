@@ -26,7 +26,7 @@ use futures::future::BoxFuture;
 pub use connect::Connect;
 pub use dispatch::{Endpoint, ResourceEndpoint, resource_router};
 pub use limits::{Limiter, Limits};
-pub use storage::{ApiObject, Deleted, Storage, server_now};
+pub use storage::{ApiObject, Deleted, ListPage, Storage, list_key, server_now};
 pub use subresource::{Subresource, SubresourceEndpoint};
 
 /// Who is asking, as authentication established it.

@@ -8,6 +8,7 @@
 //! resourceVersion per changed object, and the watch changes published under the same
 //! lock that orders commits, so watchers see them in resourceVersion order.
 
+use std::ops::Bound;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -83,6 +84,15 @@ impl Key {
             None => format!("{resource}/"),
         }
     }
+}
+
+/// A page of stored records.
+pub struct Page<T> {
+    pub records: Vec<T>,
+    /// The resourceVersion the page is consistent with.
+    pub resource_version: u64,
+    /// How many records follow the page.
+    pub rest: usize,
 }
 
 /// The store, with the watch hub its commits feed.
@@ -167,23 +177,54 @@ impl MetaStore {
         resource: &str,
         namespace: Option<&str>,
     ) -> Result<(Vec<T>, u64), StoreError> {
+        let page = self.page(resource, namespace, None, usize::MAX)?;
+        Ok((page.records, page.resource_version))
+    }
+
+    /// At most `limit` records of `resource` (in `namespace`, if given) after the one
+    /// whose `namespace/name` is `after`, in key order, and how many more there are: a
+    /// page of a list reads its own records, not the whole list's.
+    pub fn page<T: DeserializeOwned>(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<T>, StoreError> {
         let tx = self.db.begin_read().map_err(tx_err)?;
         let table = tx.open_table(OBJECTS).map_err(tx_err)?;
         let counters = tx.open_table(COUNTERS).map_err(tx_err)?;
-        let rv = counters
+        let resource_version = counters
             .get(RESOURCE_VERSION)
             .map_err(tx_err)?
             .map_or(0, |v| v.value());
         let prefix = Key::prefix(resource, namespace);
-        let mut out = Vec::new();
-        for entry in table.range(prefix.as_str()..).map_err(tx_err)? {
+        let after = after.map(|after| format!("{resource}/{after}"));
+        let start = match &after {
+            Some(after) if after.as_str() >= prefix.as_str() => Bound::Excluded(after.as_str()),
+            _ => Bound::Included(prefix.as_str()),
+        };
+        let mut records = Vec::new();
+        let mut rest = 0;
+        for entry in table
+            .range::<&str>((start, Bound::Unbounded))
+            .map_err(tx_err)?
+        {
             let (k, v) = entry.map_err(tx_err)?;
             if !k.value().starts_with(&prefix) {
                 break;
             }
-            out.push(decode(k.value(), v.value())?);
+            if records.len() < limit {
+                records.push(decode(k.value(), v.value())?);
+            } else {
+                rest += 1;
+            }
         }
-        Ok((out, rv))
+        Ok(Page {
+            records,
+            resource_version,
+            rest,
+        })
     }
 
     /// Every claim intent, for recovery at start.

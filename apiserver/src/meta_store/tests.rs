@@ -115,3 +115,50 @@ fn watchers_see_committed_changes_in_order() {
     assert_eq!(rx.try_recv().unwrap().name, "x");
     assert_eq!(rx.try_recv().unwrap().resource_version, 2);
 }
+
+#[test]
+fn pages_resume_after_their_key_and_count_what_follows() {
+    let store = MetaStore::in_memory().unwrap();
+    // "a-b/..." sorts before "a/...": pages follow the keys' byte order.
+    let records = [("a", "x", 1), ("a", "z", 2), ("a-b", "y", 3), ("c", "w", 4)];
+    store
+        .transact(|tx| -> Result<(), StoreError> {
+            for (ns, name, n) in records {
+                tx.put(&key(ns, name), &Rec { n })?;
+            }
+            tx.put(&Key::new("zones", Some("a"), "x"), &Rec { n: 9 })
+        })
+        .unwrap();
+    let mut after: Option<String> = None;
+    let mut seen = Vec::new();
+    loop {
+        let page = store
+            .page::<Rec>("pools", None, after.as_deref(), 1)
+            .unwrap();
+        let [record] = page.records.as_slice() else {
+            panic!("a page of one held {:?}", page.records);
+        };
+        seen.push(record.n);
+        assert_eq!(page.rest, records.len() - seen.len());
+        if page.rest == 0 {
+            break;
+        }
+        let (ns, name, _) = records.iter().find(|r| r.2 == record.n).unwrap();
+        after = Some(format!("{ns}/{name}"));
+    }
+    assert_eq!(seen, [3, 1, 2, 4]);
+
+    let in_a = store
+        .page::<Rec>("pools", Some("a"), Some("a/x"), 10)
+        .unwrap();
+    assert_eq!((in_a.records, in_a.rest), (vec![Rec { n: 2 }], 0));
+    // A key before the namespace starts it from its first record; one after, nothing.
+    let from_before = store
+        .page::<Rec>("pools", Some("a"), Some("a-b/y"), 10)
+        .unwrap();
+    assert_eq!(from_before.records, [Rec { n: 1 }, Rec { n: 2 }]);
+    let past = store
+        .page::<Rec>("pools", Some("a"), Some("b/"), 10)
+        .unwrap();
+    assert!(past.records.is_empty());
+}

@@ -387,10 +387,7 @@ impl Storage for PoolStorage {
                 self.assemble(record, p)
             })
             .collect();
-        items.sort_by(|a, b| {
-            (&a.metadata.namespace, &a.metadata.name)
-                .cmp(&(&b.metadata.namespace, &b.metadata.name))
-        });
+        items.sort_by_cached_key(crate::api::list_key);
         Ok((items, rv))
     }
 

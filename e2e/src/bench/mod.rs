@@ -47,6 +47,10 @@ pub struct Args {
     /// 2,000; quick: 20). Each, and each raw ClaimVM beside it, takes a booted MicroVM.
     #[arg(long)]
     pub binds: Option<usize>,
+    /// How many serial rounds the per-claim configuration scenario makes (default: 100;
+    /// quick: 5). Each round is four binds: plain, env, a file, both.
+    #[arg(long)]
+    pub config_binds: Option<usize>,
     /// How many claims the scale phase lists and holds at most (default: the issue's
     /// 10,000; quick: 100). Each needs a MicroVM booted by the embedded battery first.
     #[arg(long)]
@@ -56,7 +60,7 @@ pub struct Args {
 /// How big each scenario is.
 struct Sizes {
     serial_binds: usize,
-    /// Serial binds of each kind, plain and with env and a file from a Secret.
+    /// Serial binds of each kind: plain, with env, with a file, with both from a Secret.
     config_binds: usize,
     /// (concurrency, binds) per throughput level.
     throughput: [(usize, usize); 3],
@@ -147,13 +151,14 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
     eprintln!("bench: binding and exec");
     let rig = Rig::start(binary, &serve_args).await?;
     let serial_binds = args.binds.unwrap_or(sizes.serial_binds);
+    let config_binds = args.config_binds.unwrap_or(sizes.config_binds);
     // Two claims a round, ours and the raw one, and the exec scenario's claim: a
     // MicroVM booted for each beforehand.
     let serial_pool = (serial_binds * 2 + 1) as i32;
     let mut pools = vec![
         ("latency", serial_pool),
         ("burst", sizes.burst as i32),
-        ("config", (sizes.config_binds * 2) as i32),
+        ("config", (config_binds * 4) as i32),
     ];
     // A MicroVM ready for every bind: a bind that waits for one measures a boot.
     let levels = sizes
@@ -174,7 +179,7 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
     let pools = created;
     let latency = binds::latency(&rig, &pools[0], serial_binds).await?;
     rows.extend(latency.rows.iter().cloned());
-    rows.extend(binds::with_config(&rig, &pools[2], sizes.config_binds).await?);
+    rows.extend(binds::with_config(&rig, &pools[2], config_binds).await?);
     let levels: Vec<_> = levels
         .iter()
         .zip(&pools[3..])

@@ -490,13 +490,15 @@ impl Storage for HostStorage {
             .hosts()
             .await
             .map_err(|e| e.into_api_error(info(), ""))?;
-        let items = hosts
+        let mut items: Vec<Host> = hosts
             .into_iter()
             .map(|h| {
                 let record = records.remove(&h.name);
                 self.assemble(record, h)
             })
             .collect::<Result<_, _>>()?;
+        // Battery's order is its own; a list's is by name, which paging relies on.
+        items.sort_by_cached_key(crate::api::list_key);
         Ok((items, rv))
     }
 

@@ -11,20 +11,16 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
 
 use battery_api_machinery::request_info::RequestInfo;
-use battery_api_machinery::status::{ApiError, Reason};
-use battery_proto::agent::v1alpha1::{
-    ClaimRef, ExecOpen, ExecRequest, ExitStatus, StdinEof, exec_request, exec_response, exit_status,
-};
+use battery_api_machinery::status::ApiError;
 use battery_types::validation::{FieldError, FieldPath};
 use battery_types::{KeySelector, MicroVMClaim, MicroVMClaimSpec, SourceKind};
 use moka::sync::Cache;
 use secrecy::{ExposeSecret as _, SecretSlice, SecretString};
 
 use super::{BindFailure, BindIntent, release};
-use crate::agent_relay::{AgentRelay, describe};
+use crate::agent_relay::AgentRelay;
 use crate::api::UserInfo;
 use crate::battery::LeaseId;
 use crate::cluster::{Cluster, KeyValues};
@@ -33,23 +29,6 @@ use crate::http::authz::{Authorizer, Decision};
 /// Claims whose env is kept; past it the least used are dropped and read again at their
 /// next exec.
 const ENV_ENTRIES: u64 = 16 * 1024;
-/// How long one file's write may take, its session's opening included.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
-/// stdin chunks towards the agent, well under its 1 MiB message limit.
-const CHUNK_BYTES: usize = 256 * 1024;
-/// What of a failed write's stderr is shown.
-const STDERR_BYTES: usize = 2048;
-/// Writes stdin to `$1` with mode `$2`: into a temporary file beside it first, so the
-/// file never exists with partial content or a looser mode. Fixed, so nothing a user
-/// gives is ever shell text; the content arrives on stdin, never in argv or env.
-const WRITE_SCRIPT: &str = r#"set -eu
-umask 077
-mkdir -p -- "$(dirname -- "$1")"
-t="$1.battery-write"
-cat > "$t"
-chmod "$2" "$t"
-mv -f -- "$t" "$1""#;
-
 /// A claim's environment, its values secret.
 pub type ClaimEnv = BTreeMap<String, SecretString>;
 
@@ -185,126 +164,6 @@ impl ClaimConfig {
         self.env.insert(uid, env.clone());
         Ok(env)
     }
-
-    /// Writes each file into the bound `claim`'s MicroVM through its Host's agent; the
-    /// first failure is answered, naming the file's path.
-    pub async fn write_files(
-        &self,
-        claim: &MicroVMClaim,
-        files: Vec<FileContent>,
-    ) -> Result<(), ApiError> {
-        let namespace = claim.metadata.namespace.clone().unwrap_or_default();
-        let name = claim.metadata.name.clone().unwrap_or_default();
-        let status = claim.status.clone().unwrap_or_default();
-        for file in files {
-            let path = file.path.clone();
-            let failed = |why: String| {
-                ApiError::new(
-                    Reason::InternalError,
-                    format!(
-                        "cannot write file {path} into the MicroVM of microvmclaim \
-                         {namespace}/{name}; the MicroVM was released: {why}"
-                    ),
-                )
-            };
-            let (Some(host), Some(microvm)) = (&status.host, &status.micro_vm) else {
-                return Err(failed("the bind names no Host or MicroVM".to_owned()));
-            };
-            let Some(address) = &host.agent_address else {
-                return Err(failed(format!(
-                    "its Host {} has no exec agent registered",
-                    host.node_name
-                )));
-            };
-            let open = ExecOpen {
-                claim: Some(ClaimRef {
-                    namespace: namespace.clone(),
-                    name: name.clone(),
-                    uid: claim.metadata.uid.clone().unwrap_or_default(),
-                }),
-                microvm_uid: microvm.uid.clone(),
-                command: write_command(&file.path, file.mode),
-                env: HashMap::new(),
-                // The path is written relative to `/`, so a Host that roots sessions
-                // elsewhere (the simulated Hosts root them in the MicroVM's directory)
-                // keeps the file there.
-                working_dir: "/".to_owned(),
-                stdin: true,
-                stdout: false,
-                stderr: true,
-            };
-            let written = tokio::time::timeout(
-                WRITE_TIMEOUT,
-                self.write(&host.node_name, address, open, file.content),
-            )
-            .await
-            .unwrap_or_else(|_| Err(format!("it took over {}s", WRITE_TIMEOUT.as_secs())));
-            written.map_err(failed)?;
-        }
-        Ok(())
-    }
-
-    /// One file's session: the content on stdin, then the exit status.
-    async fn write(
-        &self,
-        host: &str,
-        address: &str,
-        open: ExecOpen,
-        content: SecretSlice<u8>,
-    ) -> Result<(), String> {
-        let session = self
-            .relay
-            .open(host, address, open)
-            .await
-            .map_err(|e| e.message().to_owned())?;
-        let requests = session.requests;
-        let feeder = tokio::spawn(async move {
-            for chunk in content.expose_secret().chunks(CHUNK_BYTES) {
-                let stdin = exec_request::Payload::Stdin(chunk.to_vec());
-                let request = ExecRequest {
-                    payload: Some(stdin),
-                };
-                if requests.send(request).await.is_err() {
-                    return;
-                }
-            }
-            let eof = exec_request::Payload::StdinEof(StdinEof {});
-            let _ = requests.send(ExecRequest { payload: Some(eof) }).await;
-        });
-        let mut responses = session.responses;
-        let mut stderr = Vec::new();
-        let outcome = loop {
-            match responses.message().await {
-                Ok(Some(response)) => match response.payload {
-                    Some(exec_response::Payload::Stderr(bytes)) => {
-                        let room = STDERR_BYTES.saturating_sub(stderr.len());
-                        stderr.extend_from_slice(&bytes[..bytes.len().min(room)]);
-                    }
-                    Some(exec_response::Payload::Exit(ExitStatus { outcome })) => break outcome,
-                    Some(exec_response::Payload::Stdout(_)) | None => {}
-                },
-                Ok(None) => break None,
-                Err(status) => {
-                    feeder.abort();
-                    return Err(format!(
-                        "the exec agent's stream failed: {}",
-                        describe(&status)
-                    ));
-                }
-            }
-        };
-        // A command that exits early leaves the rest of stdin unread.
-        feeder.abort();
-        let stderr = String::from_utf8_lossy(&stderr);
-        match outcome {
-            Some(exit_status::Outcome::Code(0)) => Ok(()),
-            Some(exit_status::Outcome::Code(code)) => {
-                Err(format!("the write exited with {code}: {}", stderr.trim()))
-            }
-            Some(exit_status::Outcome::Error(error)) => Err(format!("the write failed: {error}")),
-            None => Err("the exec agent ended the write without an exit status".to_owned()),
-        }
-    }
 }
 
 impl super::ClaimStorage {
@@ -334,19 +193,6 @@ impl super::ClaimStorage {
         }
         Ok(())
     }
-}
-
-/// The write's argv: the fixed script, the path made relative to `/`, the mode in octal
-/// as `chmod` takes it.
-fn write_command(path: &str, mode: i32) -> Vec<String> {
-    vec![
-        "sh".to_owned(),
-        "-c".to_owned(),
-        WRITE_SCRIPT.to_owned(),
-        "sh".to_owned(),
-        format!(".{path}"),
-        format!("{mode:o}"),
-    ]
 }
 
 /// Merges a claim's env under a session's own: the session's `env` wins on a clash, as a
@@ -498,3 +344,4 @@ fn assemble(claim: &MicroVMClaim, fetched: &Fetched, files: bool) -> Result<Reso
 
 #[cfg(test)]
 mod tests;
+mod write;

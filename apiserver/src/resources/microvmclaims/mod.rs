@@ -23,7 +23,7 @@ use tokio::sync::broadcast;
 use super::hosts::HostDirectory;
 use super::pools::PoolStorage;
 use super::{KeyLocks, check_resource_version, commit};
-use crate::api::{Deleted, RequestContext, Storage};
+use crate::api::{Deleted, ListPage, RequestContext, Storage};
 use crate::battery::objects;
 use crate::battery::{BatteryClient, BatteryEvent, EventKind, Failure, LeaseId};
 use crate::http::metrics::{BindOutcome, Metrics};
@@ -267,31 +267,29 @@ impl ClaimStorage {
         Ok(())
     }
 
-    /// The uids of the MicroVMs battery still leases, by request id.
-    async fn live_request_ids(&self) -> Result<HashSet<String>, ApiError> {
-        let leases = self
-            .battery
-            .leases()
-            .await
-            .map_err(|e| e.into_api_error(info(), ""))?;
+    /// The request ids of `records`' leases that battery still holds, asking battery only
+    /// of their Pool when they share one (a get, an exec, a page of one Pool's claims
+    /// costs what that Pool holds, not what battery holds), else of every lease.
+    async fn live_request_ids(&self, records: &[ClaimRecord]) -> Result<HashSet<String>, ApiError> {
+        let mut pools = records.iter().filter(|r| r.lease.is_some()).map(|r| {
+            let namespace = r.metadata.namespace.as_deref().unwrap_or_default();
+            (namespace, r.spec.pool_ref.name.as_str())
+        });
+        let Some(first) = pools.next() else {
+            return Ok(HashSet::new());
+        };
+        let leases = if pools.all(|pool| pool == first) {
+            self.battery.pool_leases(first.0, first.1).await
+        } else {
+            self.battery.leases().await
+        };
+        let leases = leases.map_err(|e| e.into_api_error(info(), ""))?;
         Ok(leases.into_iter().map(|l| l.request_id).collect())
     }
 
-    /// One claim as a read sees it (`with_liveness`), asking battery only of its Pool's
-    /// leases: a get or an exec costs what its Pool holds, not what battery holds.
+    /// One claim as a read sees it (`with_liveness`).
     async fn with_current_liveness(&self, record: ClaimRecord) -> Result<ClaimRecord, ApiError> {
-        if record.lease.is_none() {
-            return Ok(record);
-        }
-        let namespace = record.metadata.namespace.as_deref().unwrap_or_default();
-        let live = self
-            .battery
-            .pool_leases(namespace, &record.spec.pool_ref.name)
-            .await
-            .map_err(|e| e.into_api_error(info(), ""))?
-            .into_iter()
-            .map(|l| l.request_id)
-            .collect();
+        let live = self.live_request_ids(std::slice::from_ref(&record)).await?;
         Ok(self.with_liveness(record, &live))
     }
 
@@ -685,19 +683,31 @@ impl Storage for ClaimStorage {
     }
 
     async fn list(&self, ctx: &RequestContext) -> Result<(Vec<MicroVMClaim>, u64), ApiError> {
-        let (records, rv) = self
-            .store
-            .list::<ClaimRecord>(RESOURCE, ctx.namespace.as_deref())?;
-        let live = if records.iter().any(|r| r.lease.is_some()) {
-            self.live_request_ids().await?
-        } else {
-            HashSet::new()
-        };
-        let items = records
+        let page = self.list_page(ctx, None, usize::MAX).await?;
+        Ok((page.items, page.resource_version))
+    }
+
+    /// Reads only the page's claims, and asks battery only about their leases.
+    async fn list_page(
+        &self,
+        ctx: &RequestContext,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<ListPage<MicroVMClaim>, ApiError> {
+        let page =
+            self.store
+                .page::<ClaimRecord>(RESOURCE, ctx.namespace.as_deref(), after, limit)?;
+        let live = self.live_request_ids(&page.records).await?;
+        let items = page
+            .records
             .into_iter()
             .map(|r| Self::object(self.with_liveness(r, &live)))
             .collect();
-        Ok((items, rv))
+        Ok(ListPage {
+            items,
+            resource_version: page.resource_version,
+            rest: page.rest,
+        })
     }
 
     async fn create(

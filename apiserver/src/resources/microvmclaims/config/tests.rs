@@ -148,14 +148,6 @@ fn a_sessions_own_env_wins_over_the_claims() {
     assert_eq!(env["B"], "session");
 }
 
-#[test]
-fn the_write_is_a_fixed_script_with_the_path_and_octal_mode_as_arguments() {
-    let argv = write_command("/etc/app/token", 0o640);
-    assert_eq!(argv[..2], ["sh", "-c"]);
-    assert_eq!(argv[2], WRITE_SCRIPT);
-    assert_eq!(argv[3..], ["sh", "./etc/app/token", "640"]);
-}
-
 /// Denies `get` on the Secret `denied`, records every decision asked.
 #[derive(Default)]
 struct Policy {
