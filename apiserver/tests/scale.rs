@@ -85,10 +85,10 @@ async fn send(
 async fn a_read_projects_the_pool() {
     let h = Harness::start().await;
     let pool = ready_pool(&h, "read", 2).await;
-    let scale = scale(&h, "read").await;
+    let read = scale(&h, "read").await;
     let uid = pool["metadata"]["uid"].as_str().unwrap();
     assert_eq!(
-        scale,
+        read,
         json!({
             "apiVersion": "autoscaling/v1",
             "kind": "Scale",
