@@ -10,7 +10,7 @@ use std::sync::Arc;
 use axum::response::Response;
 use battery_api_machinery::negotiate::{Negotiated, PatchType, Target, body_format};
 use battery_api_machinery::params::{
-    IncludeObject, PatchOptions, QueryOptions, TableOptions, UpdateOptions,
+    FieldValidation, IncludeObject, PatchOptions, QueryOptions, TableOptions, UpdateOptions,
 };
 use battery_api_machinery::status::ApiError;
 use battery_api_machinery::table::{PartialObjectMetadata, Table, TableColumnDefinition, TableRow};
@@ -193,10 +193,7 @@ fn respond_scale(
 
 /// Decodes a Scale body: its `apiVersion` and `kind`, where given, must be
 /// `autoscaling/v1` `Scale`.
-fn decode_scale(
-    value: Value,
-    validation: battery_api_machinery::params::FieldValidation,
-) -> Result<(Scale, Warnings), ApiError> {
+fn decode_scale(value: Value, validation: FieldValidation) -> Result<(Scale, Warnings), ApiError> {
     let expected = Scale::api_version(&());
     if let Some(kind) = value.get("kind").and_then(Value::as_str)
         && kind != Scale::kind(&())

@@ -156,9 +156,10 @@ async fn patch_and_get_the_scale_subresource(route: Route) {
                 r#"{"spec":{"replicas":4}}"#,
             ])
             .await;
+        // kubectl names what the server answered, as for `deployments/scale`.
         assert_eq!(
             output.trim_end(),
-            format!("pool.{GROUP}/{DEV_POOL} patched")
+            format!("scale.autoscaling/{DEV_POOL} patched")
         );
         assert_size(&server, &kubectl, 4, "patch --subresource=scale").await;
         await_replicas(&kubectl, 4).await;
@@ -248,22 +249,30 @@ async fn an_hpa_reads_the_selector_and_writes_with_preconditions(route: Route) {
         .unwrap_or_default();
     assert_eq!(status.replicas, replicas, "a settled Pool is at size");
 
-    // HPA writes back the Scale it read, with its resourceVersion.
-    let mut wanted = read.clone();
-    wanted.spec.as_mut().unwrap().replicas = Some(replicas + 1);
-    let body = serde_json::to_vec(&wanted).unwrap();
-    let written = pools
-        .replace_scale(DEV_POOL, &PostParams::default(), body.clone())
-        .await
-        .expect("PUT scale");
+    // HPA writes back the Scale it read, with its resourceVersion; battery's events move
+    // the Pool's resourceVersion too, so a write that loses the race is read and sent
+    // again, as HPA does on its next sync.
+    let (wanted, written) = eventually(PROVISION_TIMEOUT, "a PUT of a fresh Scale", async || {
+        let mut wanted = pools.get_scale(DEV_POOL).await.map_err(|e| e.to_string())?;
+        wanted.spec.as_mut().unwrap().replicas = Some(replicas + 1);
+        match pools
+            .replace_scale(DEV_POOL, &PostParams::default(), &wanted)
+            .await
+        {
+            Ok(written) => Ok((wanted, written)),
+            Err(kube::Error::Api(status)) if status.code == 409 => Err(status.message),
+            Err(e) => panic!("PUT scale: {e}"),
+        }
+    })
+    .await;
     assert_eq!(written.spec.unwrap().replicas, Some(replicas + 1));
     assert_ne!(
-        written.metadata.resource_version, read.metadata.resource_version,
+        written.metadata.resource_version, wanted.metadata.resource_version,
         "a write is a new resourceVersion"
     );
-    // The same Scale again is stale: 409, as for a Deployment.
+    // The Scale written from is stale now: 409, as for a Deployment.
     match pools
-        .replace_scale(DEV_POOL, &PostParams::default(), body)
+        .replace_scale(DEV_POOL, &PostParams::default(), &wanted)
         .await
     {
         Err(kube::Error::Api(status)) => assert_eq!(status.code, 409, "{status:?}"),
