@@ -21,7 +21,7 @@ use tokio::task::JoinSet;
 use tower::ServiceBuilder;
 
 use crate::agent_relay::{AgentRelay, AgentRelayTls};
-use crate::api::{Endpoint, Limits, ResourceEndpoint, resource_router};
+use crate::api::{Endpoint, Limits, ResourceEndpoint, ScaleEndpoint, resource_router};
 use crate::battery::BatteryClient;
 use crate::cluster::Cluster;
 use crate::http::authn::{self, Authentication};
@@ -210,7 +210,10 @@ pub fn build(
     });
 
     let endpoints: Vec<Arc<dyn Endpoint>> = vec![
-        Arc::new(ResourceEndpoint::new(pools.clone(), store.clone())),
+        Arc::new(
+            ResourceEndpoint::new(pools.clone(), store.clone())
+                .with_subresource("scale", Arc::new(ScaleEndpoint(pools.clone()))),
+        ),
         Arc::new(
             ResourceEndpoint::new(claims.clone(), store.clone())
                 .with_subresource("lease", Arc::new(Arc::new(ClaimLeases(claims.clone()))))

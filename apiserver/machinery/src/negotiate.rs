@@ -237,20 +237,24 @@ pub fn body_format(headers: &HeaderMap) -> Result<Format, ApiError> {
         .ok_or_else(|| ApiError::unsupported_media_type(&MEDIA_TYPES))
 }
 
-/// The kinds of PATCH this server applies. Strategic merge patch is not one of them: like
-/// Go for custom resources, we answer it with 415, which is what makes the garbage
-/// collector fall back to a merge patch.
+/// The kinds of PATCH this server applies. Strategic merge patch only where a kind has no
+/// list to merge by key (the `scale` subresource): elsewhere, like Go for custom
+/// resources, we answer it with 415, which is what makes the garbage collector fall back
+/// to a merge patch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PatchType {
     /// `application/json-patch+json` (RFC 6902).
     JsonPatch,
     /// `application/merge-patch+json` (RFC 7386).
     MergePatch,
+    /// `application/strategic-merge-patch+json`, for kinds whose lists are all atomic.
+    StrategicMergePatch,
     /// `application/apply-patch+yaml`: server-side apply.
     Apply,
 }
 
-const PATCH_TYPES: [PatchType; 3] = [
+/// What a resource's PATCH accepts.
+pub const PATCH_TYPES: &[PatchType] = &[
     PatchType::JsonPatch,
     PatchType::MergePatch,
     PatchType::Apply,
@@ -262,13 +266,22 @@ impl PatchType {
         match self {
             PatchType::JsonPatch => "application/json-patch+json",
             PatchType::MergePatch => "application/merge-patch+json",
+            PatchType::StrategicMergePatch => "application/strategic-merge-patch+json",
             PatchType::Apply => "application/apply-patch+yaml",
         }
     }
 
-    /// The patch type from `Content-Type`, compared as Go's `PatchResource` does: the text
-    /// before any `;`, exactly. Anything else is a 415 listing the accepted types.
+    /// The patch type from `Content-Type`, one of a resource's [`PATCH_TYPES`].
     pub fn from_headers(headers: &HeaderMap) -> Result<Self, ApiError> {
+        Self::from_headers_among(headers, PATCH_TYPES)
+    }
+
+    /// The patch type from `Content-Type`, compared as Go's `PatchResource` does: the text
+    /// before any `;`, exactly. Anything but one of `accepted` is a 415 listing them.
+    pub fn from_headers_among(
+        headers: &HeaderMap,
+        accepted: &[PatchType],
+    ) -> Result<Self, ApiError> {
         let value = headers
             .get(CONTENT_TYPE)
             .map(|v| String::from_utf8_lossy(v.as_bytes()))
@@ -277,11 +290,12 @@ impl PatchType {
             Some(i) if i > 0 => &value[..i],
             _ => &value[..],
         };
-        PATCH_TYPES
-            .into_iter()
+        accepted
+            .iter()
+            .copied()
             .find(|p| p.content_type() == essence)
             .ok_or_else(|| {
-                let accepted: Vec<&str> = PATCH_TYPES.iter().map(|p| p.content_type()).collect();
+                let accepted: Vec<&str> = accepted.iter().map(|p| p.content_type()).collect();
                 ApiError::unsupported_media_type(&accepted)
             })
     }

@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 
 pub(crate) use query::{QueryValues, go_bool, go_parse_bool, unescape};
 
-use crate::negotiate::{PatchType, body_format};
+use crate::negotiate::{PATCH_TYPES, PatchType, body_format};
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::status::{ApiError, is_print};
 
@@ -390,7 +390,19 @@ pub struct PatchOptions {
 impl QueryOptions for PatchOptions {
     /// Go's order: an unknown patch type is a 415 before the query is read.
     fn from_request(query: &str, headers: &HeaderMap) -> Result<Self, ApiError> {
-        let patch_type = PatchType::from_headers(headers)?;
+        Self::from_request_among(query, headers, PATCH_TYPES)
+    }
+}
+
+impl PatchOptions {
+    /// As [`QueryOptions::from_request`], for an endpoint that accepts the patch types
+    /// `accepted` (the `scale` subresource takes strategic merge patches).
+    pub fn from_request_among(
+        query: &str,
+        headers: &HeaderMap,
+        accepted: &[PatchType],
+    ) -> Result<Self, ApiError> {
+        let patch_type = PatchType::from_headers_among(headers, accepted)?;
         let raw: RawWriteOptions = decode_query(query)?;
         // `ValidatePatchOptions`.
         let mut errors = Vec::new();

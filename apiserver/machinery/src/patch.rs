@@ -1,9 +1,10 @@
-//! Merge patches (RFC 7386) and JSON patches (RFC 6902) applied to an object's JSON, as
-//! Go's `apiserver:pkg/endpoints/handlers/patch.go` applies them before it decodes and
+//! Merge patches (RFC 7386), JSON patches (RFC 6902) and strategic merge patches of kinds
+//! with no list to merge by key, applied to an object's JSON, as Go's
+//! `apiserver:pkg/endpoints/handlers/patch.go` applies them before it decodes and
 //! validates the result. Server-side apply is not a patch of this kind: it merges by
 //! field ownership, in the server.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::negotiate::PatchType;
 use crate::status::{ApiError, Reason};
@@ -21,6 +22,16 @@ pub fn apply_patch(kind: PatchType, document: &mut Value, patch: &Value) -> Resu
                 return Err(ApiError::bad_request("a merge patch must be a JSON object"));
             }
             json_patch::merge(document, patch);
+            Ok(())
+        }
+        PatchType::StrategicMergePatch => {
+            let (Value::Object(original), Value::Object(patch)) = (&*document, patch) else {
+                return Err(ApiError::bad_request(
+                    "a strategic merge patch must be a JSON object",
+                ));
+            };
+            *document =
+                Value::Object(strategic_merge(original.clone(), patch)?.unwrap_or_default());
             Ok(())
         }
         PatchType::JsonPatch => {
@@ -53,6 +64,78 @@ pub fn apply_patch(kind: PatchType, document: &mut Value, patch: &Value) -> Resu
     }
 }
 
+/// The `$patch` directive: what to do with the map it sits in.
+const PATCH_DIRECTIVE: &str = "$patch";
+/// The `$retainKeys` directive: the keys of the map to keep, the rest cleared.
+const RETAIN_KEYS_DIRECTIVE: &str = "$retainKeys";
+
+/// `strategicpatch.mergeMap` (`apimachinery:pkg/util/strategicpatch/patch.go`) for a kind
+/// whose lists are all atomic, so that a list is replaced like any other value: a merge
+/// patch that also honours the map directives `$patch` (`replace`, `delete`, `merge`) and
+/// `$retainKeys`. `None` when the patch deletes the map. List directives
+/// (`$setElementOrder/…`, `$deleteFromPrimitiveList/…`) name a list merged by key, which
+/// such a kind has not: they are refused.
+fn strategic_merge(
+    mut original: Map<String, Value>,
+    patch: &Map<String, Value>,
+) -> Result<Option<Map<String, Value>>, ApiError> {
+    let mut patch = patch.clone();
+    match patch.remove(PATCH_DIRECTIVE) {
+        None => {}
+        Some(Value::String(directive)) => match directive.as_str() {
+            "delete" => return Ok(None),
+            "replace" => original.clear(),
+            "merge" => {}
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "unknown patch type: {other} in map"
+                )));
+            }
+        },
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "unknown patch type: {other} in map"
+            )));
+        }
+    }
+    if let Some(retain) = patch.remove(RETAIN_KEYS_DIRECTIVE) {
+        let keys: Vec<String> = serde_json::from_value(retain).map_err(|_| {
+            ApiError::bad_request("the $retainKeys directive must be a list of strings")
+        })?;
+        if let Some(stray) = patch.keys().find(|key| !keys.contains(key)) {
+            return Err(ApiError::bad_request(format!(
+                "the patch has {stray:?}, which its $retainKeys directive does not list"
+            )));
+        }
+        original.retain(|key, _| keys.contains(key));
+    }
+    if let Some(directive) = patch.keys().find(|key| key.starts_with('$')) {
+        return Err(ApiError::bad_request(format!(
+            "unknown patch directive {directive:?}: the object has no list to merge by key"
+        )));
+    }
+    for (key, value) in patch {
+        match value {
+            Value::Null => {
+                original.remove(&key);
+            }
+            Value::Object(nested) => {
+                let current = match original.remove(&key) {
+                    Some(Value::Object(current)) => current,
+                    _ => Map::new(),
+                };
+                if let Some(merged) = strategic_merge(current, &nested)? {
+                    original.insert(key, Value::Object(merged));
+                }
+            }
+            value => {
+                original.insert(key, value);
+            }
+        }
+    }
+    Ok(Some(original))
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -83,5 +166,81 @@ mod tests {
         ]);
         apply_patch(PatchType::JsonPatch, &mut document, &patch).unwrap();
         assert_eq!(document, json!({"spec": {"size": 2}}));
+    }
+
+    fn strategic(document: Value, patch: Value) -> Result<Value, ApiError> {
+        let mut document = document;
+        apply_patch(PatchType::StrategicMergePatch, &mut document, &patch)?;
+        Ok(document)
+    }
+
+    #[test]
+    fn a_strategic_merge_patch_merges_maps_and_replaces_the_rest() {
+        let scale = json!({
+            "metadata": {"name": "dev", "labels": {"a": "1", "b": "2"}},
+            "spec": {"replicas": 2},
+            "status": {"replicas": 2, "selector": "x=y"},
+        });
+        // What `kubectl patch --subresource=scale` sends by default.
+        let patched = strategic(scale.clone(), json!({"spec": {"replicas": 5}})).unwrap();
+        assert_eq!(patched["spec"], json!({"replicas": 5}));
+        assert_eq!(patched["status"], scale["status"]);
+        // null deletes; a map into a missing key is written without its nulls.
+        let patched = strategic(
+            scale.clone(),
+            json!({"metadata": {"labels": {"a": null}, "annotations": {"k": "v", "gone": null}}}),
+        )
+        .unwrap();
+        assert_eq!(
+            patched["metadata"],
+            json!({"name": "dev", "labels": {"b": "2"}, "annotations": {"k": "v"}})
+        );
+    }
+
+    #[test]
+    fn strategic_merge_directives_replace_delete_and_retain() {
+        let document =
+            json!({"metadata": {"labels": {"a": "1", "b": "2"}}, "spec": {"replicas": 2}});
+        let replaced = strategic(
+            document.clone(),
+            json!({"metadata": {"labels": {"$patch": "replace", "c": "3"}}}),
+        )
+        .unwrap();
+        assert_eq!(replaced["metadata"]["labels"], json!({"c": "3"}));
+        let deleted = strategic(
+            document.clone(),
+            json!({"metadata": {"labels": {"$patch": "delete"}}}),
+        )
+        .unwrap();
+        assert_eq!(deleted["metadata"], json!({}));
+        let retained = strategic(
+            document.clone(),
+            json!({"metadata": {"labels": {"$retainKeys": ["b", "c"], "c": "3"}}}),
+        )
+        .unwrap();
+        assert_eq!(retained["metadata"]["labels"], json!({"b": "2", "c": "3"}));
+        assert_eq!(
+            strategic(
+                document.clone(),
+                json!({"$patch": "merge", "spec": {"replicas": 3}})
+            )
+            .unwrap()["spec"],
+            json!({"replicas": 3})
+        );
+    }
+
+    #[test]
+    fn a_bad_strategic_merge_patch_is_a_bad_request() {
+        let document = json!({"spec": {"replicas": 2}});
+        for patch in [
+            json!([{"op": "add", "path": "/spec", "value": {}}]),
+            json!({"spec": {"$patch": "sideways"}}),
+            json!({"spec": {"$retainKeys": "replicas"}}),
+            json!({"spec": {"$retainKeys": ["other"], "replicas": 1}}),
+            json!({"$setElementOrder/spec": []}),
+        ] {
+            let error = strategic(document.clone(), patch.clone()).unwrap_err();
+            assert_eq!(error.reason(), Reason::BadRequest, "{patch}");
+        }
     }
 }

@@ -13,6 +13,7 @@ mod handlers;
 mod limits;
 mod managed_fields;
 mod respond;
+mod scale;
 mod storage;
 mod subresource;
 mod watch_stream;
@@ -26,6 +27,7 @@ use futures::future::BoxFuture;
 pub use connect::Connect;
 pub use dispatch::{Endpoint, ResourceEndpoint, resource_router};
 pub use limits::{Limiter, Limits};
+pub use scale::{Scalable, ScaleEndpoint};
 pub use storage::{ApiObject, Deleted, ListPage, Storage, list_key, server_now};
 pub use subresource::{Subresource, SubresourceEndpoint};
 

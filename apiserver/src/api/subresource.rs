@@ -55,7 +55,8 @@ impl<T: Subresource> SubresourceEndpoint for Arc<T> {
     }
 }
 
-fn decode<T: DeserializeOwned>(
+/// Decodes a subresource's body, applying `fieldValidation` to its unknown fields.
+pub(super) fn decode<T: DeserializeOwned>(
     value: Value,
     validation: FieldValidation,
 ) -> Result<(T, Vec<String>), ApiError> {

@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use super::hosts::HostDirectory;
 use super::{KeyLocks, check_resource_version, commit};
-use crate::api::{Deleted, RequestContext, Storage, server_now};
+use crate::api::{Deleted, RequestContext, Scalable, Storage, server_now};
 use crate::battery::objects::{self, PoolMeta};
 use crate::battery::{BatteryClient, BatteryPool, Failure};
 use crate::http::bounded_cache;
@@ -499,6 +499,26 @@ impl Storage for PoolStorage {
         crate::failpoint::crash_point("pool-delete:deleted");
         self.commit(&mut pool, ChangeType::Deleted, None)?;
         Ok(Deleted::Gone(pool))
+    }
+}
+
+/// `pools/<name>/scale` (ADR 0019): `spec.replicas` is `spec.size`, `status.replicas` what
+/// battery counts towards it, and the selector names the Pool by uid.
+impl Scalable for PoolStorage {
+    fn spec_replicas(&self, pool: &Pool) -> i32 {
+        pool.spec.size.unwrap_or_default()
+    }
+
+    fn set_spec_replicas(&self, pool: &mut Pool, replicas: i32) {
+        pool.spec.size = Some(replicas);
+    }
+
+    fn status_replicas(&self, pool: &Pool) -> i32 {
+        pool.replicas()
+    }
+
+    fn selector(&self, pool: &Pool) -> String {
+        pool.scale_selector()
     }
 }
 

@@ -43,13 +43,15 @@ const RESOURCES: &[[&str; 6]] = &[
 ];
 
 /// The subresources discovery must list, with their verbs (DESIGN §4; `exec` is a
-/// connect subresource, which discovery shows as `create` and `get` like `pods/exec`).
+/// connect subresource, which discovery shows as `create` and `get` like `pods/exec`;
+/// `pools/scale` is checked further in `scale.rs`).
 const SUBRESOURCES: &[(&str, &[&str])] = &[
     ("hosts/certificate", &["create"]),
     ("hosts/status", &["get", "patch", "update"]),
     ("microvmclaims/exec", &["create", "get"]),
     ("microvmclaims/lease", &["create", "get", "patch", "update"]),
     ("microvmclaims/status", &["get"]),
+    ("pools/scale", &["get", "patch", "update"]),
     ("pools/status", &["get"]),
 ];
 

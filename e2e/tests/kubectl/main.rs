@@ -36,6 +36,7 @@ mod errors;
 mod hosts;
 mod lifecycle;
 mod read;
+mod scale;
 mod watch;
 mod write;
 

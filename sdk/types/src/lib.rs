@@ -65,8 +65,8 @@ pub use microvmclaims::{
     service_account_username,
 };
 pub use pools::{
-    HookFailurePolicy, Hooks, LeaseSettings, Placement, Pool, PoolSpec, PoolStatus, Replenishment,
-    ReplenishmentType,
+    HookFailurePolicy, Hooks, LeaseSettings, POOL_UID_LABEL, Placement, Pool, PoolSpec, PoolStatus,
+    Replenishment, ReplenishmentType,
 };
 pub use resource_info::{
     HasResourceInfo, RESOURCES, ResourceInfo, Scope, SubresourceInfo, Verb, resource_for_plural,

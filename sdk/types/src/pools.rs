@@ -168,6 +168,35 @@ pub struct PoolStatus {
     pub conditions: Vec<Condition>,
 }
 
+/// The label key of a Pool's `scale` selector (`status.selector`): `<key>=<the Pool's
+/// uid>`, as a Job's selector names its `controller-uid`. No Pod carries it (ADR 0019).
+pub const POOL_UID_LABEL: &str = "battery.liquidmetal-x.dev/pool-uid";
+
+impl Pool {
+    /// How many of the Pool's MicroVMs count towards `spec.size` under its replenishment
+    /// type, as battery's reconciler counts them: the `status.replicas` of its `scale`
+    /// subresource, which HPA compares with `spec.replicas`. Leased MicroVMs come on top
+    /// of `size` for `ImmediateOnLease`, and quarantined ones never count.
+    pub fn replicas(&self) -> i32 {
+        let status = self.status.clone().unwrap_or_default();
+        let ready = status.available.saturating_add(status.provisioning);
+        match self.spec.replenishment.type_ {
+            ReplenishmentType::ImmediateOnLease => ready,
+            _ => ready.saturating_add(status.leased),
+        }
+    }
+
+    /// The label selector of its `scale` subresource, in the query-string form
+    /// `status.selector` takes: the Pool's uid under [`POOL_UID_LABEL`], so that it is a
+    /// valid label value whatever the name, and no two Pools share it.
+    pub fn scale_selector(&self) -> String {
+        format!(
+            "{POOL_UID_LABEL}={}",
+            self.metadata.uid.as_deref().unwrap_or_default()
+        )
+    }
+}
+
 impl PoolSpec {
     /// Checks the spec as a create or an update must find it, with paths from `spec`. A
     /// Pool has no immutable fields, so an update is checked the same way.

@@ -97,6 +97,10 @@ pub struct SubresourceInfo {
     pub kind: &'static str,
     /// The verbs it serves, as discovery lists them.
     pub verbs: &'static [Verb],
+    /// Whether a PATCH may be a strategic merge patch. Only for a kind whose lists are all
+    /// atomic (`autoscaling/v1` `Scale`), where it needs no schema: elsewhere kubectl
+    /// would compute one from Go struct tags we do not have.
+    pub strategic_merge_patch: bool,
 }
 
 impl SubresourceInfo {
@@ -178,14 +182,29 @@ impl HasResourceInfo for Pool {
         categories: CATEGORIES,
         scope: Scope::Namespaced,
         verbs: &Verb::ALL,
-        subresources: &[SubresourceInfo {
-            name: "status",
-            group: GROUP,
-            version: VERSION,
-            kind: "Pool",
-            // Read-only: a Pool's status is read from battery, never written.
-            verbs: &[Verb::Get],
-        }],
+        subresources: &[
+            SubresourceInfo {
+                name: "status",
+                group: GROUP,
+                version: VERSION,
+                kind: "Pool",
+                // Read-only: a Pool's status is read from battery, never written.
+                verbs: &[Verb::Get],
+                strategic_merge_patch: false,
+            },
+            SubresourceInfo {
+                name: "scale",
+                group: "autoscaling",
+                version: "v1",
+                kind: "Scale",
+                // As `deployments/scale`: `kubectl scale`, HPA and KEDA read it and write
+                // `spec.replicas`, which is the Pool's `spec.size` (ADR 0019).
+                verbs: &[Verb::Get, Verb::Update, Verb::Patch],
+                // `kubectl patch --subresource=scale` sends one by default, as for a
+                // Deployment; Scale has no lists, so it needs no schema.
+                strategic_merge_patch: true,
+            },
+        ],
     };
 }
 
@@ -208,6 +227,7 @@ impl HasResourceInfo for MicroVMClaim {
                 kind: "MicroVMClaim",
                 // Read-only: binding, renewal and expiry set it, never a client.
                 verbs: &[Verb::Get],
+                strategic_merge_patch: false,
             },
             SubresourceInfo {
                 name: "lease",
@@ -217,6 +237,7 @@ impl HasResourceInfo for MicroVMClaim {
                 // Any write renews the lease (battery's Heartbeat): PUT, PATCH, or a POST
                 // with a Lease body, as a client that only knows "renew" sends it.
                 verbs: &[Verb::Get, Verb::Create, Verb::Update, Verb::Patch],
+                strategic_merge_patch: false,
             },
             SubresourceInfo {
                 name: "exec",
@@ -228,6 +249,7 @@ impl HasResourceInfo for MicroVMClaim {
                 // As `pods/exec` lists them: a WebSocket upgrade is a GET, a SPDY one a POST,
                 // and RBAC authorizes either as `create`.
                 verbs: &[Verb::Create, Verb::Get],
+                strategic_merge_patch: false,
             },
         ],
     };
@@ -262,6 +284,7 @@ impl HasResourceInfo for Host {
                 kind: "Host",
                 // The exec agent writes its readiness report here.
                 verbs: &[Verb::Get, Verb::Update, Verb::Patch],
+                strategic_merge_patch: false,
             },
             SubresourceInfo {
                 name: "certificate",
@@ -271,6 +294,7 @@ impl HasResourceInfo for Host {
                 // The exec agent's serving certificate is signed here (ADR 0011); like
                 // `serviceaccounts/token`, a create that answers and keeps nothing.
                 verbs: &[Verb::Create],
+                strategic_merge_patch: false,
             },
         ],
     };

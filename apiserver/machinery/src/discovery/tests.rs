@@ -36,6 +36,7 @@ const WIDGETS: ResourceInfo = ResourceInfo {
             version: VERSION,
             kind: "Widget",
             verbs: &[Verb::Update, Verb::Get, Verb::Patch],
+            strategic_merge_patch: false,
         },
         SubresourceInfo {
             name: "lease",
@@ -43,6 +44,7 @@ const WIDGETS: ResourceInfo = ResourceInfo {
             version: "v1",
             kind: "Lease",
             verbs: &[Verb::Get, Verb::Update, Verb::Patch],
+            strategic_merge_patch: false,
         },
     ],
 };

@@ -9,7 +9,8 @@
 //! `x-kubernetes-group-version-kind` list holds that kind; kubectl sends
 //! `fieldValidation=Strict` only if the kind's PATCH operation lists that parameter; and
 //! `kubectl apply` computes a strategic merge patch if the PATCH operation accepts one, so
-//! it is never listed. The aggregator filters v2 to our paths and merges definitions by
+//! it is listed only for a subresource whose kind has no list to merge by key (`scale`).
+//! The aggregator filters v2 to our paths and merges definitions by
 //! name, so meta schemas keep kube-apiserver's names.
 //!
 //! The documents are built as `serde_json` values rather than with utoipa: utoipa 6 writes

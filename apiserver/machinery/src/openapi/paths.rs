@@ -94,6 +94,13 @@ pub(super) const PATCH_TYPES: &[&str] = &[
     "application/json-patch+json",
     "application/merge-patch+json",
 ];
+/// The PATCH body types of a subresource that takes strategic merge patches (`scale`), as
+/// its handler serves them: a Scale has no list for kubectl to merge by key.
+const STRATEGIC_PATCH_TYPES: &[&str] = &[
+    "application/json-patch+json",
+    "application/merge-patch+json",
+    "application/strategic-merge-patch+json",
+];
 /// What a connect (exec) operation speaks: an upgraded stream of any type.
 const ANY: &[&str] = &["*/*"];
 
@@ -423,7 +430,14 @@ impl<'a> Resource<'a> {
                 Verb::Patch => Operation {
                     description: format!("partially update {name} of the specified {kind}"),
                     query: query::PATCH,
-                    body: Some(patch_body()),
+                    body: Some(if sub.strategic_merge_patch {
+                        RequestBody {
+                            content_types: STRATEGIC_PATCH_TYPES,
+                            ..patch_body()
+                        }
+                    } else {
+                        patch_body()
+                    }),
                     responses: created(&definition, false),
                     ..operation(Method::Patch, "patch", self.id("patch", &suffix))
                 },

@@ -1,6 +1,6 @@
 //! `components.schemas`: our kinds and their lists, the meta types they reference, and
 //! the foreign kinds a subresource returns (the claim lease is a coordination.k8s.io/v1
-//! `Lease`).
+//! `Lease`, a Pool's scale an autoscaling/v1 `Scale`).
 //!
 //! The meta schemas come from k8s-openapi's `schemars` feature rather than being written
 //! by hand, so descriptions match kube-apiserver's and the definition names are Go's
@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 
 use battery_types::ResourceInfo;
+use k8s_openapi::api::autoscaling::v1::Scale;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     APIResourceList, Condition, DeleteOptions, ListMeta, MicroTime, ObjectMeta, Patch, Status,
@@ -204,6 +205,10 @@ fn foreign_kind(generator: &mut SchemaGenerator, gvk: &Gvk) -> Option<String> {
             generator.subschema_for::<Lease>();
             Some(name_of::<Lease>())
         }
+        ("autoscaling", "v1", "Scale") => {
+            generator.subschema_for::<Scale>();
+            Some(name_of::<Scale>())
+        }
         _ => None,
     }
 }
@@ -307,6 +312,7 @@ mod tests {
             "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
         );
         assert_eq!(name_of::<Lease>(), "io.k8s.api.coordination.v1.Lease");
+        assert_eq!(name_of::<Scale>(), "io.k8s.api.autoscaling.v1.Scale");
     }
 
     #[test]

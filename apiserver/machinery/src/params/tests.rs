@@ -422,3 +422,29 @@ proptest! {
         let _ = PatchOptions::from_request(&query, &content_type("application/merge-patch+json"));
     }
 }
+
+#[test]
+fn patch_options_among_the_types_an_endpoint_takes() {
+    // The `scale` subresource's types: a strategic merge patch, and no apply.
+    let scale = [
+        PatchType::JsonPatch,
+        PatchType::MergePatch,
+        PatchType::StrategicMergePatch,
+    ];
+    let options = PatchOptions::from_request_among(
+        "dryRun=All",
+        &content_type("application/strategic-merge-patch+json"),
+        &scale,
+    )
+    .unwrap();
+    assert_eq!(options.patch_type, PatchType::StrategicMergePatch);
+    assert!(options.dry_run);
+    let err =
+        PatchOptions::from_request_among("", &content_type("application/apply-patch+yaml"), &scale)
+            .unwrap_err();
+    assert_eq!(err.reason(), Reason::UnsupportedMediaType);
+    assert_eq!(
+        err.message(),
+        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json"
+    );
+}

@@ -476,3 +476,51 @@ fn validation_rules() {
         assert_eq!(messages, *expected, "{name}");
     }
 }
+
+/// A Pool of `spec` with the counts battery reports.
+fn counted(type_: ReplenishmentType, available: i32, leased: i32, provisioning: i32) -> Pool {
+    let mut spec = valid_spec();
+    spec.replenishment.type_ = type_;
+    let mut pool = Pool::new("dev", spec);
+    pool.status = Some(PoolStatus {
+        available,
+        leased,
+        provisioning,
+        quarantined: 4,
+        ..PoolStatus::default()
+    });
+    pool
+}
+
+#[test]
+fn scale_replicas_count_what_battery_counts_towards_size() {
+    // Leased MicroVMs come on top of `size` for ImmediateOnLease; quarantined ones never
+    // count (`reference/battery-api.md` §4.2).
+    let cases = [
+        (ReplenishmentType::ImmediateOnLease, 3),
+        (ReplenishmentType::MinSizeThreshold, 5),
+        (ReplenishmentType::ReplaceOnDelete, 5),
+    ];
+    for (type_, replicas) in cases {
+        assert_eq!(
+            counted(type_.clone(), 2, 2, 1).replicas(),
+            replicas,
+            "{type_:?}"
+        );
+    }
+    // A Pool read without a status has none.
+    assert_eq!(Pool::new("dev", valid_spec()).replicas(), 0);
+}
+
+#[test]
+fn scale_selector_names_the_pool_by_uid() {
+    let mut pool = Pool::new(
+        "a-name-longer-than-a-label-value-may-be.example.with.dots.and-more",
+        valid_spec(),
+    );
+    pool.metadata.uid = Some("0b5e3c9e-2f5b-4f44-9d55-7d7c4e1a2b3c".to_owned());
+    assert_eq!(
+        pool.scale_selector(),
+        "battery.liquidmetal-x.dev/pool-uid=0b5e3c9e-2f5b-4f44-9d55-7d7c4e1a2b3c"
+    );
+}

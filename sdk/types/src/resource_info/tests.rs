@@ -30,13 +30,22 @@ fn pools() {
             "deletecollection"
         ]
     );
-    assert_eq!(info.subresources.len(), 1);
+    assert_eq!(info.subresources.len(), 2);
     let status = info.subresource("status").unwrap();
     assert_eq!(
         (status.group, status.version, status.kind),
         (GROUP, VERSION, "Pool")
     );
     assert_eq!(verbs(status.verbs), ["get"]);
+    assert!(!status.strategic_merge_patch);
+    // `deployments/scale`'s kind and verbs, so `kubectl scale` and HPA find it.
+    let scale = info.subresource("scale").unwrap();
+    assert_eq!(
+        (scale.group, scale.version, scale.kind),
+        ("autoscaling", "v1", "Scale")
+    );
+    assert_eq!(verbs(scale.verbs), ["get", "update", "patch"]);
+    assert!(scale.strategic_merge_patch);
 }
 
 #[test]

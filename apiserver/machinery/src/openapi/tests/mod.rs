@@ -97,6 +97,7 @@ const WIDGETS: ResourceInfo = ResourceInfo {
             version: VERSION,
             kind: "Widget",
             verbs: &[Verb::Get],
+            strategic_merge_patch: false,
         },
         SubresourceInfo {
             name: "lease",
@@ -104,6 +105,7 @@ const WIDGETS: ResourceInfo = ResourceInfo {
             version: "v1",
             kind: "Lease",
             verbs: &[Verb::Get, Verb::Update, Verb::Patch],
+            strategic_merge_patch: false,
         },
         EXEC,
     ],
@@ -116,6 +118,7 @@ const EXEC: SubresourceInfo = SubresourceInfo {
     version: VERSION,
     kind: "WidgetExecOptions",
     verbs: &[Verb::Create, Verb::Get],
+    strategic_merge_patch: false,
 };
 
 const GADGETS: ResourceInfo = ResourceInfo {
@@ -142,6 +145,7 @@ const GADGETS: ResourceInfo = ResourceInfo {
         version: VERSION,
         kind: "Gadget",
         verbs: &[Verb::Get, Verb::Update, Verb::Patch],
+        strategic_merge_patch: false,
     }],
 };
 
@@ -338,8 +342,8 @@ fn assert_explainable(document: &Value, info: &ResourceInfo) {
 }
 
 /// kubectl's probes of the PATCH operations: `fieldValidation` listed (so it validates on
-/// the server) and no strategic merge patch (so `apply` sends a merge patch). Returns how
-/// many PATCH operations there are.
+/// the server) and no strategic merge patch (so `apply` sends a merge patch) except on a
+/// `scale` subresource, which serves one. Returns how many PATCH operations there are.
 fn assert_patches(document: &Value, dialect: &str) -> usize {
     let patches: Vec<_> = operations(document)
         .into_iter()
@@ -360,17 +364,21 @@ fn assert_patches(document: &Value, dialect: &str) -> usize {
         } else {
             serde_json::from_value(operation["consumes"].clone()).unwrap()
         };
-        assert_eq!(
-            types,
-            [
+        let expected: &[&str] = if path.ends_with("/scale") {
+            &[
+                "application/json-patch+json",
+                "application/merge-patch+json",
+                "application/strategic-merge-patch+json",
+            ]
+        } else {
+            &[
                 "application/apply-patch+yaml",
                 "application/json-patch+json",
-                "application/merge-patch+json"
-            ],
-            "{dialect} {path}"
-        );
+                "application/merge-patch+json",
+            ]
+        };
+        assert_eq!(types, expected, "{dialect} {path}");
     }
-    assert!(!document.to_string().contains("strategic-merge-patch"));
     patches.len()
 }
 
@@ -661,18 +669,19 @@ fn v2_is_swagger_2_0() {
 fn inputs_that_cannot_be_published_are_refused() {
     const ORPHAN: ResourceInfo = ResourceInfo {
         subresources: &[SubresourceInfo {
-            name: "scale",
-            group: "autoscaling",
+            name: "eviction",
+            group: "policy",
             version: "v1",
-            kind: "Scale",
-            verbs: &[Verb::Get],
+            kind: "Eviction",
+            verbs: &[Verb::Create],
+            strategic_merge_patch: false,
         }],
         ..GADGETS
     };
     let error = v3_document(GROUP, VERSION, &[(&ORPHAN, json!({ "type": "object" }))]).unwrap_err();
     assert_eq!(
         error.to_string(),
-        "subresource gadgets/scale returns autoscaling/v1 Scale, for which there is no schema"
+        "subresource gadgets/eviction returns policy/v1 Eviction, for which there is no schema"
     );
 
     let error = v3_document("other.dev", "v1", &kinds()).unwrap_err();
@@ -687,6 +696,85 @@ fn inputs_that_cannot_be_published_are_refused() {
     assert!(
         matches!(error, OpenApiError::UnsupportedKindSchema { .. }),
         "{error}"
+    );
+}
+
+/// A `scale` subresource, as `deployments/scale`: its operations carry the autoscaling/v1
+/// Scale GVK and schema, and its PATCH takes the strategic merge patches it serves.
+#[test]
+fn a_scale_subresource_publishes_the_scale_kind() {
+    const SCALED: ResourceInfo = ResourceInfo {
+        subresources: &[SubresourceInfo {
+            name: "scale",
+            group: "autoscaling",
+            version: "v1",
+            kind: "Scale",
+            verbs: &[Verb::Get, Verb::Update, Verb::Patch],
+            strategic_merge_patch: true,
+        }],
+        ..GADGETS
+    };
+    let kinds = [(&SCALED, schema_of(Gadget::crd()))];
+    let path = format!("/apis/{GROUP}/{VERSION}/gadgets/{{name}}/scale");
+    let scale_gvk = gvk("autoscaling", "v1", "Scale");
+    let strategic = [
+        "application/json-patch+json",
+        "application/merge-patch+json",
+        "application/strategic-merge-patch+json",
+    ];
+
+    let v3 = v3_document(GROUP, VERSION, &kinds).unwrap();
+    let item = &v3["paths"][&path];
+    for method in ["get", "put", "patch"] {
+        assert_eq!(
+            item[method]["x-kubernetes-group-version-kind"], scale_gvk,
+            "v3 {method}"
+        );
+    }
+    assert_eq!(
+        item["get"]["operationId"],
+        "readExampleLiquidmetalXDevV1beta1GadgetScale"
+    );
+    assert_eq!(
+        item["get"]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/io.k8s.api.autoscaling.v1.Scale"
+    );
+    let content: Vec<&str> = item["patch"]["requestBody"]["content"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(content, strategic);
+    let schemas = &v3["components"]["schemas"];
+    assert_eq!(
+        schemas["io.k8s.api.autoscaling.v1.Scale"]["x-kubernetes-group-version-kind"],
+        json!([scale_gvk])
+    );
+    for part in ["ScaleSpec", "ScaleStatus"] {
+        assert!(
+            schemas
+                .get(format!("io.k8s.api.autoscaling.v1.{part}"))
+                .is_some(),
+            "no {part}"
+        );
+    }
+    // The parent's own PATCH still offers no strategic merge patch.
+    let parent = &v3["paths"][format!("/apis/{GROUP}/{VERSION}/gadgets/{{name}}")]["patch"];
+    assert!(
+        !parent["requestBody"]["content"]
+            .as_object()
+            .unwrap()
+            .contains_key("application/strategic-merge-patch+json")
+    );
+
+    let v2 = v2_document(GROUP, VERSION, &kinds).unwrap();
+    let patch = &v2["paths"][&path]["patch"];
+    assert_eq!(patch["x-kubernetes-group-version-kind"], scale_gvk);
+    assert_eq!(patch["consumes"], json!(strategic));
+    assert_eq!(
+        v2["definitions"]["io.k8s.api.autoscaling.v1.Scale"]["x-kubernetes-group-version-kind"],
+        json!([scale_gvk])
     );
 }
 
