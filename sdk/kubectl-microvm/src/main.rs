@@ -43,6 +43,7 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
         Command::Claim(args) => commands::claim(&cx, args).await,
         Command::Exec(args) => commands::exec(&cx, args).await,
         Command::Run(args) => commands::run(&cx, args).await,
+        Command::Cp(args) => commands::cp(&cx, args).await,
         Command::Renew { claim } => commands::renew(&cx, &claim).await,
         Command::Release { claim } => commands::release(&cx, &claim).await,
         Command::Ls => commands::list(&cx).await,
