@@ -1,4 +1,5 @@
-//! Claim a battery MicroVM, keep its lease renewed, run commands in it and release it.
+//! Claim a battery MicroVM, keep its lease renewed, run commands in it, copy files in and
+//! out and release it.
 //!
 //! Built on kube-rs: a [`Client`] wraps a `kube::Client`; [`Client::claim`] binds a
 //! MicroVM of a Pool and gives a [`Claim`] that renews its own lease until it is

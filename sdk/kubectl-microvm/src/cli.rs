@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-/// Claim battery MicroVMs and run commands in them. On PATH, kubectl runs it as
-/// `kubectl microvm`.
+/// Claim battery MicroVMs, run commands in them and copy files in and out. On PATH,
+/// kubectl runs it as `kubectl microvm`.
 #[derive(Debug, Parser)]
 #[command(name = "kubectl-microvm", version, propagate_version = true)]
 pub struct Cli {

@@ -1,5 +1,5 @@
-//! `kubectl-microvm`: claim battery MicroVMs and run commands in them from a terminal,
-//! on battery-sdk. On PATH, kubectl runs it as `kubectl microvm`.
+//! `kubectl-microvm`: claim battery MicroVMs, run commands in them and copy files in and
+//! out, from a terminal, on battery-sdk. On PATH, kubectl runs it as `kubectl microvm`.
 //!
 //! Every failure is one line on stderr that says what to do, and exit code 1; `exec`
 //! and `run` exit with the command's code (130 after Ctrl-C).
