@@ -72,6 +72,48 @@ pub enum Error {
     /// Reading the command's output failed.
     #[error("reading the command's output failed")]
     Output(#[source] std::io::Error),
+    /// The guest lacks a tool that copying files needs.
+    #[error(
+        "the MicroVM has no {tool}, which copying files needs; install {} in its guest image",
+        package_of(tool)
+    )]
+    GuestToolMissing {
+        /// The missing command, as `tar` or `sha256sum`.
+        tool: String,
+    },
+    /// The guest could not write or read the path: full, read-only, missing, not a file.
+    #[error("copying {path} failed in the MicroVM: {message}")]
+    GuestFailed {
+        /// The guest path.
+        path: String,
+        /// What the guest said (its stderr) and its exit code.
+        message: String,
+    },
+    /// The guest holds something other than what was sent, or sent less than it said:
+    /// nothing short is taken for whole.
+    #[error("copying {path} was not verified: {message}; copy it again")]
+    Unverified {
+        /// The guest path.
+        path: String,
+        /// How the two ends disagree.
+        message: String,
+    },
+    /// Reading or writing on this side of a copy failed.
+    #[error("{what} failed")]
+    Local {
+        /// What was being done, naming the local path.
+        what: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The server's exec protocol (`v4.channel.k8s.io`) cannot send end of file, which
+    /// an upload needs.
+    #[error(
+        "the API server's exec cannot end stdin (it speaks v4.channel.k8s.io); copying into \
+         the MicroVM needs v5.channel.k8s.io"
+    )]
+    StdinCannotEnd,
     /// Any other failure of the API or the connection.
     #[error("the Kubernetes API call failed")]
     Api(#[source] kube::Error),
@@ -90,6 +132,15 @@ pub enum LostReason {
     /// Renewals kept failing until the lease's expiry passed.
     #[error("renewal kept failing until the lease expired: {0}")]
     RenewalFailing(String),
+}
+
+/// What to install in a guest image for `tool`.
+fn package_of(tool: &str) -> &'static str {
+    match tool {
+        "tar" => "tar (or busybox)",
+        "sh" => "a POSIX shell (dash or busybox)",
+        _ => "coreutils (or busybox)",
+    }
 }
 
 /// The server's Status of a failed call, if it answered one.

@@ -192,6 +192,7 @@ impl Command {
             }),
             status,
             pool: self.pool,
+            can_close,
             _session: session,
         })
     }
@@ -307,6 +308,9 @@ pub struct Process {
     stderr: Option<OutputStream>,
     status: oneshot::Receiver<Result<Option<Status>, Error>>,
     pool: String,
+    /// Whether the protocol can end stdin (v5); v4 cannot, so a command reading to end
+    /// of file would never see it.
+    can_close: bool,
     _session: Arc<Session>,
 }
 
@@ -315,6 +319,12 @@ impl Process {
     /// it) to send end of file.
     pub fn stdin(&mut self) -> Option<Stdin> {
         self.stdin.take()
+    }
+
+    /// Whether shutting stdin down reaches the command as end of file: the server speaks
+    /// `v5.channel.k8s.io`.
+    pub(crate) fn stdin_can_end(&self) -> bool {
+        self.can_close
     }
 
     /// The command's stdout, once.

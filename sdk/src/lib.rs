@@ -1,8 +1,10 @@
-//! Claim a battery MicroVM, keep its lease renewed, run commands in it and release it.
+//! Claim a battery MicroVM, keep its lease renewed, run commands in it, copy files in and
+//! out and release it.
 //!
 //! Built on kube-rs: a [`Client`] wraps a `kube::Client`; [`Client::claim`] binds a
 //! MicroVM of a Pool and gives a [`Claim`] that renews its own lease until it is
-//! released or dropped; [`Claim::exec`] and [`Claim::run`] run commands in the MicroVM.
+//! released or dropped; [`Claim::exec`] and [`Claim::run`] run commands in the MicroVM,
+//! and [`Claim::upload`], [`Claim::download`] and the path copies move files in and out.
 //! The API types are re-exported as [`types`], so a consumer needs no other crate of ours.
 //!
 //! ```no_run
@@ -32,6 +34,7 @@ mod client;
 mod error;
 mod exec;
 mod host_ready;
+mod transfer;
 
 pub use battery_types as types;
 pub use claim::Claim;
@@ -44,3 +47,4 @@ pub use host_ready::HostReadiness;
 /// The kube-rs this SDK is built on, so a consumer's `kube::Config` and `kube::Client`
 /// are of the same version.
 pub use kube;
+pub use transfer::{CopyPath, Download, Files, Transferred};

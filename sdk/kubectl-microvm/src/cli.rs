@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-/// Claim battery MicroVMs and run commands in them. On PATH, kubectl runs it as
-/// `kubectl microvm`.
+/// Claim battery MicroVMs, run commands in them and copy files in and out. On PATH,
+/// kubectl runs it as `kubectl microvm`.
 #[derive(Debug, Parser)]
 #[command(name = "kubectl-microvm", version, propagate_version = true)]
 pub struct Cli {
@@ -48,6 +48,15 @@ pub enum Command {
     ///
     /// The exit code is the command's.
     Run(RunArgs),
+    /// Copy a file or directory into or out of the MicroVM of a claim, as kubectl cp
+    /// copies one for a Pod.
+    ///
+    /// One of SRC and DST is CLAIM:PATH, the other a local path: `cp ./dir CLAIM:/work`
+    /// puts it in /work when that is a directory (else makes /work of it), `cp
+    /// CLAIM:/work/out.tar ./` puts it here. Modes come along; every file is verified by
+    /// its size and sha256 in the guest; a directory travels as a tar stream, so the
+    /// guest needs tar. A progress bar shows on a terminal.
+    Cp(CpArgs),
     /// Renew the lease of CLAIM once.
     Renew {
         /// The claim (NAME or microvmclaim/NAME).
@@ -135,6 +144,42 @@ pub struct RunArgs {
     pub command: CommandArgs,
 }
 
+#[derive(Debug, Args)]
+pub struct CpArgs {
+    /// What to copy: a local path, or CLAIM:PATH in the guest.
+    #[arg(value_name = "SRC")]
+    pub src: String,
+    /// Where to: CLAIM:PATH in the guest, or a local path.
+    #[arg(value_name = "DST")]
+    pub dst: String,
+}
+
+/// One side of `cp`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Location<'a> {
+    /// A path on this machine.
+    Local(&'a str),
+    /// A path in the guest of a claim.
+    Guest { claim: &'a str, path: &'a str },
+}
+
+impl<'a> Location<'a> {
+    /// As kubectl cp reads its arguments: `CLAIM:PATH` names a claim when what is before
+    /// the colon is a claim's name (no `/` but for `microvmclaim/`), so `./a:b` is local.
+    /// `CLAIM:` alone is the guest's `/`.
+    pub fn parse(arg: &'a str) -> Self {
+        match arg.split_once(':') {
+            Some((claim, path)) if !claim.is_empty() && !claim_name(claim).contains('/') => {
+                Self::Guest {
+                    claim: claim_name(claim),
+                    path: if path.is_empty() { "/" } else { path },
+                }
+            }
+            _ => Self::Local(arg),
+        }
+    }
+}
+
 /// `-o`, as kubectl's.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Output {
@@ -202,6 +247,37 @@ mod tests {
             Cli::try_parse_from(["kubectl-microvm", "exec", "c", "-e", "=x", "--", "true"])
                 .is_err()
         );
+    }
+
+    #[test]
+    fn cp_reads_its_arguments_as_kubectl_cp() {
+        let guest = |claim, path| Location::Guest { claim, path };
+        assert_eq!(Location::parse("dev-x2:/work"), guest("dev-x2", "/work"));
+        assert_eq!(
+            Location::parse("microvmclaim/dev-x2:/work/out.tar"),
+            guest("dev-x2", "/work/out.tar")
+        );
+        assert_eq!(Location::parse("dev-x2:"), guest("dev-x2", "/"));
+        assert_eq!(Location::parse("./dir"), Location::Local("./dir"));
+        assert_eq!(Location::parse("./a:b"), Location::Local("./a:b"));
+        assert_eq!(Location::parse(":x"), Location::Local(":x"));
+        let cli = Cli::try_parse_from([
+            "kubectl-microvm",
+            "cp",
+            "./dir",
+            "c:/work",
+            "-n",
+            "ci",
+            "--kubeconfig",
+            "k",
+        ])
+        .unwrap();
+        let Command::Cp(cp) = cli.command else {
+            panic!("{:?}", cli.command)
+        };
+        assert_eq!((cp.src.as_str(), cp.dst.as_str()), ("./dir", "c:/work"));
+        assert_eq!(cli.cluster.namespace.as_deref(), Some("ci"));
+        assert!(Cli::try_parse_from(["kubectl-microvm", "cp", "./dir"]).is_err());
     }
 
     #[test]

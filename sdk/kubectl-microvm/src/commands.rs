@@ -6,7 +6,9 @@ use battery_sdk::types::{ClaimPhase, MicroVMClaim};
 use battery_sdk::{Claim, Client};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::cli::{ClaimArgs, ClaimRequest, ExecArgs, Output, RunArgs, claim_name};
+use crate::cli::{
+    ClaimArgs, ClaimRequest, CpArgs, ExecArgs, Location, Output, RunArgs, claim_name,
+};
 use crate::failure::Failure;
 use crate::progress::Progress;
 use crate::session::{self, Ended, INTERRUPTED};
@@ -120,6 +122,31 @@ pub async fn run(cx: &Context, args: RunArgs) -> Result<i32, Failure> {
         ))
     })?;
     Ok(code)
+}
+
+pub async fn cp(cx: &Context, args: CpArgs) -> Result<i32, Failure> {
+    let copy = match (Location::parse(&args.src), Location::parse(&args.dst)) {
+        (Location::Local(from), Location::Guest { claim, path }) => {
+            cx.client.files(claim).upload_path(from, path)
+        }
+        (Location::Guest { claim, path }, Location::Local(to)) => {
+            cx.client.files(claim).download_path(path, to)
+        }
+        (Location::Local(_), Location::Local(_)) => {
+            return Err(Failure::new(
+                "neither SRC nor DST names a claim; write one as CLAIM:PATH, as dev-x2:/work",
+            ));
+        }
+        (Location::Guest { .. }, Location::Guest { .. }) => {
+            return Err(Failure::new(
+                "both SRC and DST name a claim; copy from one to a local path, then to the other",
+            ));
+        }
+    };
+    let progress = Progress::copying(&format!("{} -> {}", args.src, args.dst));
+    let copied = copy.on_progress(progress.on_copy()).send().await;
+    progress.done();
+    copied.map(|_| 0).map_err(|e| cx.fail(&e))
 }
 
 pub async fn renew(cx: &Context, claim: &str) -> Result<i32, Failure> {

@@ -27,6 +27,11 @@ impl Failure {
             Error::NotHolder { message } => {
                 format!("{message}; run it as the claim's Holder (its ServiceAccount)")
             }
+            Error::GuestFailed { .. } => format!(
+                "{error}; check the path exists (and is writable, with space left, for a copy \
+                 into the MicroVM)"
+            ),
+            Error::Local { .. } => format!("{}; check the local path", chain(error)),
             other => chain(other),
         })
     }

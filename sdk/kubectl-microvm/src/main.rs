@@ -1,5 +1,5 @@
-//! `kubectl-microvm`: claim battery MicroVMs and run commands in them from a terminal,
-//! on battery-sdk. On PATH, kubectl runs it as `kubectl microvm`.
+//! `kubectl-microvm`: claim battery MicroVMs, run commands in them and copy files in and
+//! out, from a terminal, on battery-sdk. On PATH, kubectl runs it as `kubectl microvm`.
 //!
 //! Every failure is one line on stderr that says what to do, and exit code 1; `exec`
 //! and `run` exit with the command's code (130 after Ctrl-C).
@@ -43,6 +43,7 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
         Command::Claim(args) => commands::claim(&cx, args).await,
         Command::Exec(args) => commands::exec(&cx, args).await,
         Command::Run(args) => commands::run(&cx, args).await,
+        Command::Cp(args) => commands::cp(&cx, args).await,
         Command::Renew { claim } => commands::renew(&cx, &claim).await,
         Command::Release { claim } => commands::release(&cx, &claim).await,
         Command::Ls => commands::list(&cx).await,

@@ -1,5 +1,6 @@
 //! Progress while a bind waits for a MicroVM: a spinner on a terminal, a line per wait
-//! otherwise (so logs of scripts show why a claim took long).
+//! otherwise (so logs of scripts show why a claim took long). And the bytes of a copy, on
+//! a terminal only (a script's log gains nothing from them).
 
 use std::io::IsTerminal as _;
 use std::time::Duration;
@@ -24,6 +25,40 @@ impl Progress {
             spinner
         });
         Self { spinner }
+    }
+
+    /// A copy's bytes: a bar once the total is known, a counter until then.
+    pub fn copying(what: &str) -> Self {
+        let spinner = std::io::stderr().is_terminal().then(|| {
+            let bar = ProgressBar::no_length().with_message(what.to_owned());
+            if let Ok(style) =
+                ProgressStyle::with_template("{spinner} {msg} {bytes} ({bytes_per_sec})")
+            {
+                bar.set_style(style);
+            }
+            bar.enable_steady_tick(Duration::from_millis(100));
+            bar
+        });
+        Self { spinner }
+    }
+
+    /// The report [`battery_sdk::CopyPath::on_progress`] calls.
+    pub fn on_copy(&self) -> impl Fn(u64, Option<u64>) + Send + Sync + 'static {
+        let bar = self.spinner.clone();
+        move |done, total| {
+            let Some(bar) = &bar else { return };
+            if let Some(total) = total
+                && bar.length() != Some(total)
+            {
+                bar.set_length(total);
+                if let Ok(style) = ProgressStyle::with_template(
+                    "{msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
+                ) {
+                    bar.set_style(style.progress_chars("=> "));
+                }
+            }
+            bar.set_position(done);
+        }
     }
 
     /// The report [`battery_sdk::ClaimBuilder::on_wait`] calls.
