@@ -263,6 +263,14 @@ fn problem(event: &Value) -> Option<String> {
         }
         "Log.entryAdded" if params["entry"]["level"] == "error" => {
             let entry = &params["entry"];
+            // The browser asks for /favicon.ico by itself for a page that names no icon
+            // (mdBook's toc.html frame): not a request of the page's.
+            if entry["url"]
+                .as_str()
+                .is_some_and(|url| url.ends_with("/favicon.ico"))
+            {
+                return None;
+            }
             Some(format!(
                 "{} error: {} ({})",
                 entry["source"].as_str().unwrap_or_default(),
@@ -290,4 +298,6 @@ fn problems_are_console_errors_exceptions_and_failed_loads() {
         problem(&missing).as_deref(),
         Some("network error: Failed to load resource (http://127.0.0.1/x.svg)")
     );
+    let probe = json!({"method": "Log.entryAdded", "params": {"entry": {"level": "error", "source": "network", "text": "Failed to load resource", "url": "http://127.0.0.1/favicon.ico"}}});
+    assert_eq!(problem(&probe), None);
 }

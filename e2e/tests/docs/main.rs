@@ -4,6 +4,8 @@
 //!   against a fresh `battery-apiserver dev` with the real kubectl and plugin;
 //! - [`api_reference`]: `docs/reference/api.md` is rendered from the server's own
 //!   OpenAPI document, and must equal a fresh render;
+//! - [`examples`]: every object of ours a page shows as YAML passes the server's
+//!   validation;
 //! - [`site`]: `mdbook build docs`, then headless Chromium ([`cdp`]) opens every built
 //!   page, which must render with no console error, and every internal link and anchor
 //!   must resolve.
@@ -13,6 +15,7 @@
 
 mod api_reference;
 mod cdp;
+mod examples;
 mod quick_start;
 mod site;
 
