@@ -370,18 +370,20 @@ async fn expiring_soon_once_per_expires_at() {
         }
     }
     log.wait_vm(&uid, VmDeletedDueToExpiry).await;
+    // The lease is inside the warning window from its start, and battery emits
+    // VM_CLAIMED after committing it (§4.3 step 6): a sweep in between warns first.
+    let (warnings, others): (Vec<_>, Vec<_>) = log
+        .types_of(&uid)
+        .into_iter()
+        .partition(|t| *t == VmExpiringSoon);
     assert_eq!(
-        log.types_of(&uid),
-        vec![
-            VmProvisioned,
-            VmAvailable,
-            VmClaimed,
-            VmExpiringSoon,
-            VmExpiringSoon,
-            VmExpiringSoon,
-            VmDeletedDueToExpiry,
-        ],
+        warnings.len(),
+        3,
         "exactly one warning per distinct expires_at, however many sweeps see it"
+    );
+    assert_eq!(
+        others,
+        [VmProvisioned, VmAvailable, VmClaimed, VmDeletedDueToExpiry]
     );
     suite.finish().await;
 }

@@ -7,13 +7,15 @@
 //! directory where nobody, root included, may create a file (tests run as root, so mode
 //! bits alone would not refuse).
 
-use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+mod common;
+
 use battery_e2e::apiserver::{ApiServer, Kubectl, Route, Stream};
+use common::{kubectl, microvm, one_line, path_with_plugin};
 
 /// The big file: a GiB, as the issue asks.
 const BIG: u64 = 1024 * 1024 * 1024;
@@ -22,41 +24,6 @@ const BIG: u64 = 1024 * 1024 * 1024;
 const MEMORY_BOUND: u64 = 200 * 1024 * 1024;
 /// How long one copy of the big file may take on a loaded debug build.
 const BIG_COPY_TIMEOUT: Duration = Duration::from_secs(20 * 60);
-
-/// PATH with the plugin's directory first, as an installed plugin is found.
-fn path_with_plugin() -> OsString {
-    let plugin = Path::new(env!("CARGO_BIN_EXE_kubectl-microvm"));
-    let mut dirs = vec![plugin.parent().unwrap().to_owned()];
-    dirs.extend(std::env::split_paths(
-        &std::env::var_os("PATH").unwrap_or_default(),
-    ));
-    std::env::join_paths(dirs).unwrap()
-}
-
-fn kubectl(server: &ApiServer) -> Kubectl {
-    server.kubectls().next().expect("a kubectl release")
-}
-
-/// `kubectl microvm <args>` with the plugin on PATH.
-async fn microvm(kubectl: &Kubectl, args: &[&str]) -> battery_e2e::apiserver::Output {
-    let mut all = vec!["microvm"];
-    all.extend_from_slice(args);
-    kubectl
-        .cmd(&all)
-        .env("PATH", path_with_plugin())
-        .output()
-        .await
-}
-
-/// The one line a failure prints.
-fn one_line(output: &battery_e2e::apiserver::Output) -> &str {
-    assert!(!output.success, "expected a failure: {output}");
-    assert_eq!(output.code, Some(1), "{output}");
-    let stderr = output.stderr.trim_end();
-    assert!(!stderr.contains('\n'), "more than one line: {output}");
-    assert!(stderr.starts_with("error: "), "{output}");
-    stderr
-}
 
 /// Claims `name` of Pool `dev`, renewed by the plugin until the returned process is
 /// interrupted or dropped: the copies may outlast a lease.

@@ -1,48 +1,13 @@
 //! The real kubectl runs the plugin against a fresh `battery-apiserver dev`: kubectl
 //! finds `kubectl-microvm` on PATH and hands it everything after `microvm`.
 
-use std::ffi::OsString;
-use std::path::Path;
+mod common;
 
-use battery_e2e::apiserver::{ApiServer, Kubectl, Route, Stream};
+use battery_e2e::apiserver::{ApiServer, Route, Stream};
 use battery_e2e::kube_client;
+use common::{kubectl, microvm, one_line, path_with_plugin};
 use kube::api::{Api, PostParams};
 use serde_json::json;
-
-/// PATH with the plugin's directory first, as an installed plugin is found.
-fn path_with_plugin() -> OsString {
-    let plugin = Path::new(env!("CARGO_BIN_EXE_kubectl-microvm"));
-    let mut dirs = vec![plugin.parent().unwrap().to_owned()];
-    dirs.extend(std::env::split_paths(
-        &std::env::var_os("PATH").unwrap_or_default(),
-    ));
-    std::env::join_paths(dirs).unwrap()
-}
-
-fn kubectl(server: &ApiServer) -> Kubectl {
-    server.kubectls().next().expect("a kubectl release")
-}
-
-/// `kubectl microvm <args>` with the plugin on PATH.
-async fn microvm(kubectl: &Kubectl, args: &[&str]) -> battery_e2e::apiserver::Output {
-    let mut all = vec!["microvm"];
-    all.extend_from_slice(args);
-    kubectl
-        .cmd(&all)
-        .env("PATH", path_with_plugin())
-        .output()
-        .await
-}
-
-/// The one line a failure prints.
-fn one_line(output: &battery_e2e::apiserver::Output) -> &str {
-    assert!(!output.success, "expected a failure: {output}");
-    assert_eq!(output.code, Some(1), "{output}");
-    let stderr = output.stderr.trim_end();
-    assert!(!stderr.contains('\n'), "more than one line: {output}");
-    assert!(stderr.starts_with("error: "), "{output}");
-    stderr
-}
 
 #[tokio::test]
 async fn run_claims_runs_and_releases_on_a_fresh_dev() {
