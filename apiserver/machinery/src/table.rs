@@ -11,6 +11,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, ObjectMeta, Time}
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 
+use crate::params::IncludeObject;
+
 /// The version of `meta.k8s.io` a client asked for (`v1`; `v1beta1` for old clients).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MetaVersion {
@@ -33,7 +35,7 @@ impl MetaVersion {
 /// `metav1.Table`: columns and one row per object.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Table {
+pub struct Table<O> {
     api_version: &'static str,
     kind: &'static str,
     /// The list's resourceVersion and continue token. `kubectl get -w` starts its watch
@@ -43,10 +45,10 @@ pub struct Table {
     /// kubectl keeps the previous ones.
     pub column_definitions: Vec<TableColumnDefinition>,
     /// The rows, one per object.
-    pub rows: Vec<TableRow>,
+    pub rows: Vec<TableRow<O>>,
 }
 
-impl Table {
+impl<O> Table<O> {
     /// An empty table of `version`, to fill in.
     pub fn new(version: MetaVersion) -> Self {
         Table {
@@ -114,15 +116,51 @@ impl TableColumnDefinition {
 
 /// `metav1.TableRow`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct TableRow {
+pub struct TableRow<O> {
     /// One cell per column: a string, number, boolean or null.
     pub cells: Vec<serde_json::Value>,
-    /// The object (`includeObject=Object`), its [`PartialObjectMetadata`] (`Metadata`, the
-    /// default, which kubectl needs for `-A`, `--show-labels` and `-L`), or nothing
-    /// (`None`).
+    /// What `includeObject` asked for of the row's object (see [`RowObject`]).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub object: Option<serde_json::Value>,
+    pub object: Option<O>,
 }
+
+/// A row's object: its metadata as a [`PartialObjectMetadata`] (`includeObject=Metadata`,
+/// the default, which kubectl needs for `-A`, `--show-labels` and `-L`) or the whole
+/// object (`Object`). It borrows and serializes in place, so a Table of thousands neither
+/// copies each object's metadata nor builds a JSON tree per row.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum RowObject<'a, T> {
+    #[serde(rename_all = "camelCase")]
+    Metadata {
+        api_version: &'static str,
+        kind: &'static str,
+        metadata: &'a ObjectMeta,
+    },
+    Object(&'a T),
+}
+
+impl<'a, T> RowObject<'a, T> {
+    /// What `include` asks for of `object`, whose metadata is `meta`; nothing for `None`.
+    pub fn new(
+        include: IncludeObject,
+        version: MetaVersion,
+        meta: &'a ObjectMeta,
+        object: &'a T,
+    ) -> Option<Self> {
+        match include {
+            IncludeObject::None => None,
+            IncludeObject::Metadata => Some(RowObject::Metadata {
+                api_version: version.api_version(),
+                kind: PARTIAL_OBJECT_METADATA,
+                metadata: meta,
+            }),
+            IncludeObject::Object => Some(RowObject::Object(object)),
+        }
+    }
+}
+
+const PARTIAL_OBJECT_METADATA: &str = "PartialObjectMetadata";
 
 /// `metav1.PartialObjectMetadata`: an object's kind and metadata only. The metadata client
 /// (garbage collector, quota and namespace controllers) asks for these, and its watch has
@@ -141,7 +179,7 @@ impl PartialObjectMetadata {
     pub fn new(version: MetaVersion, metadata: ObjectMeta) -> Self {
         PartialObjectMetadata {
             api_version: version.api_version(),
-            kind: "PartialObjectMetadata",
+            kind: PARTIAL_OBJECT_METADATA,
             metadata,
         }
     }
@@ -250,6 +288,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_row_object_serializes_as_the_owned_forms_do() {
+        let meta = ObjectMeta {
+            name: Some("c".into()),
+            namespace: Some("default".into()),
+            ..ObjectMeta::default()
+        };
+        let object = serde_json::json!({"kind": "MicroVMClaim", "metadata": {"name": "c"}});
+        for version in [MetaVersion::V1, MetaVersion::V1beta1] {
+            let borrowed = RowObject::new(IncludeObject::Metadata, version, &meta, &object);
+            assert_eq!(
+                serde_json::to_value(borrowed).unwrap(),
+                serde_json::to_value(PartialObjectMetadata::new(version, meta.clone())).unwrap()
+            );
+        }
+        let whole = RowObject::new(IncludeObject::Object, MetaVersion::V1, &meta, &object);
+        assert_eq!(serde_json::to_value(whole).unwrap(), object);
+        assert!(RowObject::new(IncludeObject::None, MetaVersion::V1, &meta, &object).is_none());
+    }
+
+    #[test]
     fn human_duration_boundaries() {
         let s = |n: u64| Duration::from_secs(n);
         let (m, h, d, y) = (60, 3600, 86_400, 365 * 86_400);
@@ -346,7 +404,8 @@ mod tests {
         );
         assert_eq!(json["rows"][1], serde_json::json!({"cells": ["b", null]}));
 
-        let empty = serde_json::to_value(Table::new(MetaVersion::V1beta1)).unwrap();
+        let empty =
+            serde_json::to_value(Table::<serde_json::Value>::new(MetaVersion::V1beta1)).unwrap();
         assert_eq!(
             empty,
             serde_json::json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1beta1", "metadata": {}, "columnDefinitions": [], "rows": []})

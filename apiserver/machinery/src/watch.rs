@@ -148,9 +148,12 @@ mod tests {
             .unwrap();
         assert_eq!(line(&event), json!({"type": "ADDED", "object": object}));
 
-        let table = WatchEvent::new(EventType::Modified, Table::new(MetaVersion::V1))
-            .to_json_line()
-            .unwrap();
+        let table = WatchEvent::new(
+            EventType::Modified,
+            Table::<serde_json::Value>::new(MetaVersion::V1),
+        )
+        .to_json_line()
+        .unwrap();
         assert_eq!(line(&table)["type"], "MODIFIED");
         assert_eq!(line(&table)["object"]["kind"], "Table");
 

@@ -8,7 +8,8 @@ use battery_api_machinery::negotiate::{Negotiated, Target};
 use battery_api_machinery::params::{IncludeObject, TableOptions};
 use battery_api_machinery::status::ApiError;
 use battery_api_machinery::table::{
-    PartialObjectMetadata, PartialObjectMetadataList, Table, TableColumnDefinition, TableRow, age,
+    PartialObjectMetadata, PartialObjectMetadataList, RowObject, Table, TableColumnDefinition,
+    TableRow, age,
 };
 use http::{HeaderValue, StatusCode, header};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
@@ -48,13 +49,13 @@ pub fn encoded<T: Serialize>(
 }
 
 /// The Table of `objects`, with the columns of `storage`.
-pub fn table<S: Storage>(
+pub fn table<'a, S: Storage>(
     storage: &S,
     negotiated_version: battery_api_machinery::table::MetaVersion,
-    objects: &[S::Object],
+    objects: &'a [S::Object],
     include: IncludeObject,
     with_headers: bool,
-) -> Result<Table, ApiError> {
+) -> Table<RowObject<'a, S::Object>> {
     let now = Timestamp::now();
     let mut table = Table::new(negotiated_version);
     let columns = storage.table_columns();
@@ -64,6 +65,7 @@ pub fn table<S: Storage>(
         table.column_definitions.extend(columns);
         table.column_definitions.push(TableColumnDefinition::age());
     }
+    table.rows.reserve(objects.len());
     for object in objects {
         let meta = object.meta();
         let mut cells = Vec::with_capacity(width);
@@ -75,19 +77,10 @@ pub fn table<S: Storage>(
             meta.creation_timestamp.as_ref(),
             now,
         )));
-        let object = match include {
-            IncludeObject::None => None,
-            IncludeObject::Metadata => Some(
-                serde_json::to_value(PartialObjectMetadata::new(negotiated_version, meta.clone()))
-                    .map_err(ApiError::internal)?,
-            ),
-            IncludeObject::Object => {
-                Some(serde_json::to_value(object).map_err(ApiError::internal)?)
-            }
-        };
+        let object = RowObject::new(include, negotiated_version, meta, object);
         table.rows.push(TableRow { cells, object });
     }
-    Ok(table)
+    table
 }
 
 /// One object, as negotiated.
@@ -108,7 +101,7 @@ pub fn object<S: Storage>(
                 std::slice::from_ref(object),
                 table_options.include_object,
                 true,
-            )?;
+            );
             encoded(status, negotiated, &table, warnings)
         }
         Target::PartialObjectMetadata(version) => encoded(
@@ -142,7 +135,7 @@ pub fn list<S: Storage>(
             encoded(StatusCode::OK, negotiated, &list, &[])
         }
         Target::Table(version) => {
-            let mut table = table(storage, version, items, table_options.include_object, true)?;
+            let mut table = table(storage, version, items, table_options.include_object, true);
             table.metadata = metadata;
             encoded(StatusCode::OK, negotiated, &table, &[])
         }

@@ -13,7 +13,9 @@ use battery_api_machinery::params::{
     FieldValidation, IncludeObject, PatchOptions, QueryOptions, TableOptions, UpdateOptions,
 };
 use battery_api_machinery::status::ApiError;
-use battery_api_machinery::table::{PartialObjectMetadata, Table, TableColumnDefinition, TableRow};
+use battery_api_machinery::table::{
+    PartialObjectMetadata, RowObject, Table, TableColumnDefinition, TableRow,
+};
 use battery_types::Verb;
 use battery_types::validation::FieldError;
 use futures::future::BoxFuture;
@@ -155,19 +157,7 @@ fn respond_scale(
                     0,
                 ),
             ];
-            let object = match include {
-                IncludeObject::None => None,
-                IncludeObject::Metadata => Some(
-                    serde_json::to_value(PartialObjectMetadata::new(
-                        version,
-                        scale.metadata.clone(),
-                    ))
-                    .map_err(ApiError::internal)?,
-                ),
-                IncludeObject::Object => {
-                    Some(serde_json::to_value(scale).map_err(ApiError::internal)?)
-                }
-            };
+            let object = RowObject::new(include, version, &scale.metadata, scale);
             table.rows.push(TableRow {
                 cells: vec![
                     scale.metadata.name.clone().unwrap_or_default().into(),

@@ -287,7 +287,7 @@ impl<S: Storage> Stream<S> {
                     std::slice::from_ref(object),
                     self.include,
                     headers,
-                )?;
+                );
                 serde_json::to_value(table).map_err(ApiError::internal)
             }
             Target::PartialObjectMetadata(version) | Target::PartialObjectMetadataList(version) => {

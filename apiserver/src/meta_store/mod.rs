@@ -30,6 +30,11 @@ const BATTERY_EVENT_ID: &str = "batteryEventId";
 /// How many changes the watch window keeps.
 const WATCH_WINDOW: usize = 10_000;
 
+/// The memory redb may spend caching pages (its default is 1 GiB, which a busy store
+/// fills). 10,000 claims take some 20 MB of pages; reads past the cache come from the
+/// kernel's page cache.
+const PAGE_CACHE_BYTES: usize = 32 << 20;
+
 /// A failure of the store itself (disk, corruption, encoding): always a server error.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -106,13 +111,17 @@ pub struct MetaStore {
 impl MetaStore {
     /// Opens (or creates) the store in `path`.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = Database::create(path).map_err(|e| StoreError::Open(e.into()))?;
+        let db = Database::builder()
+            .set_cache_size(PAGE_CACHE_BYTES)
+            .create(path)
+            .map_err(|e| StoreError::Open(e.into()))?;
         Self::with_database(db)
     }
 
     /// A store in memory, for `dev` without a data directory and for tests.
     pub fn in_memory() -> Result<Self, StoreError> {
         let db = Database::builder()
+            .set_cache_size(PAGE_CACHE_BYTES)
             .create_with_backend(redb::backends::InMemoryBackend::new())
             .map_err(|e| StoreError::Open(e.into()))?;
         Self::with_database(db)

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use tokio::sync::broadcast;
 
 use super::microvmclaims::ClaimStorage;
@@ -21,6 +21,10 @@ use crate::meta_store::{MetaStore, StoreError};
 /// Events applied per batch: during a replay, a pool named by many events is re-read
 /// once per batch instead of once per event.
 const BATCH: usize = 256;
+/// How long a batch waits for more events after its first. Binds make one event each;
+/// without the wait, every bind would cost a `GetPool` and a durable write of the last
+/// event id. Binds waiting for a MicroVM are told of each event as it arrives.
+const BATCH_WINDOW: Duration = Duration::from_millis(5);
 /// Pause before resubscribing after the stream failed.
 const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(1);
 
@@ -71,11 +75,19 @@ impl Follower {
         futures::pin_mut!(stream);
         let mut last = self.store.last_battery_event_id()?;
         while let Some(first) = stream.next().await {
-            let mut batch = vec![first?];
+            let first = first?;
+            self.announce(&first, last);
+            let mut batch = vec![first];
+            let deadline = tokio::time::Instant::now() + BATCH_WINDOW;
             while batch.len() < BATCH {
-                match stream.next().now_or_never() {
-                    Some(Some(event)) => batch.push(event?),
-                    _ => break,
+                match tokio::time::timeout_at(deadline, stream.next()).await {
+                    Ok(Some(event)) => {
+                        let event = event?;
+                        self.announce(&event, last);
+                        batch.push(event);
+                    }
+                    // The window closed, or the stream ended (after this batch).
+                    Ok(None) | Err(_) => break,
                 }
             }
             let fresh: Vec<BatteryEvent> = batch.into_iter().filter(|e| e.id > last).collect();
@@ -88,6 +100,15 @@ impl Follower {
             last = newest;
         }
         Ok(())
+    }
+
+    /// Tells binds waiting for a MicroVM of a new event (after `last`, the last one
+    /// applied), before its batch is applied.
+    fn announce(&self, event: &BatteryEvent, last: u64) {
+        if event.id > last {
+            // Nobody waiting is fine.
+            let _ = self.events.send(event.clone());
+        }
     }
 
     /// One Warning Event (reason `HookFailed`) on the Pool per battery event id.
@@ -115,8 +136,6 @@ impl Follower {
         let mut pools = BTreeSet::new();
         for event in events {
             self.metrics.record_event(event.created_at);
-            // Nobody waiting is fine.
-            let _ = self.events.send(event.clone());
             if let Err(err) = self.claims.observe(event).await {
                 tracing::warn!(error = %err, event = event.id, "applying a battery event to claims");
             }

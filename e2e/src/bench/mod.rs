@@ -55,6 +55,26 @@ pub struct Args {
     /// 10,000; quick: 100). Each needs a MicroVM booted by the embedded battery first.
     #[arg(long)]
     pub claims: Option<usize>,
+    /// Which phase to run: both (the default, the documented run), or one of them alone,
+    /// as when profiling it.
+    #[arg(long, value_enum, default_value_t = Phase::All)]
+    pub phase: Phase,
+}
+
+/// The bench's phases, each on fresh processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Phase {
+    All,
+    /// Bind latency, per-claim configuration, throughput, burst, exec, then the CRD floor.
+    Binding,
+    /// Lists, watches and memory.
+    Scale,
+}
+
+impl Phase {
+    fn runs(self, phase: Phase) -> bool {
+        self == Phase::All || self == phase
+    }
 }
 
 /// How big each scenario is.
@@ -148,8 +168,44 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
     let mut rows = Vec::new();
     let mut not_run = Vec::new();
 
-    eprintln!("bench: binding and exec");
+    if args.phase.runs(Phase::Binding) {
+        binding_phase(args, binary, sizes, &serve_args, &mut rows, &mut not_run).await?;
+    }
+    if !args.phase.runs(Phase::Scale) {
+        return Ok(report(args, binary, rows, not_run));
+    }
+    if !rows.is_empty() {
+        // The scale phase waits minutes for its MicroVMs: show what is measured already.
+        eprintln!(
+            "bench: so far\n{}",
+            report(args, binary, rows.clone(), not_run.clone()).table()
+        );
+    }
+    eprintln!("bench: scale");
+    let mut scale_sizes = sizes.scale.clone();
+    if let Some(claims) = args.claims {
+        scale_sizes.lists = [scale_sizes.lists[0].min(claims), claims];
+    }
     let rig = Rig::start(binary, &serve_args).await?;
+    let claims = scale_sizes.lists[1] + scale_sizes.watched_binds;
+    let pool = rig.create_pool("scale", claims as i32).await?;
+    rows.extend(scale::run(&rig, &pool.name, &scale_sizes).await?);
+    rig.stop().await;
+    Ok(report(args, binary, rows, not_run))
+}
+
+/// Bind latency beside raw `ClaimVM`, per-claim configuration, throughput, burst and exec
+/// on one rig; then the CRD floor on an etcd of its own.
+async fn binding_phase(
+    args: &Args,
+    binary: &Path,
+    sizes: &Sizes,
+    serve_args: &[String],
+    rows: &mut Vec<report::Row>,
+    not_run: &mut Vec<NotRun>,
+) -> Result<()> {
+    eprintln!("bench: binding and exec");
+    let rig = Rig::start(binary, serve_args).await?;
     let serial_binds = args.binds.unwrap_or(sizes.serial_binds);
     let config_binds = args.config_binds.unwrap_or(sizes.config_binds);
     // Two claims a round, ours and the raw one, and the exec scenario's claim: a
@@ -207,32 +263,24 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
         }),
     }
 
-    // The scale phase waits minutes for its MicroVMs: show what is measured already.
-    eprintln!(
-        "bench: so far\n{}",
-        report(args, binary, rows.clone(), not_run.clone()).table()
-    );
-
-    eprintln!("bench: scale");
-    let mut scale_sizes = sizes.scale.clone();
-    if let Some(claims) = args.claims {
-        scale_sizes.lists = [scale_sizes.lists[0].min(claims), claims];
-    }
-    let rig = Rig::start(binary, &serve_args).await?;
-    let claims = scale_sizes.lists[1] + scale_sizes.watched_binds;
-    let pool = rig.create_pool("scale", claims as i32).await?;
-    rows.extend(scale::run(&rig, &pool.name, &scale_sizes).await?);
-    rig.stop().await;
-    Ok(report(args, binary, rows, not_run))
+    Ok(())
 }
 
 fn report(args: &Args, binary: &Path, mut rows: Vec<report::Row>, not_run: Vec<NotRun>) -> Report {
     rows.sort_by_key(|row| ORDER.iter().position(|s| *s == row.scenario));
     Report {
-        mode: if args.quick { "quick" } else { "full" },
+        mode: format!(
+            "{}{}",
+            if args.quick { "quick" } else { "full" },
+            match args.phase {
+                Phase::All => "",
+                Phase::Binding => ", binding phase only",
+                Phase::Scale => ", scale phase only",
+            }
+        ),
         machine: report::Machine::read(),
         build: build_profile(binary),
-        other_side: "embedded battery (its own process, 2 simulated Hosts) and battery-agent, all on loopback",
+        other_side: "embedded battery (its own process, 2 simulated Hosts) and battery-agent, all on loopback; serve's metadata store on this machine's disk",
         rows,
         not_run,
     }

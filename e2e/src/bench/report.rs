@@ -171,7 +171,7 @@ impl Machine {
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Report {
-    pub mode: &'static str,
+    pub mode: String,
     pub machine: Machine,
     /// The profile of the battery-apiserver measured, as its target directory names it.
     pub build: String,

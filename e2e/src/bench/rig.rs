@@ -77,7 +77,13 @@ impl Rig {
         .await;
         let agents = Agents::new(&dir.path().join("agents"));
         let mut command = crate::apiserver::serve_command(binary, &battery, &stand_in);
-        command.args(agents.serve_args()).args(serve_args);
+        // On disk, as deployed (`deploy/base/apiserver.yaml`): each commit is durable, so
+        // a bind's figures include its store's fsyncs.
+        command
+            .arg("--data-dir")
+            .arg(dir.path().join("apiserver"))
+            .args(agents.serve_args())
+            .args(serve_args);
         let (serve, url) = Process::start(
             command,
             &dir.path().join("server.log"),

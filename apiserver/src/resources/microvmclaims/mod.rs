@@ -278,13 +278,11 @@ impl ClaimStorage {
         let Some(first) = pools.next() else {
             return Ok(HashSet::new());
         };
-        let leases = if pools.all(|pool| pool == first) {
-            self.battery.pool_leases(first.0, first.1).await
-        } else {
-            self.battery.leases().await
-        };
-        let leases = leases.map_err(|e| e.into_api_error(info(), ""))?;
-        Ok(leases.into_iter().map(|l| l.request_id).collect())
+        let pool = pools.all(|pool| pool == first).then_some(first);
+        self.battery
+            .leased_request_ids(pool)
+            .await
+            .map_err(|e| e.into_api_error(info(), ""))
     }
 
     /// One claim as a read sees it (`with_liveness`).
@@ -638,17 +636,18 @@ impl Storage for ClaimStorage {
     }
 
     fn table_cells(&self, claim: &MicroVMClaim) -> Vec<Value> {
-        let status = claim.status.clone().unwrap_or_default();
+        let status = claim.status.as_ref();
+        let text = |value: Option<&String>| Value::String(value.cloned().unwrap_or_default());
         vec![
             claim.spec.pool_ref.name.clone().into(),
             phase(claim).into(),
-            status.host.map(|h| h.node_name).unwrap_or_default().into(),
+            text(status.and_then(|s| s.host.as_ref()).map(|h| &h.node_name)),
             status
-                .lease_expires_at
+                .and_then(|s| s.lease_expires_at.as_ref())
                 .map(|t| t.0.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
                 .unwrap_or_default()
                 .into(),
-            status.micro_vm.map(|vm| vm.uid).unwrap_or_default().into(),
+            text(status.and_then(|s| s.micro_vm.as_ref()).map(|vm| &vm.uid)),
             claim.spec.service_account_name.clone().into(),
         ]
     }
