@@ -175,6 +175,13 @@ struct LeaseRequestId {
     request_id: String,
 }
 
+/// `ListLeases` of one pool, or of all pools.
+fn list_leases_request(pool: Option<(&str, &str)>) -> pb::ListLeasesRequest {
+    pb::ListLeasesRequest {
+        pool_ref: pool.map(|(ns, name)| pool_ref(ns, name)),
+    }
+}
+
 fn call<T>(message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.set_timeout(CALL_TIMEOUT);
@@ -410,9 +417,7 @@ impl BatteryClient {
         &self,
         pool: Option<(&str, &str)>,
     ) -> Result<HashSet<String>, BatteryError> {
-        let request = pb::ListLeasesRequest {
-            pool_ref: pool.map(|(ns, name)| pool_ref(ns, name)),
-        };
+        let request = list_leases_request(pool);
         let call = async {
             let mut grpc = tonic::client::Grpc::new(self.channel.clone());
             grpc.ready().await.map_err(|e| {
@@ -428,9 +433,7 @@ impl BatteryClient {
     }
 
     async fn leases_of(&self, pool: Option<(&str, &str)>) -> Result<Vec<LeaseInfo>, BatteryError> {
-        let request = pb::ListLeasesRequest {
-            pool_ref: pool.map(|(ns, name)| pool_ref(ns, name)),
-        };
+        let request = list_leases_request(pool);
         let listed = self
             .answer(
                 Rpc::ListLeases,

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use battery_e2e::apiserver::{ApiServer, Kubectl, Route, Stream};
+use battery_e2e::apiserver::{ApiServer, Kubectl, Output, Route, Stream};
 use common::{kubectl, microvm, one_line, path_with_plugin};
 
 /// The big file: a GiB, as the issue asks.
@@ -60,6 +60,13 @@ fn mode(path: &Path) -> u32 {
         .permissions()
         .mode()
         & 0o7777
+}
+
+/// `stat -c '%a %n'` of `paths` under the guest's `/work`, in claim `c`, through the plugin.
+async fn guest_modes(kubectl: &Kubectl, paths: &[&str]) -> Output {
+    let mut args = vec!["exec", "c", "-w", "/work", "--", "stat", "-c", "%a %n"];
+    args.extend_from_slice(paths);
+    microvm(kubectl, &args).await
 }
 
 /// `kubectl microvm cp SRC DST` under a longer deadline than kubectl commands get.
@@ -164,22 +171,9 @@ async fn a_directory_tree_round_trips_with_its_modes() {
     assert!(up.success, "{up}");
     let ran = microvm(&kubectl, &["exec", "c", "-w", "/work", "--", "./run.sh"]).await;
     assert_eq!((ran.code, ran.stdout.as_str()), (Some(0), "ran\n"), "{ran}");
-    let modes = microvm(
+    let modes = guest_modes(
         &kubectl,
-        &[
-            "exec",
-            "c",
-            "-w",
-            "/work",
-            "--",
-            "stat",
-            "-c",
-            "%a %n",
-            "a.txt",
-            "run.sh",
-            "nested",
-            "nested/deeper/secret",
-        ],
+        &["a.txt", "run.sh", "nested", "nested/deeper/secret"],
     )
     .await;
     assert_eq!(
@@ -196,22 +190,7 @@ async fn a_directory_tree_round_trips_with_its_modes() {
     )
     .await;
     assert!(one.success, "{one}");
-    let listed = microvm(
-        &kubectl,
-        &[
-            "exec",
-            "c",
-            "-w",
-            "/work",
-            "--",
-            "stat",
-            "-c",
-            "%a %n",
-            "nested/tree/run.sh",
-            "empty/run.sh",
-        ],
-    )
-    .await;
+    let listed = guest_modes(&kubectl, &["nested/tree/run.sh", "empty/run.sh"]).await;
     assert_eq!(
         listed.stdout, "755 nested/tree/run.sh\n755 empty/run.sh\n",
         "{listed}"
