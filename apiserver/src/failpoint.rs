@@ -8,12 +8,7 @@ use std::sync::OnceLock;
 pub const CRASH_AT: &str = "BATTERY_APISERVER_CRASH_AT";
 
 /// Every point, in the order a bind, release or pool deletion passes them.
-pub const POINTS: &[&str] = &[
-    "bind:intent-recorded",
-    "bind:claimed",
-    "release:released",
-    "pool-delete:deleted",
-];
+pub const POINTS: &[&str] = &["bind:claimed", "release:released", "pool-delete:deleted"];
 
 fn armed() -> Option<&'static str> {
     static ARMED: OnceLock<Option<String>> = OnceLock::new();

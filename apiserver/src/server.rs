@@ -321,7 +321,7 @@ pub fn build(
     });
     tasks.spawn(async move {
         // battery may still be starting: retry until its objects are adopted and every
-        // interrupted bind is settled.
+        // lease an interrupted bind left is released.
         loop {
             match (hosts.sync().await, adopt_pools.adopt_all().await) {
                 (Ok(()), Ok(())) => break,
@@ -335,11 +335,11 @@ pub fn build(
             match claims.recover().await {
                 Ok(0) => return,
                 Ok(n) => {
-                    tracing::info!(binds = n, "settled binds a restart interrupted");
+                    tracing::info!(leases = n, "released leases that binds left without their claims");
                     return;
                 }
                 Err(err) => {
-                    tracing::warn!(error = %err, "settling interrupted binds; retrying");
+                    tracing::warn!(error = %err, "releasing leases binds left without their claims; retrying");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }

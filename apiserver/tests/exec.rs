@@ -497,6 +497,58 @@ async fn an_expiring_claim_ends_its_sessions() {
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
 }
 
+#[tokio::test]
+async fn a_claim_whose_lease_battery_let_go_unseen_is_refused_as_expired() {
+    use battery_proto::poolmgr::v1alpha1::lease_client::LeaseClient;
+    use battery_proto::poolmgr::v1alpha1::{ListLeasesRequest, ReleaseVmRequest};
+    let exec = Exec::start().await;
+    exec.claim("c").await;
+    let v5 = "v5.channel.k8s.io";
+    // Served from the record once the follower keeps up with battery's events.
+    let mut raw = exec
+        .raw(DEV_USER, "c", "command=true&stdout=true", v5)
+        .await
+        .unwrap();
+    assert_eq!(raw.read_all().await.status["status"], "Success");
+    // Another client of battery releases the lease: battery deletes the MicroVM, and the
+    // release's event is not one the follower applies (our own releases record first).
+    let (_, bound) = exec.h.get(&format!("{CLAIMS}/c")).await;
+    let uid = bound["metadata"]["uid"].as_str().unwrap();
+    let mut battery = LeaseClient::connect(format!("http://{}", exec.h.battery().address()))
+        .await
+        .unwrap();
+    let leases = battery
+        .list_leases(ListLeasesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .leases;
+    let lease = leases
+        .iter()
+        .find(|l| l.request_id == format!("microvmclaim/{uid}"))
+        .expect("the claim's lease");
+    battery
+        .release_vm(ReleaseVmRequest {
+            lease_id: lease.lease_id.clone(),
+        })
+        .await
+        .unwrap();
+    // The record still says Bound; the agent finds no MicroVM, and battery, asked then,
+    // no lease: the answer is the claim's, as for an Expired one.
+    let (status, body) = exec
+        .raw(DEV_USER, "c", "command=true&stdout=true", v5)
+        .await
+        .err()
+        .expect("an exec into a released MicroVM was upgraded");
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("has expired"),
+        "{body}"
+    );
+    let (_, claim) = exec.h.get(&format!("{CLAIMS}/c")).await;
+    assert_eq!(claim["status"]["phase"], "Expired", "{claim}");
+}
+
 /// What `/metrics` shows.
 #[tokio::test]
 async fn a_full_agent_is_answered_429_as_our_own_cap_is() {

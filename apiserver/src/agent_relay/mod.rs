@@ -39,6 +39,13 @@ const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// so its answer, not ours, says what was slow.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(15);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Output an agent may send ahead of a session's WebSocket taking it, as the agent's own
+/// window towards flintlockd: HTTP/2's default (64 KiB) made bulk output wait a round
+/// trip per 64 KiB.
+const STREAM_WINDOW_BYTES: u32 = 256 * 1024;
+/// Output all of one agent's sessions may send ahead: the bound on what slow clients make
+/// the API server hold per Host.
+const CONNECTION_WINDOW_BYTES: u32 = 4 * 1024 * 1024;
 /// Channels kept, one per Host and address; a channel reconnects by itself, so a
 /// restarted agent is reached again through the same entry.
 const CHANNELS: u64 = 1024;
@@ -99,6 +106,8 @@ impl AgentRelay {
             .connect_timeout(CONNECT_TIMEOUT)
             // Exec carries keystrokes and prompts; Nagle would hold them back.
             .tcp_nodelay(true)
+            .initial_stream_window_size(STREAM_WINDOW_BYTES)
+            .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
             .connect_lazy();
         self.channels.insert(key, channel.clone());
         Ok(channel)

@@ -90,14 +90,14 @@ impl Lease {
     }
 }
 
-/// A lease as battery lists it, without its id (which only the claim's record keeps).
+/// A lease as battery lists it.
 #[derive(Debug, Clone)]
 pub struct LeaseInfo {
+    /// The lease id, a secret: for releasing a lease no claim holds.
+    pub id: LeaseId,
     /// The request id it was claimed with: how a claim finds its lease.
     pub request_id: String,
     pub vm_uid: String,
-    pub claimed_at: Option<Time>,
-    pub expires_at: Option<MicroTime>,
 }
 
 /// A pool as battery holds it, in our types.
@@ -324,7 +324,7 @@ impl BatteryClient {
 
     /// Claims a MicroVM. `request_id` makes the call safe to repeat: battery answers a
     /// repeat with the same lease. ClaimVM's answer carries no times: the caller knows
-    /// when it asked, or reads them with `lease_times`.
+    /// when it asked.
     pub async fn claim_vm(
         &self,
         namespace: &str,
@@ -348,22 +348,6 @@ impl BatteryClient {
             claimed_at: None,
             expires_at: None,
         })
-    }
-
-    /// When battery granted the pool's lease claimed with `request_id`, and when it
-    /// expires, as its lease list says (the whole pool's, so only for rare paths).
-    pub async fn lease_times(
-        &self,
-        namespace: &str,
-        pool: &str,
-        request_id: &str,
-    ) -> Result<(Option<Time>, Option<MicroTime>), BatteryError> {
-        let listed = self
-            .pool_leases(namespace, pool)
-            .await?
-            .into_iter()
-            .find(|l| l.request_id == request_id);
-        Ok(listed.map_or((None, None), |l| (l.claimed_at, l.expires_at)))
     }
 
     /// Renews a lease; answers the new expiry.
@@ -397,16 +381,22 @@ impl BatteryClient {
 
     /// Every live lease, of all pools.
     pub async fn leases(&self) -> Result<Vec<LeaseInfo>, BatteryError> {
-        self.leases_of(None).await
-    }
-
-    /// The live leases of one pool.
-    pub async fn pool_leases(
-        &self,
-        namespace: &str,
-        pool: &str,
-    ) -> Result<Vec<LeaseInfo>, BatteryError> {
-        self.leases_of(Some((namespace, pool))).await
+        let request = list_leases_request(None);
+        let listed = self
+            .answer(
+                Rpc::ListLeases,
+                self.leases.clone().list_leases(call(request)),
+            )
+            .await?;
+        Ok(listed
+            .leases
+            .into_iter()
+            .map(|l| LeaseInfo {
+                id: LeaseId::new(l.lease_id),
+                request_id: l.request_id,
+                vm_uid: l.vm_uid,
+            })
+            .collect())
     }
 
     /// The request ids of the live leases of one pool, or of all pools: what a list
@@ -430,26 +420,6 @@ impl BatteryClient {
         };
         let listed = self.answer(Rpc::ListLeases, call).await?;
         Ok(listed.leases.into_iter().map(|l| l.request_id).collect())
-    }
-
-    async fn leases_of(&self, pool: Option<(&str, &str)>) -> Result<Vec<LeaseInfo>, BatteryError> {
-        let request = list_leases_request(pool);
-        let listed = self
-            .answer(
-                Rpc::ListLeases,
-                self.leases.clone().list_leases(call(request)),
-            )
-            .await?;
-        Ok(listed
-            .leases
-            .into_iter()
-            .map(|l| LeaseInfo {
-                request_id: l.request_id,
-                vm_uid: l.vm_uid,
-                claimed_at: l.claimed_at.as_ref().and_then(convert::time),
-                expires_at: l.expires_at.as_ref().and_then(convert::micro_time),
-            })
-            .collect())
     }
 
     /// battery's event stream: its whole history, then live events.

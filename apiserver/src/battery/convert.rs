@@ -17,7 +17,7 @@ use battery_types::{
     StaticAddress, Volume,
 };
 use fl::network_interface::IfaceType;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 
 const NANOS_PER_SECOND: i64 = 1_000_000_000;
@@ -162,16 +162,9 @@ pub fn host_status_from_battery(status: &pb::HostStatus) -> HostStatus {
     }
 }
 
-/// A battery timestamp as Kubernetes writes a `Time`: whole seconds, the fraction dropped
-/// as Go's RFC 3339 formatting drops it, so an object compares equal to its own JSON.
-/// `None` when the time is outside what `Time` can hold (years -9999 to 9999).
-pub fn time(ts: &prost_types::Timestamp) -> Option<Time> {
-    let seconds = i64::try_from(timestamp_nanos(ts).div_euclid(NANOS_PER_SECOND.into())).ok()?;
-    Timestamp::from_second(seconds).ok().map(Time)
-}
-
 /// A battery timestamp as Kubernetes writes a `MicroTime`: to the microsecond, the rest
-/// dropped as for [`time`]. `None` when the time is outside what `MicroTime` can hold.
+/// dropped as Go's RFC 3339 formatting drops it, so an object compares equal to its own
+/// JSON. `None` when the time is outside what `MicroTime` can hold.
 pub fn micro_time(ts: &prost_types::Timestamp) -> Option<MicroTime> {
     let micros =
         i64::try_from(timestamp_nanos(ts).div_euclid(NANOS_PER_MICROSECOND.into())).ok()?;
@@ -800,29 +793,6 @@ mod tests {
     }
 
     #[test]
-    fn time_keeps_whole_seconds() {
-        let cases = [
-            ((1_700_000_000, 0), Some(1_700_000_000)),
-            ((1_700_000_000, 999_999_999), Some(1_700_000_000)),
-            // Before the epoch, dropping the fraction rounds towards the past, as in Go.
-            ((-1, 500_000_000), Some(-1)),
-            ((0, -1), Some(-1)),
-            ((i64::MAX, 0), None),
-        ];
-        for ((seconds, nanos), expected) in cases {
-            let ts = prost_types::Timestamp { seconds, nanos };
-            assert_eq!(
-                time(&ts).map(|Time(t)| t.as_second()),
-                expected,
-                "{seconds}s {nanos}ns"
-            );
-            if let Some(Time(t)) = time(&ts) {
-                assert_eq!(t.subsec_nanosecond(), 0);
-            }
-        }
-    }
-
-    #[test]
     fn micro_time_keeps_microseconds() {
         let cases = [
             ((1_700_000_000, 0), Some(1_700_000_000_000_000)),
@@ -841,15 +811,11 @@ mod tests {
     }
 
     #[test]
-    fn time_serializes_as_kubernetes_does() {
+    fn micro_time_serializes_as_kubernetes_does() {
         let ts = prost_types::Timestamp {
             seconds: 1_700_000_000,
             nanos: 123_456_789,
         };
-        assert_eq!(
-            serde_json::to_value(time(&ts)).expect("serializable"),
-            "2023-11-14T22:13:20Z"
-        );
         assert_eq!(
             serde_json::to_value(micro_time(&ts)).expect("serializable"),
             "2023-11-14T22:13:20.123456Z"

@@ -1,5 +1,5 @@
 //! The metadata store (DESIGN §3): what battery cannot hold — Kubernetes object metadata,
-//! the few spec fields battery has no place for, claim intents — plus the one
+//! the few spec fields battery has no place for — plus the one
 //! resourceVersion counter and the last battery event id seen. An embedded, transactional,
 //! crash-safe redb database on the same volume as battery's, keyed by battery's identity
 //! of each object (`<resource>/<namespace>/<name>`).
@@ -12,16 +12,14 @@ use std::ops::Bound;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use redb::{
-    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
-    WriteTransaction,
-};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::watch::{Change, ChangeType, WatchHub, WatchedObject};
 
 const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
+/// Where versions before ADR 0022 recorded a bind before its `ClaimVM`; only dropped now.
 const INTENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("intents");
 const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
 const RESOURCE_VERSION: &str = "resourceVersion";
@@ -236,18 +234,6 @@ impl MetaStore {
         })
     }
 
-    /// Every claim intent, for recovery at start.
-    pub fn intents<T: DeserializeOwned>(&self) -> Result<Vec<(String, T)>, StoreError> {
-        let tx = self.db.begin_read().map_err(tx_err)?;
-        let table = tx.open_table(INTENTS).map_err(tx_err)?;
-        let mut out = Vec::with_capacity(table.len().map_err(tx_err)? as usize);
-        for entry in table.iter().map_err(tx_err)? {
-            let (k, v) = entry.map_err(tx_err)?;
-            out.push((k.value().to_owned(), decode(k.value(), v.value())?));
-        }
-        Ok(out)
-    }
-
     /// Runs `f` in one write transaction, commits it durably, then publishes the
     /// changes it recorded to watchers. Nothing is committed or published if `f` fails.
     pub fn transact<R, E>(&self, f: impl FnOnce(&mut Txn) -> Result<R, E>) -> Result<R, E>
@@ -334,18 +320,10 @@ impl Txn {
         Ok(())
     }
 
-    /// Records an intent (a step that must be finished or undone after a crash).
-    pub fn put_intent<T: Serialize>(&mut self, id: &str, intent: &T) -> Result<(), StoreError> {
-        let bytes = encode(id, intent)?;
-        let mut table = self.tx.open_table(INTENTS).map_err(tx_err)?;
-        table.insert(id, bytes.as_slice()).map_err(tx_err)?;
-        Ok(())
-    }
-
-    /// Forgets an intent once its step is finished or undone.
-    pub fn delete_intent(&mut self, id: &str) -> Result<(), StoreError> {
-        let mut table = self.tx.open_table(INTENTS).map_err(tx_err)?;
-        table.remove(id).map_err(tx_err)?;
+    /// Drops the bind intents versions before ADR 0022 recorded, once recovery has
+    /// released the leases they stood for.
+    pub fn clear_intents(&mut self) -> Result<(), StoreError> {
+        self.tx.delete_table(INTENTS).map_err(tx_err)?;
         Ok(())
     }
 

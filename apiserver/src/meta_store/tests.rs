@@ -78,7 +78,6 @@ fn state_survives_reopening_the_file() {
             .transact(|tx| -> Result<(), StoreError> {
                 tx.next_resource_version();
                 tx.put(&key("a", "x"), &Rec { n: 7 })?;
-                tx.put_intent("uid-1", &Rec { n: 8 })?;
                 tx.set_last_battery_event_id(42)
             })
             .unwrap();
@@ -90,10 +89,6 @@ fn state_survives_reopening_the_file() {
     );
     assert_eq!(store.resource_version().unwrap(), 1);
     assert_eq!(store.last_battery_event_id().unwrap(), 42);
-    assert_eq!(
-        store.intents::<Rec>().unwrap(),
-        [("uid-1".to_owned(), Rec { n: 8 })]
-    );
     // A watch from before the restart cannot be served from memory.
     assert!(store.hub().subscribe(0).is_err());
 }

@@ -16,7 +16,7 @@ use super::pools::PoolStorage;
 use crate::battery::{BatteryClient, BatteryError, BatteryEvent, EventKind};
 use crate::cluster::Cluster;
 use crate::http::metrics::Metrics;
-use crate::meta_store::{MetaStore, StoreError};
+use crate::meta_store::{MetaStore, StoreError, Txn};
 
 /// Events applied per batch: during a replay, a pool named by many events is re-read
 /// once per batch instead of once per event.
@@ -56,7 +56,9 @@ impl Follower {
         loop {
             match self.battery.events().await {
                 Ok(stream) => {
-                    if let Err(err) = self.follow(stream).await {
+                    let followed = self.follow(stream).await;
+                    self.claims.set_following(false);
+                    if let Err(err) = followed {
                         tracing::warn!(error = %err, "battery's event stream ended; resubscribing");
                     }
                 }
@@ -90,14 +92,19 @@ impl Follower {
                     Ok(None) | Err(_) => break,
                 }
             }
+            // A batch the window closed holds all battery had sent: the replay is done.
+            let caught_up = batch.len() < BATCH;
             let fresh: Vec<BatteryEvent> = batch.into_iter().filter(|e| e.id > last).collect();
-            let Some(newest) = fresh.iter().map(|e| e.id).max() else {
-                continue;
-            };
-            self.apply(&fresh).await;
-            self.store
-                .transact(|tx| tx.set_last_battery_event_id(newest))?;
-            last = newest;
+            if let Some(newest) = fresh.iter().map(|e| e.id).max() {
+                if !self.apply(&fresh, newest).await {
+                    self.store
+                        .transact(|tx| tx.set_last_battery_event_id(newest))?;
+                }
+                last = newest;
+            }
+            if caught_up {
+                self.claims.set_following(true);
+            }
         }
         Ok(())
     }
@@ -132,7 +139,10 @@ impl Follower {
         }
     }
 
-    async fn apply(&self, events: &[BatteryEvent]) {
+    /// Applies `events`, the newest of them `newest`; answers whether `newest` was
+    /// recorded as the last applied, with the last Pool's write (one commit a batch, not
+    /// two, which binds would wait behind).
+    async fn apply(&self, events: &[BatteryEvent], newest: u64) -> bool {
         let mut pools = BTreeSet::new();
         for event in events {
             self.metrics.record_event(event.created_at);
@@ -144,10 +154,26 @@ impl Follower {
                 self.warn_hook_failed(event).await;
             }
         }
-        for (namespace, pool) in pools {
-            if let Err(err) = self.pools.observe(&namespace, &pool).await {
-                tracing::warn!(error = %err, %namespace, %pool, "re-reading a pool after battery events");
+        let mut recorded = false;
+        let count = pools.len();
+        for (i, (namespace, pool)) in pools.into_iter().enumerate() {
+            let last = i + 1 == count;
+            let mut written = false;
+            let also = |tx: &mut Txn| {
+                if last {
+                    tx.set_last_battery_event_id(newest)?;
+                    written = true;
+                }
+                Ok(())
+            };
+            match self.pools.observe(&namespace, &pool, also).await {
+                // Committed, if the Pool was written.
+                Ok(()) => recorded = written,
+                Err(err) => {
+                    tracing::warn!(error = %err, %namespace, %pool, "re-reading a pool after battery events");
+                }
             }
         }
+        recorded
     }
 }

@@ -20,7 +20,7 @@ use crate::battery::objects::{self, PoolMeta};
 use crate::battery::{BatteryClient, BatteryPool, Failure};
 use crate::http::bounded_cache;
 use crate::http::metrics::{Metrics, PoolCounts};
-use crate::meta_store::{Key, MetaStore};
+use crate::meta_store::{Key, MetaStore, StoreError, Txn};
 use crate::watch::ChangeType;
 
 const RESOURCE: &str = "pools";
@@ -204,6 +204,17 @@ impl PoolStorage {
         change: ChangeType,
         rejected: Option<String>,
     ) -> Result<(), ApiError> {
+        self.commit_with(object, change, rejected, |_| Ok(()))
+    }
+
+    /// `commit`, with `also` written in the same transaction.
+    fn commit_with(
+        &self,
+        object: &mut Pool,
+        change: ChangeType,
+        rejected: Option<String>,
+        also: impl FnOnce(&mut Txn) -> Result<(), StoreError>,
+    ) -> Result<(), ApiError> {
         let key = key(
             object.metadata.namespace.as_deref().unwrap_or_default(),
             object.metadata.name.as_deref().unwrap_or_default(),
@@ -218,7 +229,7 @@ impl PoolStorage {
                 .unwrap_or_default(),
             rejected,
         };
-        commit(&self.store, &key, object, change, record, |_| Ok(()))?;
+        commit(&self.store, &key, object, change, record, also)?;
         match change {
             ChangeType::Deleted => self.bind_settings.invalidate(&key),
             _ => self
@@ -241,11 +252,18 @@ impl PoolStorage {
 
     /// Re-reads a Pool after battery reported a change to it, records it and tells
     /// watchers; finishes a blocked deletion once battery lets it go.
-    pub async fn observe(&self, namespace: &str, name: &str) -> Result<(), ApiError> {
+    /// `also` is written in the same transaction, if the Pool is written (so the follower's
+    /// own bookkeeping costs no commit of its own).
+    pub async fn observe(
+        &self,
+        namespace: &str,
+        name: &str,
+        also: impl FnOnce(&mut Txn) -> Result<(), StoreError> + Send,
+    ) -> Result<(), ApiError> {
         let key = key(namespace, name);
         let _guard = self.locks.lock(&key).await;
         let record = self.store.get::<PoolRecord>(&key)?;
-        self.observe_locked(namespace, name, record).await
+        self.observe_locked(namespace, name, record, also).await
     }
 
     /// `observe` with the Pool's lock held and its record read.
@@ -254,6 +272,7 @@ impl PoolStorage {
         namespace: &str,
         name: &str,
         record: Option<PoolRecord>,
+        also: impl FnOnce(&mut Txn) -> Result<(), StoreError> + Send,
     ) -> Result<(), ApiError> {
         let pool = match self.battery.pool(namespace, name).await {
             Ok(pool) => pool,
@@ -261,7 +280,7 @@ impl PoolStorage {
                 if let Some(record) = record {
                     let mut object = Pool::new(name, PoolSpec::default());
                     object.metadata = record.metadata;
-                    self.commit(&mut object, ChangeType::Deleted, None)?;
+                    self.commit_with(&mut object, ChangeType::Deleted, None, also)?;
                 }
                 return Ok(());
             }
@@ -275,14 +294,14 @@ impl PoolStorage {
         let rejected = record.as_ref().and_then(|r| r.rejected.clone());
         let mut object = self.assemble(record, pool);
         if blocked && self.battery.delete_pool(namespace, name).await.is_ok() {
-            return self.commit(&mut object, ChangeType::Deleted, None);
+            return self.commit_with(&mut object, ChangeType::Deleted, None, also);
         }
         if adopted {
             // First sight of a Pool made outside the API: it exists from now on.
             object.metadata.creation_timestamp = Some(server_now());
-            return self.commit(&mut object, ChangeType::Added, None);
+            return self.commit_with(&mut object, ChangeType::Added, None, also);
         }
-        self.commit(&mut object, ChangeType::Modified, rejected)
+        self.commit_with(&mut object, ChangeType::Modified, rejected, also)
     }
 
     /// Records every Pool battery has that we have no record of, so each gets its
@@ -301,7 +320,7 @@ impl PoolStorage {
             let _guard = self.locks.lock(&key).await;
             // Checked under the lock: a create in flight records the Pool itself.
             if self.store.get::<PoolRecord>(&key)?.is_none() {
-                self.observe_locked(&pool.namespace, &pool.name, None)
+                self.observe_locked(&pool.namespace, &pool.name, None, |_| Ok(()))
                     .await?;
             }
         }

@@ -99,6 +99,16 @@ impl Agents {
         self.pki.serve_args()
     }
 
+    /// What the API server dials the agents' relay with, PEM files: the CA of the agents'
+    /// serving certificates, and its relay client certificate and key.
+    pub(crate) fn relay_client_tls(&self) -> [&Path; 3] {
+        [
+            &self.pki.agent_ca.0,
+            &self.pki.relay_client.0,
+            &self.pki.relay_client.1,
+        ]
+    }
+
     /// Lets the agent group do what an agent does, as the agent ClusterRole of a cluster
     /// would: the Host rule in the API server narrows each to its own Host.
     pub(crate) fn grant(stand_in: &StandIn) {

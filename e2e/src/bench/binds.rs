@@ -58,8 +58,18 @@ pub async fn with_config(rig: &super::rig::Rig, pool: &PoolRef, count: usize) ->
         ("a file from a Secret", Value::Null, files.clone()),
         ("env and a file from a Secret", env, files),
     ];
+    // The file's write alone, as the bind makes it (one `tar -x`, the archive on stdin),
+    // straight to the agent's relay: what a file costs past the API server.
+    let (_, bound) = bind(&client, "config-write", &pool.name).await?;
+    let mut agent = super::exec::Target::of(&client, &bound)
+        .await?
+        .agent_exec(rig)
+        .await?;
+    let archive = one_file_archive("etc/bench/token", b"bench-token")?;
+    let mut written = Vec::with_capacity(count);
     let mut took = vec![Vec::with_capacity(count); kinds.len()];
     for i in 0..count {
+        written.push(agent.until_exit(&EXTRACT, &archive).await?);
         for (k, (_, env, files)) in kinds.iter().enumerate() {
             let mut claim = client::claim(&format!("config-{k}-{i}"), &pool.name);
             if !env.is_null() {
@@ -86,7 +96,26 @@ pub async fn with_config(rig: &super::rig::Rig, pool: &PoolRef, count: usize) ->
             with.saturating_sub(bare),
         ));
     }
+    rows.push(Row::millis(
+        LATENCY,
+        "a file's tar -x alone, through the agent's relay p50",
+        quantile(&written, 0.5),
+    ));
     Ok(rows)
+}
+
+/// What the API server runs to write a claim's files.
+const EXTRACT: [&str; 6] = ["tar", "-x", "-p", "-m", "-f", "-"];
+
+/// A tar archive of one file, as the API server builds a claim's.
+fn one_file_archive(path: &str, content: &[u8]) -> Result<Vec<u8>> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_mode(0o644);
+    header.set_size(content.len() as u64);
+    builder.append_data(&mut header, path, content)?;
+    Ok(builder.into_inner()?)
 }
 
 /// What the serial scenario measured, for the CRD floor to compare with.

@@ -21,6 +21,7 @@ use crate::apiserver::agents::Agents;
 use crate::apiserver::{AgentSpec, free_loopback_address};
 use crate::process::Process;
 use crate::stand_in::StandIn;
+use battery_proto::agent::v1alpha1::relay_client::RelayClient;
 use tonic::transport::Channel;
 
 /// What `battery-apiserver serve` prints once it accepts connections, before the URL.
@@ -211,6 +212,26 @@ impl Rig {
             .await
             .with_context(|| format!("creating the Secret {name}"))?;
         Ok(())
+    }
+
+    /// A client of the relay of `host`'s agent at `address`, dialled as the API server
+    /// dials it (its relay client certificate, the agent verified for `host`).
+    pub async fn relay_client(&self, host: &str, address: &str) -> Result<RelayClient<Channel>> {
+        let [ca, cert, key] =
+            self.processes.agents.relay_client_tls().map(|path| {
+                std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+            });
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(ca?))
+            .identity(tonic::transport::Identity::from_pem(cert?, key?))
+            .domain_name(host);
+        let channel = tonic::transport::Endpoint::from_shared(format!("https://{address}"))?
+            .tls_config(tls)?
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .with_context(|| format!("connecting to the agent of Host {host} at {address}"))?;
+        Ok(RelayClient::new(channel))
     }
 
     /// A gRPC client of the embedded battery's Lease service.

@@ -119,16 +119,19 @@ impl Invocation {
     }
 
     fn command(&self, root: &Path) -> Command {
-        let mut command = if self.shell {
-            let mut command = Command::new("sh");
-            command.arg("-c").arg(&self.cmd).arg("sh").args(&self.args);
-            command
-        } else {
-            let mut command = Command::new(&self.cmd);
-            command.args(&self.args);
-            command
-        };
         let path = std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into());
+        // The command's own PATH, if it sets one, is where its program is looked for.
+        let search = self
+            .env
+            .get("PATH")
+            .map_or(path.as_os_str(), |own| own.as_ref());
+        let program = if self.shell { "sh" } else { self.cmd.as_str() };
+        let mut command = Command::new(on_path(program, search));
+        command.arg0(program);
+        if self.shell {
+            command.arg("-c").arg(&self.cmd).arg("sh");
+        }
+        command.args(&self.args);
         let stdin = if self.has_stdin {
             Stdio::piped()
         } else {
@@ -148,6 +151,24 @@ impl Invocation {
             .kill_on_drop(true);
         command
     }
+}
+
+/// `program` found on `path` as a shell finds it, or as given when it names a path or is
+/// not found (starting it then fails as a shell's would). Resolved here because a command
+/// whose PATH is set and whose program is a bare name makes std fork this whole process
+/// to search in the child, instead of spawning it (`posix_spawn`): milliseconds a command.
+fn on_path(program: &str, path: &std::ffi::OsStr) -> PathBuf {
+    if program.contains('/') {
+        return PathBuf::from(program);
+    }
+    std::env::split_paths(path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::metadata(candidate)
+                .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+        })
+        .unwrap_or_else(|| PathBuf::from(program))
 }
 
 /// The guest path `cwd` inside `root`, which stands for the guest's `/`: `..`
@@ -481,6 +502,28 @@ mod tests {
         for (cwd, expected) in cases {
             assert_eq!(guest_path(root, cwd), Path::new(expected), "cwd {cwd:?}");
         }
+    }
+
+    #[test]
+    fn programs_are_found_on_the_path_as_a_shell_finds_them() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+        let write = |dir: &Path, name: &str, mode: u32| {
+            let file = dir.join(name);
+            std::fs::write(&file, "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+            file
+        };
+        // Not executable in the first directory, so the second's is the one.
+        write(dirs[0].path(), "tool", 0o644);
+        let tool = write(dirs[1].path(), "tool", 0o755);
+        std::fs::create_dir(dirs[0].path().join("dir")).unwrap();
+        let path = std::env::join_paths(dirs.iter().map(|d| d.path())).unwrap();
+        assert_eq!(on_path("tool", &path), tool);
+        // A directory is not a program; what is not found, or names a path, is as given.
+        assert_eq!(on_path("dir", &path), Path::new("dir"));
+        assert_eq!(on_path("missing", &path), Path::new("missing"));
+        assert_eq!(on_path("./tool", &path), Path::new("./tool"));
     }
 
     #[test]

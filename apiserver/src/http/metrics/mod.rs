@@ -105,7 +105,7 @@ pub enum BindOutcome {
     /// Refused for good (the pool is missing or being deleted, battery said no): nothing
     /// was leased.
     Refused,
-    /// battery did not answer definitively: the intent is kept and released later.
+    /// battery did not answer definitively: whatever it leased is released later.
     Ambiguous,
     /// Anything else (the metadata store failed, …).
     Failed,
@@ -318,7 +318,7 @@ impl Metrics {
         self.exec_sessions.clone()
     }
 
-    /// Records a claim's bind, from its intent to its answer.
+    /// Records a claim's bind, from its start to its answer.
     pub fn record_bind(&self, outcome: BindOutcome, elapsed: Duration) {
         self.bind_duration
             .get_or_create(&OutcomeLabels {

@@ -19,7 +19,7 @@ use battery_types::{KeySelector, MicroVMClaim, MicroVMClaimSpec, SourceKind};
 use moka::sync::Cache;
 use secrecy::{ExposeSecret as _, SecretSlice, SecretString};
 
-use super::{BindFailure, BindIntent, release};
+use super::release;
 use crate::agent_relay::AgentRelay;
 use crate::api::UserInfo;
 use crate::battery::LeaseId;
@@ -167,31 +167,13 @@ impl ClaimConfig {
 }
 
 impl super::ClaimStorage {
-    /// Releases the lease of a bind that cannot finish and forgets its intent; if battery
-    /// does not release for certain, the intent is marked abandoned and settled later.
-    pub(super) async fn undo_bind(
-        &self,
-        uid: &str,
-        mut intent: BindIntent,
-        lease: &LeaseId,
-        name: &str,
-    ) -> Result<(), BindFailure> {
-        match release(&self.battery, lease, name).await {
-            Ok(()) => self.store.transact(|tx| tx.delete_intent(uid))?,
-            Err(err) => {
-                tracing::warn!(error = %err, claim = %name, "releasing an unfinished bind; retrying in the background");
-                intent.abandoned = true;
-                self.store.transact(|tx| tx.put_intent(uid, &intent))?;
-                let this = self.clone();
-                let uid = uid.to_owned();
-                tokio::spawn(async move {
-                    if let Err(err) = this.settle(&uid, intent).await {
-                        tracing::warn!(error = %err, "releasing an unfinished bind; the next start retries");
-                    }
-                });
-            }
+    /// Releases the lease of a bind that cannot finish. If battery does not release for
+    /// certain, the lease is left to the next start, which releases every lease no claim
+    /// holds (`recover`), or to its expiry, whichever comes first.
+    pub(super) async fn undo_bind(&self, lease: &LeaseId, name: &str) {
+        if let Err(err) = release(&self.battery, lease, name).await {
+            tracing::warn!(error = %err, claim = %name, "releasing an unfinished bind; the next start releases it");
         }
-        Ok(())
     }
 }
 

@@ -131,8 +131,7 @@ impl Subresource for ClaimLeases {
                 let expired = expire(record);
                 let secrets = expired.lease_record();
                 let mut claim = ClaimStorage::object(expired);
-                self.0
-                    .commit(&mut claim, secrets, ChangeType::Modified, None)?;
+                self.0.commit(&mut claim, secrets, ChangeType::Modified)?;
                 return Err(lease_expired(namespace, name));
             }
             Err(err) => return Err(err.into_api_error(info(), name)),
@@ -142,8 +141,7 @@ impl Subresource for ClaimLeases {
         renewed.status.lease_expires_at = Some(expires_at);
         let secrets = renewed.lease_record();
         let mut claim = ClaimStorage::object(renewed.clone());
-        self.0
-            .commit(&mut claim, secrets, ChangeType::Modified, None)?;
+        self.0.commit(&mut claim, secrets, ChangeType::Modified)?;
         // The new resourceVersion.
         renewed.metadata = claim.metadata;
         Ok(as_lease(&renewed))

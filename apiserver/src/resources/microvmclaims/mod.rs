@@ -1,11 +1,13 @@
-//! `microvmclaims`: a claim is bound inside its create (DESIGN §4): the intent is
-//! recorded durably, battery's `ClaimVM` is called with a `request_id` derived from the
-//! claim's uid, and the response is already Bound. The metadata store keeps the claim's
+//! `microvmclaims`: a claim is bound inside its create (DESIGN §4): battery's `ClaimVM`
+//! is called with a `request_id` derived from the claim's uid, the Bound claim is recorded
+//! in one durable write, and the response is already Bound (ADR 22: a lease no record
+//! holds is released at start). The metadata store keeps the claim's
 //! metadata, spec and status, and battery's lease id (a secret that never leaves it);
 //! battery's lease list says whether the lease still lives.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use battery_api_machinery::status::ApiError;
@@ -85,18 +87,6 @@ impl ClaimRecord {
     }
 }
 
-/// A bind in flight, recorded before `ClaimVM` so a crash between the two is finished
-/// (or undone) on restart by replaying `ClaimVM` with the same request id.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct BindIntent {
-    claim: MicroVMClaim,
-    request_id: String,
-    /// The create answered an error after battery may have leased (a timeout, battery
-    /// unreachable): any lease made for it must be released, not bound.
-    #[serde(default)]
-    abandoned: bool,
-}
-
 /// Why a bind did not bind, and how that counts.
 struct BindFailure {
     error: ApiError,
@@ -138,10 +128,48 @@ fn info() -> &'static battery_types::ResourceInfo {
     &MicroVMClaim::INFO
 }
 
+/// What every claim's `request_id` starts with: a lease with it that no claim's record
+/// holds was left by a bind that never answered (see `recover`).
+const REQUEST_ID_PREFIX: &str = "microvmclaim/";
+
 /// battery's `request_id` for a claim: stable across retries and restarts, unique per
 /// claim, well under battery's 255 bytes.
 fn request_id(uid: &str) -> String {
-    format!("microvmclaim/{uid}")
+    format!("{REQUEST_ID_PREFIX}{uid}")
+}
+
+/// The request ids of the binds between their `ClaimVM` and their claim's record (or
+/// their release), which `recover` must not take for left over. One per create in flight,
+/// which the server's request limits bound.
+#[derive(Default)]
+struct BindsInFlight(std::sync::Mutex<HashSet<String>>);
+
+impl BindsInFlight {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Holds `request_id` in flight until the guard drops.
+    fn enter(self: &Arc<Self>, request_id: &str) -> InFlight {
+        self.lock().insert(request_id.to_owned());
+        InFlight {
+            binds: self.clone(),
+            request_id: request_id.to_owned(),
+        }
+    }
+}
+
+struct InFlight {
+    binds: Arc<BindsInFlight>,
+    request_id: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.binds.lock().remove(&self.request_id);
+    }
 }
 
 /// Cheap to clone: a bind runs detached from its request (see `create`).
@@ -162,6 +190,11 @@ pub struct ClaimStorage {
     config: Arc<ClaimConfig>,
     /// The namespaces' ResourceQuotas, enforced on creates.
     quotas: Arc<ClaimQuotas>,
+    /// Whether the follower is subscribed to battery's events and has applied what they
+    /// held so far, so a MicroVM battery deleted reaches the records within its batch
+    /// window (see `with_followed_liveness`).
+    following: Arc<AtomicBool>,
+    binds_in_flight: Arc<BindsInFlight>,
 }
 
 impl ClaimStorage {
@@ -189,6 +222,8 @@ impl ClaimStorage {
                 Arc::new(crate::agent_relay::AgentRelay::new(None)),
             )),
             quotas: Arc::new(ClaimQuotas::new(store, None)),
+            following: Arc::default(),
+            binds_in_flight: Arc::default(),
         }
     }
 
@@ -229,7 +264,6 @@ impl ClaimStorage {
         claim: &mut MicroVMClaim,
         secrets: LeaseRecord,
         change: ChangeType,
-        finished_intent: Option<&str>,
     ) -> Result<(), ApiError> {
         let key = key(
             claim.metadata.namespace.as_deref().unwrap_or_default(),
@@ -244,17 +278,7 @@ impl ClaimStorage {
             lease_duration_seconds: secrets.duration_seconds,
             usage: secrets.usage,
         };
-        commit(
-            &self.store,
-            &key,
-            claim,
-            change,
-            record,
-            |tx| match finished_intent {
-                Some(uid) => tx.delete_intent(uid),
-                None => Ok(()),
-            },
-        )?;
+        commit(&self.store, &key, claim, change, record, |_| Ok(()))?;
         // Released, expired or deleted: its MicroVM is no longer the Holder's to use.
         if leaseless && let Some(uid) = &claim.metadata.uid {
             self.exec_sessions.end_claim(uid);
@@ -283,6 +307,27 @@ impl ClaimStorage {
             .leased_request_ids(pool)
             .await
             .map_err(|e| e.into_api_error(info(), ""))
+    }
+
+    /// Told by the follower whether it keeps up with battery's events.
+    pub fn set_following(&self, following: bool) {
+        self.following.store(following, Ordering::Relaxed);
+    }
+
+    /// Whether the record alone tells that battery still holds its lease: the follower
+    /// keeps up, and the lease's expiry (battery's own, or reckoned from before the
+    /// `ClaimVM`, never later than battery's) is ahead. Exec trusts it, so it costs no
+    /// listing of the Pool's leases. A MicroVM battery deleted meanwhile (a forced Pool
+    /// deletion) reaches the record within the follower's batch window, which ends the
+    /// session; until then flintlock refuses to exec in it, and exec asks battery
+    /// (`with_current_liveness`) before it answers.
+    fn lease_followed(&self, record: &ClaimRecord) -> bool {
+        let ahead = record
+            .status
+            .lease_expires_at
+            .as_ref()
+            .is_some_and(|expires| expires.0 > Timestamp::now());
+        record.lease.is_some() && ahead && self.following.load(Ordering::Relaxed)
     }
 
     /// One claim as a read sees it (`with_liveness`).
@@ -415,52 +460,56 @@ impl ClaimStorage {
                 .map_err(BindFailure::refused)?,
             None => None,
         };
-        let mut intent = BindIntent {
-            claim: claim.clone(),
-            request_id: request_id(&uid),
-            abandoned: false,
-        };
+        let request_id = request_id(&uid);
+        // Until the claim is recorded: `recover` leaves its lease alone meanwhile.
+        let _in_flight = self.binds_in_flight.enter(&request_id);
         // Usually cached; a Pool battery lacks is ClaimVM's to refuse.
         let settings = self.pools.lease_settings(&namespace, &pool).await.ok();
-        self.store.transact(|tx| tx.put_intent(&uid, &intent))?;
-        crate::failpoint::crash_point("bind:intent-recorded");
         let threshold = settings.as_ref().map(|s| s.expiry_threshold);
         let lease = match self
-            .claim_vm(&namespace, &pool, &intent.request_id, &name, threshold)
+            .claim_vm(&namespace, &pool, &request_id, &name, threshold)
             .await
         {
             Ok(lease) => lease,
             Err(failure) if failure.outcome == BindOutcome::Ambiguous => {
                 // battery may have leased: the create fails, so whatever it leased is
                 // released, now if battery answers, else at the next start.
-                intent.abandoned = true;
-                self.store.transact(|tx| tx.put_intent(&uid, &intent))?;
                 let this = self.clone();
                 tokio::spawn(async move {
-                    if let Err(err) = this.settle(&uid, intent).await {
-                        tracing::warn!(error = %err, "releasing an abandoned bind; the next start retries");
+                    if let Err(err) = this
+                        .release_abandoned(&namespace, &pool, &request_id, &name)
+                        .await
+                    {
+                        tracing::warn!(error = %err, "releasing an abandoned bind; the next start releases it");
                     }
                 });
                 return Err(failure);
             }
-            Err(failure) => {
-                // battery said no: nothing was leased, so nothing is left behind.
-                self.store.transact(|tx| tx.delete_intent(&uid))?;
-                return Err(failure);
-            }
+            // battery said no: nothing was leased, so nothing is left behind.
+            Err(failure) => return Err(failure),
         };
         crate::failpoint::crash_point("bind:claimed");
-        let lease = bind_status(&mut claim, self.pools.hosts(), lease)?;
+        let lease_id = lease.id.clone();
+        let lease = match bind_status(&mut claim, self.pools.hosts(), lease) {
+            Ok(lease) => lease,
+            Err(error) => {
+                self.undo_bind(&lease_id, &name).await;
+                return Err(error.into());
+            }
+        };
         if let Err(error) = self.config.write_files(&claim, resolved.files).await {
-            self.undo_bind(&uid, intent, &lease, &name).await?;
+            self.undo_bind(&lease, &name).await;
             return Err(BindFailure::refused(error));
         }
         let secrets = LeaseRecord {
-            lease: Some(lease),
+            lease: Some(lease.clone()),
             duration_seconds: settings.as_ref().and_then(lease_seconds),
             usage,
         };
-        self.commit(&mut claim, secrets, ChangeType::Added, Some(&uid))?;
+        if let Err(error) = self.commit(&mut claim, secrets, ChangeType::Added) {
+            self.undo_bind(&lease, &name).await;
+            return Err(error.into());
+        }
         self.config.remember(&uid, resolved.env);
         Ok(claim)
     }
@@ -474,22 +523,29 @@ impl ClaimStorage {
         let (records, _) = self
             .store
             .list::<ClaimRecord>(RESOURCE, Some(&event.namespace))?;
-        let Some(record) = records.into_iter().find(|r| {
+        let holds_vm = |r: &ClaimRecord| {
             r.lease.is_some()
                 && r.status
                     .micro_vm
                     .as_ref()
                     .is_some_and(|vm| vm.uid == event.vm_uid)
-        }) else {
+        };
+        let Some(record) = records.into_iter().find(holds_vm) else {
             return Ok(());
         };
-        let namespace = record.metadata.namespace.clone().unwrap_or_default();
-        let name = record.metadata.name.clone().unwrap_or_default();
-        let _guard = self.locks.lock(&key(&namespace, &name)).await;
+        let key = key(
+            record.metadata.namespace.as_deref().unwrap_or_default(),
+            record.metadata.name.as_deref().unwrap_or_default(),
+        );
+        let _guard = self.locks.lock(&key).await;
+        // Again under the claim's lock: a delete may have released and removed it since.
+        let Some(record) = self.store.get::<ClaimRecord>(&key)?.filter(holds_vm) else {
+            return Ok(());
+        };
         let expired = expire(record);
         let secrets = expired.lease_record();
         let mut claim = Self::object(expired);
-        self.commit(&mut claim, secrets, ChangeType::Modified, None)
+        self.commit(&mut claim, secrets, ChangeType::Modified)
     }
 
     /// Brings every Bound claim's `HostReady` in line with what the Host directory says
@@ -530,7 +586,7 @@ impl ClaimStorage {
             }
             let secrets = current.lease_record();
             let mut claim = Self::object(current);
-            self.commit(&mut claim, secrets, ChangeType::Modified, None)?;
+            self.commit(&mut claim, secrets, ChangeType::Modified)?;
         }
         Ok(())
     }
@@ -743,7 +799,7 @@ impl Storage for ClaimStorage {
         // Only metadata changes through the main resource; status is battery's.
         let secrets = record.lease_record();
         new.status = Some(record.status);
-        self.commit(&mut new, secrets, ChangeType::Modified, None)?;
+        self.commit(&mut new, secrets, ChangeType::Modified)?;
         Ok(new)
     }
 
@@ -769,12 +825,7 @@ impl Storage for ClaimStorage {
             crate::failpoint::crash_point("release:released");
         }
         let mut claim = Self::object(record);
-        self.commit(
-            &mut claim,
-            LeaseRecord::default(),
-            ChangeType::Deleted,
-            None,
-        )?;
+        self.commit(&mut claim, LeaseRecord::default(), ChangeType::Deleted)?;
         Ok(Deleted::Gone(claim))
     }
 }

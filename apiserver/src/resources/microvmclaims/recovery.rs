@@ -1,70 +1,70 @@
-//! Recovery at start: the binds a crash or a lost answer left as intents (ADR 0005).
+//! Recovery: the leases binds left without a claim (ADR 0022). A bind writes nothing
+//! before `ClaimVM`; the claim's record, written after it, is what holds the lease. So a
+//! lease claimed with a claim's request id that no record holds, and no bind in flight,
+//! was left by a create that never answered `201` (a crash, a lost answer, a failed write
+//! of its files), and is released.
+
+use std::collections::HashSet;
 
 use battery_api_machinery::status::ApiError;
 
-use super::{BindIntent, ClaimStorage, LeaseRecord, bind_status, info, lease_seconds, release};
-use crate::watch::ChangeType;
+use super::{ClaimRecord, ClaimStorage, REQUEST_ID_PREFIX, RESOURCE, info, release, request_id};
 
 impl ClaimStorage {
-    /// Settles every bind a crash or a lost answer interrupted, by replaying `ClaimVM`
-    /// with the recorded request id (battery answers a live lease with that same lease):
-    /// a bind whose create never answered is finished and its claim recorded; one whose
-    /// create answered an error has its lease released. Where battery made no lease, the
-    /// intent is simply forgotten.
+    /// Releases every lease a bind left without its claim; answers how many. Run at start,
+    /// and safe beside binds in flight.
     pub async fn recover(&self) -> Result<usize, ApiError> {
-        let intents = self.store.intents::<BindIntent>()?;
-        let count = intents.len();
-        for (uid, intent) in intents {
-            self.settle(&uid, intent).await?;
+        let leases = self
+            .battery
+            .leases()
+            .await
+            .map_err(|e| e.into_api_error(info(), ""))?;
+        let candidates: Vec<_> = {
+            let in_flight = self.binds_in_flight.lock();
+            leases
+                .into_iter()
+                .filter(|l| l.request_id.starts_with(REQUEST_ID_PREFIX))
+                .filter(|l| !in_flight.contains(&l.request_id))
+                .collect()
+        };
+        // Read after the binds in flight: a bind leaves them only once its claim is
+        // recorded (or its lease released), so every lease a bind holds is seen here.
+        let (records, _) = self.store.list::<ClaimRecord>(RESOURCE, None)?;
+        let held: HashSet<String> = records
+            .iter()
+            .filter(|r| r.lease.is_some())
+            .filter_map(|r| r.metadata.uid.as_deref().map(request_id))
+            .collect();
+        let mut released = 0;
+        for lease in candidates {
+            if held.contains(&lease.request_id) {
+                continue;
+            }
+            release(&self.battery, &lease.id, &lease.request_id).await?;
+            released += 1;
+            tracing::info!(request_id = %lease.request_id, "released a lease a bind left without its claim");
         }
-        Ok(count)
+        // What versions before ADR 0022 recorded before `ClaimVM`: their leases, if any,
+        // were among those above.
+        self.store.transact(|tx| tx.clear_intents())?;
+        Ok(released)
     }
 
-    pub(super) async fn settle(&self, uid: &str, intent: BindIntent) -> Result<(), ApiError> {
-        let mut claim = intent.claim;
-        let namespace = claim.metadata.namespace.clone().unwrap_or_default();
-        let name = claim.metadata.name.clone().unwrap_or_default();
-        let pool = claim.spec.pool_ref.name.clone();
-        let mut lease = match self
-            .battery
-            .claim_vm(&namespace, &pool, &intent.request_id)
-            .await
-        {
-            Ok(lease) => lease,
-            Err(err) if !err.is_definitive() => {
-                // battery may hold a lease for this request id: keep the intent, so the
-                // next attempt replays it.
-                return Err(err.into_api_error(info(), &name));
-            }
-            Err(_) => {
-                // battery looked the request id up and leased nothing for it (no pool, no
-                // MicroVM, a lease already being released, a failed hook).
-                self.store.transact(|tx| tx.delete_intent(uid))?;
-                return Ok(());
-            }
-        };
-        // A bind with files cannot be finished: their contents were never kept, and its
-        // create never answered, so it is undone.
-        if intent.abandoned || !claim.spec.files.is_empty() {
-            release(&self.battery, &lease.id, &name).await?;
-            self.store.transact(|tx| tx.delete_intent(uid))?;
-            tracing::info!(claim = %name, %namespace, "released the lease of a bind whose create failed");
-            return Ok(());
+    /// Releases whatever battery leased for `request_id` after a `ClaimVM` whose answer was
+    /// lost, by replaying it: battery answers the lease it made for that request id, or
+    /// leases one then, which is released as well.
+    pub(super) async fn release_abandoned(
+        &self,
+        namespace: &str,
+        pool: &str,
+        request_id: &str,
+        name: &str,
+    ) -> Result<(), ApiError> {
+        match self.battery.claim_vm(namespace, pool, request_id).await {
+            Ok(lease) => release(&self.battery, &lease.id, name).await,
+            Err(err) if !err.is_definitive() => Err(err.into_api_error(info(), name)),
+            // battery looked the request id up and leased nothing for it.
+            Err(_) => Ok(()),
         }
-        // A replayed ClaimVM answers a lease granted earlier: its times are battery's.
-        (lease.claimed_at, lease.expires_at) = self
-            .battery
-            .lease_times(&namespace, &pool, &intent.request_id)
-            .await
-            .map_err(|e| e.into_api_error(info(), &name))?;
-        let settings = self.pools.lease_settings(&namespace, &pool).await.ok();
-        let secrets = LeaseRecord {
-            lease: Some(bind_status(&mut claim, self.pools.hosts(), lease)?),
-            duration_seconds: settings.as_ref().and_then(lease_seconds),
-            usage: self.quotas.usage_of(&self.pools, &namespace, &pool).await,
-        };
-        self.commit(&mut claim, secrets, ChangeType::Added, Some(uid))?;
-        tracing::info!(claim = %name, %namespace, "finished a bind interrupted by a restart");
-        Ok(())
     }
 }

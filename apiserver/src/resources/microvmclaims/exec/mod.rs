@@ -216,6 +216,8 @@ struct Target {
     microvm_uid: String,
     /// The claim's own env, under each session's.
     env: Arc<super::config::ClaimEnv>,
+    /// Whether its lease was taken as live from the record, without asking battery.
+    followed: bool,
 }
 
 /// The `exec` subresource of claims.
@@ -224,7 +226,31 @@ pub struct ClaimExec {
     pub relay: Arc<AgentRelay>,
 }
 
+/// A claim with no lease has no MicroVM.
+fn no_microvm(name: &str) -> ApiError {
+    ApiError::conflict(
+        info(),
+        name,
+        "the claim has expired or was never bound, so it has no MicroVM to exec into",
+    )
+}
+
 impl ClaimExec {
+    /// What to answer when the agent could not open a session for a claim whose lease was
+    /// taken as live from its record: the claim's expiry if battery no longer has the
+    /// lease (its MicroVM is gone), else the agent's own `error`.
+    async fn expired_or(&self, namespace: &str, name: &str, error: ApiError) -> ApiError {
+        let record = match self.claims.store.get::<ClaimRecord>(&key(namespace, name)) {
+            Ok(Some(record)) => record,
+            Ok(None) => return ApiError::not_found(info(), name),
+            Err(_) => return error,
+        };
+        match self.claims.with_current_liveness(record).await {
+            Ok(record) if record.lease.is_none() => no_microvm(name),
+            _ => error,
+        }
+    }
+
     /// The claim's MicroVM and its Host's agent, if `ctx` may exec into it.
     async fn target(&self, ctx: &RequestContext, name: &str) -> Result<Target, ApiError> {
         let namespace = ctx.namespace.as_deref().unwrap_or_default();
@@ -234,17 +260,18 @@ impl ClaimExec {
             .get::<ClaimRecord>(&key(namespace, name))?
             .ok_or_else(|| ApiError::not_found(info(), name))?;
         check_holder(ctx, &record, "exec into")?;
-        // As a read of the claim sees it: Expired as soon as battery no longer has the
-        // lease, even before the follower records it.
-        let record = self.claims.with_current_liveness(record).await?;
+        let followed = self.claims.lease_followed(&record);
+        // Else as a read of the claim sees it: Expired as soon as battery no longer has
+        // the lease, even before the follower records it.
+        let record = if followed {
+            record
+        } else {
+            self.claims.with_current_liveness(record).await?
+        };
         let (Some(_), Some(microvm), Some(host)) =
             (&record.lease, &record.status.micro_vm, &record.status.host)
         else {
-            return Err(ApiError::conflict(
-                info(),
-                name,
-                "the claim has expired or was never bound, so it has no MicroVM to exec into",
-            ));
+            return Err(no_microvm(name));
         };
         if let Some(why) = host_not_ready(&record.status) {
             return Err(ApiError::service_unavailable(format!(
@@ -272,6 +299,7 @@ impl ClaimExec {
             .env(&ClaimStorage::object(record.clone()))
             .await?;
         Ok(Target {
+            followed,
             env,
             claim: ClaimRef {
                 namespace: namespace.to_owned(),
@@ -306,7 +334,7 @@ impl Connect for Arc<ClaimExec> {
             let permit = sessions.admit()?;
             let target = exec.target(&ctx, &name).await?;
             let command = format!("[{}]", options.command.join(" "));
-            let relay = exec
+            let opened = exec
                 .relay
                 .open(
                     &target.host,
@@ -322,7 +350,15 @@ impl Connect for Arc<ClaimExec> {
                         stderr: options.stderr,
                     },
                 )
-                .await?;
+                .await;
+            let relay = match opened {
+                Ok(relay) => relay,
+                Err(error) if target.followed => {
+                    let namespace = target.claim.namespace.as_str();
+                    return Err(exec.expired_or(namespace, &name, error).await);
+                }
+                Err(error) => return Err(error),
+            };
             let session = Session {
                 protocol: handshake.protocol,
                 attached: options.attached(),

@@ -17,7 +17,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use battery_proto::agent::v1alpha1::{
     ExecRequest, ExecResponse, ExitStatus, StdinEof, exec_request, exec_response, exit_status,
 };
-use futures::{SinkExt, StreamExt};
+use futures::{FutureExt as _, SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::WebSocketStream;
@@ -184,7 +184,18 @@ where
     W: futures::Sink<Message> + Unpin,
 {
     loop {
-        let message = match responses.message().await {
+        // Output already in is queued behind what is being written; the WebSocket is
+        // flushed only before waiting for more, so bulk output leaves in large writes.
+        let next = match responses.message().now_or_never() {
+            Some(next) => next,
+            None => {
+                if sink.flush().await.is_err() {
+                    return None;
+                }
+                responses.message().await
+            }
+        };
+        let message = match next {
             Ok(Some(ExecResponse {
                 payload: Some(payload),
             })) => payload,
@@ -218,7 +229,7 @@ where
             }
         };
         // Waits while the client is slow: the agent, then the command, wait with it.
-        if sink.send(out).await.is_err() {
+        if sink.feed(out).await.is_err() {
             return None;
         }
     }
