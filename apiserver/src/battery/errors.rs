@@ -4,7 +4,8 @@
 //!
 //! The rest of the server matches [`Failure`], never a gRPC code, and asks
 //! [`BatteryError::is_definitive`] whether battery may have done the call anyway: the
-//! question that decides whether a bind's intent, a lease or a pool may be forgotten.
+//! question that decides whether a bind's lease, a claim's lease or a pool may be
+//! forgotten.
 
 use std::fmt;
 
@@ -162,7 +163,7 @@ impl BatteryError {
     /// Whether battery decided the call by its rules, so what it answered is what
     /// happened: nothing was done beyond what the answer says. Any other answer (no
     /// answer, a timeout, a cut call, a failure part way, refused credentials) leaves open
-    /// that battery did the call, or will: whoever holds state about it (a bind's intent, a
+    /// that battery did the call, or will: whoever holds state about it (a bind's lease, a
     /// claim's lease, a pool being deleted) keeps it and asks again.
     pub fn is_definitive(&self) -> bool {
         match self.failure {

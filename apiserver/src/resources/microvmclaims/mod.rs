@@ -421,8 +421,8 @@ impl ClaimStorage {
         bound.map_err(|f| f.error)
     }
 
-    /// Records the intent, calls `ClaimVM`, writes the claim's files, records the bound
-    /// claim.
+    /// Calls `ClaimVM`, writes the claim's files, records the bound claim; a bind that
+    /// cannot finish releases what battery leased.
     async fn bind_steps(
         &self,
         mut claim: MicroVMClaim,
