@@ -89,8 +89,21 @@ async fn send(
 #[tokio::test]
 async fn a_read_projects_the_pool() {
     let h = Harness::start().await;
-    let pool = ready_pool(&h, "read", 2).await;
-    let read = scale(&h, "read").await;
+    ready_pool(&h, "read", 2).await;
+    // battery's late events may still change the Pool's status, and its resourceVersion:
+    // compare a Scale read between two reads of one version of the Pool.
+    let path = format!("{POOLS}/read");
+    let mut stable = None;
+    for _ in 0..50 {
+        let (_, before) = h.get(&path).await;
+        let read = scale(&h, "read").await;
+        let (_, pool) = h.get(&path).await;
+        if before["metadata"]["resourceVersion"] == pool["metadata"]["resourceVersion"] {
+            stable = Some((pool, read));
+            break;
+        }
+    }
+    let (pool, read) = stable.expect("the Pool settled");
     let uid = pool["metadata"]["uid"].as_str().unwrap();
     assert_eq!(
         read,

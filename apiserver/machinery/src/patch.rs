@@ -12,6 +12,25 @@ use crate::status::{ApiError, Reason};
 /// Go caps JSON patches at this many operations (`patch.go` `maxJSONPatchOperations`).
 pub const MAX_JSON_PATCH_OPERATIONS: usize = 10_000;
 
+/// The resourceVersion `patch` itself sets: a precondition the write must meet, where a
+/// patch without one applies to whatever version is current (and is retried on a
+/// conflict), as Go's patch handler does. Not the version of the object it is applied to.
+pub fn patch_precondition(kind: PatchType, patch: &Value) -> Option<String> {
+    let value = match kind {
+        PatchType::JsonPatch => patch
+            .as_array()?
+            .iter()
+            .rev()
+            .find(|op| {
+                op["path"] == "/metadata/resourceVersion"
+                    && matches!(op["op"].as_str(), Some("add" | "replace"))
+            })
+            .map(|op| &op["value"]),
+        _ => patch.pointer("/metadata/resourceVersion"),
+    };
+    value.and_then(Value::as_str).map(str::to_owned)
+}
+
 /// Applies `patch` to `document`: 400 for a patch that is not of its type's shape, 413
 /// for too many JSON patch operations, 422 for an operation that cannot apply (a failed
 /// `test`, a missing path).
@@ -143,6 +162,29 @@ mod tests {
     use super::*;
 
     /// Found by the `patches` fuzz target: json-patch's own undo panicked on it.
+    #[test]
+    fn only_a_resource_version_the_patch_sets_is_a_precondition() {
+        let merge = json!({"metadata": {"resourceVersion": "7"}, "spec": {"size": 2}});
+        assert_eq!(
+            patch_precondition(PatchType::MergePatch, &merge).as_deref(),
+            Some("7")
+        );
+        let unpinned = json!({"spec": {"size": 2}});
+        for kind in [PatchType::MergePatch, PatchType::StrategicMergePatch] {
+            assert_eq!(patch_precondition(kind, &unpinned), None);
+        }
+        let json_patch = json!([
+            {"op": "replace", "path": "/spec/size", "value": 2},
+            {"op": "replace", "path": "/metadata/resourceVersion", "value": "9"},
+        ]);
+        assert_eq!(
+            patch_precondition(PatchType::JsonPatch, &json_patch).as_deref(),
+            Some("9")
+        );
+        let tested = json!([{"op": "test", "path": "/metadata/resourceVersion", "value": "9"}]);
+        assert_eq!(patch_precondition(PatchType::JsonPatch, &tested), None);
+    }
+
     #[test]
     fn a_failed_json_patch_leaves_the_document_as_it_was() {
         let original = json!({"metadata": {"name": "p"}, "spec": {"template": {"vcpu": 1}}});

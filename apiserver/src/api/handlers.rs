@@ -10,7 +10,7 @@ use battery_api_machinery::params::{
     TableOptions, UpdateOptions,
 };
 // Re-exported for the subresources' patch path.
-pub(super) use battery_api_machinery::patch::apply_patch;
+pub(super) use battery_api_machinery::patch::{apply_patch, patch_precondition};
 use battery_api_machinery::status::ApiError;
 use battery_types::HasResourceInfo;
 use battery_types::validation::FieldError;
@@ -548,14 +548,11 @@ pub async fn patch<S: Storage>(
         .unwrap_or_else(|| "unknown".into());
     let patch: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+    let pinned = patch_precondition(options.patch_type, &patch);
     for attempt in 1..=PATCH_ATTEMPTS {
         let current = storage.get(ctx, name).await?;
         let mut document = serde_json::to_value(&current).map_err(ApiError::internal)?;
         apply_patch(options.patch_type, &mut document, &patch)?;
-        let pinned = document
-            .pointer("/metadata/resourceVersion")
-            .and_then(Value::as_str)
-            .map(str::to_owned);
         let current_rv = current.meta().resource_version.clone();
         if pinned.is_some() && pinned != current_rv {
             // A resourceVersion in the patch is a precondition (the garbage collector

@@ -27,7 +27,7 @@ use serde_json::Value;
 
 use super::RequestContext;
 use super::call::Call;
-use super::handlers::{Manager, apply_patch, info, replace};
+use super::handlers::{Manager, apply_patch, info, patch_precondition, replace};
 use super::respond::{self, Warnings};
 use super::storage::Storage;
 use super::subresource::{SubresourceEndpoint, decode};
@@ -230,14 +230,19 @@ async fn patch<S: Scalable>(
     let patch: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
     let manager = options.field_manager.as_deref().unwrap_or("unknown");
+    let pinned = patch_precondition(options.patch_type, &patch).is_some();
     let mut attempt = 1;
     loop {
         let current = scale_of(storage, &storage.get(ctx, name).await?);
         let mut document = serde_json::to_value(&current).map_err(ApiError::internal)?;
         apply_patch(options.patch_type, &mut document, &patch)?;
-        let (patched, warnings) = decode_scale(document, options.field_validation)?;
+        let (mut patched, warnings) = decode_scale(document, options.field_validation)?;
         check_identity(ctx, name, &patched)?;
-        let pinned = patched.metadata.resource_version != current.metadata.resource_version;
+        if !pinned {
+            // The version read above is not the client's precondition: the write applies
+            // to whatever is current, as an unpinned patch does.
+            patched.metadata.resource_version = None;
+        }
         match write(storage, ctx, name, &patched, options.dry_run, manager).await {
             Err(e) if e.code() == StatusCode::CONFLICT && !pinned && attempt < PATCH_ATTEMPTS => {
                 attempt += 1;
