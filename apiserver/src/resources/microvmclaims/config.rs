@@ -19,10 +19,8 @@ use battery_types::{KeySelector, MicroVMClaim, MicroVMClaimSpec, SourceKind};
 use moka::sync::Cache;
 use secrecy::{ExposeSecret as _, SecretSlice, SecretString};
 
-use super::release;
 use crate::agent_relay::AgentRelay;
 use crate::api::UserInfo;
-use crate::battery::LeaseId;
 use crate::cluster::{Cluster, KeyValues};
 use crate::http::authz::{Authorizer, Decision};
 
@@ -163,17 +161,6 @@ impl ClaimConfig {
         let env = Arc::new(assemble(claim, &fetched, false)?.env);
         self.env.insert(uid, env.clone());
         Ok(env)
-    }
-}
-
-impl super::ClaimStorage {
-    /// Releases the lease of a bind that cannot finish. If battery does not release for
-    /// certain, the lease is left to the next start, which releases every lease no claim
-    /// holds (`recover`), or to its expiry, whichever comes first.
-    pub(super) async fn undo_bind(&self, lease: &LeaseId, name: &str) {
-        if let Err(err) = release(&self.battery, lease, name).await {
-            tracing::warn!(error = %err, claim = %name, "releasing an unfinished bind; the next start releases it");
-        }
     }
 }
 

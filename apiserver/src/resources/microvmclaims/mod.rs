@@ -192,7 +192,7 @@ pub struct ClaimStorage {
     quotas: Arc<ClaimQuotas>,
     /// Whether the follower is subscribed to battery's events and has applied what they
     /// held so far, so a MicroVM battery deleted reaches the records within its batch
-    /// window (see `with_followed_liveness`).
+    /// window (see `lease_followed`).
     following: Arc<AtomicBool>,
     binds_in_flight: Arc<BindsInFlight>,
 }
@@ -490,28 +490,42 @@ impl ClaimStorage {
         };
         crate::failpoint::crash_point("bind:claimed");
         let lease_id = lease.id.clone();
-        let lease = match bind_status(&mut claim, self.pools.hosts(), lease) {
-            Ok(lease) => lease,
-            Err(error) => {
-                self.undo_bind(&lease_id, &name).await;
-                return Err(error.into());
-            }
-        };
-        if let Err(error) = self.config.write_files(&claim, resolved.files).await {
-            self.undo_bind(&lease, &name).await;
-            return Err(BindFailure::refused(error));
-        }
         let secrets = LeaseRecord {
-            lease: Some(lease.clone()),
+            lease: None,
             duration_seconds: settings.as_ref().and_then(lease_seconds),
             usage,
         };
-        if let Err(error) = self.commit(&mut claim, secrets, ChangeType::Added) {
-            self.undo_bind(&lease, &name).await;
-            return Err(error.into());
+        if let Err(failure) = self
+            .finish_bind(&mut claim, lease, secrets, resolved.files)
+            .await
+        {
+            // Released before the create answers. If battery does not release for
+            // certain, the next start releases every lease no claim holds (`recover`),
+            // or the lease expires, whichever comes first.
+            if let Err(err) = release(&self.battery, &lease_id, &name).await {
+                tracing::warn!(error = %err, claim = %name, "releasing an unfinished bind; the next start releases it");
+            }
+            return Err(failure);
         }
         self.config.remember(&uid, resolved.env);
         Ok(claim)
+    }
+
+    /// The steps of a bind after battery leased: the bound status, the claim's files,
+    /// the record that holds the lease.
+    async fn finish_bind(
+        &self,
+        claim: &mut MicroVMClaim,
+        lease: crate::battery::Lease,
+        mut secrets: LeaseRecord,
+        files: Vec<config::FileContent>,
+    ) -> Result<(), BindFailure> {
+        secrets.lease = Some(bind_status(claim, self.pools.hosts(), lease)?);
+        self.config
+            .write_files(claim, files)
+            .await
+            .map_err(BindFailure::refused)?;
+        Ok(self.commit(claim, secrets, ChangeType::Added)?)
     }
 
     /// Marks claims whose MicroVM battery deleted (expiry, or a forced pool deletion) as
