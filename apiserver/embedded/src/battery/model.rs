@@ -43,10 +43,6 @@ impl PoolKey {
         Self::new(lease.pool_namespace.clone(), lease.pool_name.clone())
     }
 
-    pub(crate) fn owns_vm(&self, vm: &VmRecord) -> bool {
-        vm.pool_namespace == self.namespace && vm.pool_name == self.name
-    }
-
     pub(crate) fn owns_lease(&self, lease: &LeaseRecord) -> bool {
         lease.pool_namespace == self.namespace && lease.pool_name == self.name
     }
@@ -83,18 +79,23 @@ impl VmCounts {
     pub(crate) fn tally<'a>(vms: impl IntoIterator<Item = &'a VmRecord>) -> Self {
         let mut counts = Self::default();
         for vm in vms {
-            counts.rows += 1;
-            match phase_of(vm) {
-                VmPhase::Available => counts.available += 1,
-                VmPhase::PreLeaseHookRunning => counts.claiming += 1,
-                VmPhase::Leased if vm.lease_id.is_some() => counts.leased += 1,
-                VmPhase::Leased => counts.claiming += 1,
-                VmPhase::Provisioning | VmPhase::CreateHookRunning => counts.provisioning += 1,
-                VmPhase::Quarantined => counts.quarantined += 1,
-                VmPhase::Deleting | VmPhase::Failed => {}
-            }
+            counts.count(phase_of(vm), vm.lease_id.is_some());
         }
         counts
+    }
+
+    /// Counts one VM row in `phase`, holding a lease_id or not.
+    pub(crate) fn count(&mut self, phase: VmPhase, leased: bool) {
+        self.rows += 1;
+        match phase {
+            VmPhase::Available => self.available += 1,
+            VmPhase::PreLeaseHookRunning => self.claiming += 1,
+            VmPhase::Leased if leased => self.leased += 1,
+            VmPhase::Leased => self.claiming += 1,
+            VmPhase::Provisioning | VmPhase::CreateHookRunning => self.provisioning += 1,
+            VmPhase::Quarantined => self.quarantined += 1,
+            VmPhase::Deleting | VmPhase::Failed => {}
+        }
     }
 
     /// VMs that DeletePool without `force` refuses to take: LEASED or PRE_LEASE_HOOK_RUNNING.
@@ -180,8 +181,8 @@ mod tests {
         let mut record = vm(VmPhase::Available, None);
         record.pool_namespace = "ns".into();
         record.pool_name = "p".into();
-        assert!(key.owns_vm(&record));
+        assert_eq!(PoolKey::of_vm(&record), key);
         record.pool_namespace = "other".into();
-        assert!(!key.owns_vm(&record));
+        assert_ne!(PoolKey::of_vm(&record), key);
     }
 }

@@ -5,6 +5,7 @@ use prost::Message;
 use prost_types::Timestamp;
 use redb::ReadableTable;
 
+use super::pool_vms::put_vm;
 use super::vms::delete_lease_row;
 use super::{LEASE_REQUEST_IDS, LEASES, POOLS, Result, Store, VMS, decode_all, get_decoded};
 use crate::battery::model::{PoolKey, phase_of};
@@ -68,7 +69,12 @@ impl Store {
             vm.phase = VmPhase::Leased as i32;
             vm.lease_id = Some(lease.lease_id.clone());
             vm.updated_at = lease.claimed_at;
-            vms.insert(vm.uid.as_str(), vm.encode_to_vec().as_slice())?;
+            put_vm(
+                txn,
+                &mut vms,
+                Some(VmPhase::PreLeaseHookRunning as i32),
+                &vm,
+            )?;
             Ok(LeaseCommit::Committed)
         })
     }
@@ -135,7 +141,7 @@ impl Store {
             }
             vm.phase = VmPhase::Deleting as i32;
             vm.updated_at = Some(*now);
-            vms.insert(vm.uid.as_str(), vm.encode_to_vec().as_slice())?;
+            put_vm(txn, &mut vms, Some(VmPhase::Leased as i32), &vm)?;
             Ok(Some(vm))
         })
     }

@@ -11,6 +11,7 @@
 mod events;
 mod hosts;
 mod leases;
+mod pool_vms;
 mod pools;
 mod vms;
 
@@ -49,7 +50,8 @@ const PLACEMENTS: TableDefinition<u64, (&str, &str, &str)> = TableDefinition::ne
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 const SCHEMA_VERSION_KEY: &str = "schema_version";
-const SCHEMA_VERSION: u64 = 1;
+/// 2 added the `pool_vms` index, built at open from a version 1 store's VM rows.
+const SCHEMA_VERSION: u64 = 2;
 /// The store's file name inside `BatteryConfig::data_dir`.
 const FILE_NAME: &str = "battery.redb";
 
@@ -122,7 +124,11 @@ impl Store {
             let found = meta.get(SCHEMA_VERSION_KEY)?.map(|v| v.value());
             match found {
                 Some(found) if found > SCHEMA_VERSION => return Err(StoreError::TooNew { found }),
-                Some(_) => {}
+                Some(SCHEMA_VERSION) => {}
+                Some(_) => {
+                    pool_vms::rebuild(&txn)?;
+                    meta.insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION)?;
+                }
                 None => {
                     meta.insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION)?;
                 }
@@ -130,6 +136,7 @@ impl Store {
             // Create every table so read transactions can open them.
             txn.open_table(POOLS)?;
             txn.open_table(VMS)?;
+            txn.open_table(pool_vms::POOL_VMS)?;
             txn.open_table(LEASES)?;
             txn.open_table(LEASE_REQUEST_IDS)?;
             txn.open_table(EVENTS)?;

@@ -1,11 +1,10 @@
 //! Pools, their VM counts, and DeletePool's tombstone transaction (§4.7).
 
-use std::collections::HashMap;
-
 use battery_proto::poolmgr::v1alpha1::{LeaseRecord, PoolSpec, VmPhase, VmRecord};
 use prost::Message;
 use redb::{ReadableTable, WriteTransaction};
 
+use super::pool_vms::{self, POOL_VMS, put_vm};
 use super::{LEASE_REQUEST_IDS, LEASES, POOLS, Result, Store, VMS, decode_all, get_decoded};
 use crate::battery::model::{PoolKey, VmCounts};
 use crate::battery::time;
@@ -69,8 +68,7 @@ impl Store {
             else {
                 return Ok(None);
             };
-            let vms: Vec<VmRecord> = decode_all(&txn.open_table(VMS)?, "vm")?;
-            let counts = VmCounts::tally(vms.iter().filter(|vm| key.owns_vm(vm)));
+            let counts = pool_vms::counts(&txn.open_table(POOL_VMS)?, key)?;
             Ok(Some((spec, counts)))
         })
     }
@@ -83,20 +81,15 @@ impl Store {
     ) -> Result<Vec<(PoolSpec, VmCounts)>> {
         self.read(|txn| {
             let specs: Vec<PoolSpec> = decode_all(&txn.open_table(POOLS)?, "pool")?;
-            let vms: Vec<VmRecord> = decode_all(&txn.open_table(VMS)?, "vm")?;
-            let mut by_pool: HashMap<PoolKey, Vec<&VmRecord>> = HashMap::new();
-            for vm in &vms {
-                by_pool.entry(PoolKey::of_vm(vm)).or_default().push(vm);
-            }
+            let by_pool = pool_vms::counts_by_pool(&txn.open_table(POOL_VMS)?)?;
             Ok(specs
                 .into_iter()
                 .filter(|spec| namespace.is_none_or(|ns| spec.namespace == ns))
                 .map(|spec| {
                     let counts = by_pool
                         .get(&PoolKey::of_spec(&spec))
-                        .map_or_else(VmCounts::default, |vms| {
-                            VmCounts::tally(vms.iter().copied())
-                        });
+                        .copied()
+                        .unwrap_or_default();
                     (spec, counts)
                 })
                 .collect())
@@ -109,10 +102,7 @@ impl Store {
     }
 
     pub(crate) fn pool_counts(&self, key: &PoolKey) -> Result<VmCounts> {
-        self.read(|txn| {
-            let vms: Vec<VmRecord> = decode_all(&txn.open_table(VMS)?, "vm")?;
-            Ok(VmCounts::tally(vms.iter().filter(|vm| key.owns_vm(vm))))
-        })
+        self.read(|txn| pool_vms::counts(&txn.open_table(POOL_VMS)?, key))
     }
 
     /// DeletePool's tombstone (§4.7 step 4): delete the pool row; without `force` refuse
@@ -126,10 +116,7 @@ impl Store {
                 return Ok(Tombstone::NotFound);
             }
             let mut vms_table = txn.open_table(VMS)?;
-            let vms: Vec<VmRecord> = decode_all::<&str, VmRecord>(&vms_table, "vm")?
-                .into_iter()
-                .filter(|vm| key.owns_vm(vm))
-                .collect();
+            let vms = pool_vms::rows_of_pool(txn, &vms_table, key)?;
             let leased = VmCounts::tally(&vms).leased_or_claiming();
             if !force && leased > 0 {
                 return Ok(Tombstone::Leased(leased));
@@ -138,10 +125,11 @@ impl Store {
             let now = time::now();
             let mut deleted = Vec::with_capacity(vms.len());
             for mut vm in vms {
+                let was = vm.phase;
                 vm.phase = VmPhase::Deleting as i32;
                 vm.lease_id = None;
                 vm.updated_at = Some(now);
-                vms_table.insert(vm.uid.as_str(), vm.encode_to_vec().as_slice())?;
+                put_vm(txn, &mut vms_table, Some(was), &vm)?;
                 deleted.push(vm);
             }
             delete_pool_leases(txn, key)?;

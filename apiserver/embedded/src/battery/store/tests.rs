@@ -6,7 +6,7 @@ use battery_proto::poolmgr::v1alpha1::{
 };
 
 use super::*;
-use crate::battery::model::{PoolKey, phase_of};
+use crate::battery::model::{PoolKey, VmCounts, phase_of};
 use crate::battery::time;
 
 fn store() -> Store {
@@ -565,4 +565,120 @@ fn a_newer_schema_refuses_to_open() {
         Store::open(Some(dir.path())),
         Err(StoreError::TooNew { .. })
     ));
+}
+
+/// The `pool_vms` index holds one entry for each VM row, with the row's pool, phase and
+/// lease, and each pool's counts read from it are the rows' own.
+fn assert_indexed(store: &Store, pools: &[&PoolKey]) {
+    let rows: Vec<VmRecord> = store
+        .read(|txn| decode_all(&txn.open_table(VMS)?, "vm"))
+        .expect("rows");
+    let mut from_rows: Vec<_> = rows
+        .iter()
+        .map(|vm| {
+            let pool = (vm.pool_namespace.clone(), vm.pool_name.clone());
+            (pool, vm.phase, vm.uid.clone(), vm.lease_id.is_some())
+        })
+        .collect();
+    from_rows.sort();
+    let indexed = store
+        .read(|txn| {
+            let mut indexed = Vec::new();
+            for entry in txn.open_table(pool_vms::POOL_VMS)?.iter()? {
+                let (key, leased) = entry?;
+                let (namespace, name, phase, uid) = key.value();
+                let pool = (namespace.to_owned(), name.to_owned());
+                indexed.push((pool, phase, uid.to_owned(), leased.value()));
+            }
+            Ok(indexed)
+        })
+        .expect("index");
+    assert_eq!(indexed, from_rows);
+    for key in pools {
+        let own = rows.iter().filter(|vm| PoolKey::of_vm(vm) == **key);
+        assert_eq!(
+            store.pool_counts(key).expect("counts"),
+            VmCounts::tally(own),
+            "{key}"
+        );
+    }
+}
+
+#[test]
+fn the_pool_index_follows_every_vm_write() {
+    let store = store();
+    assert!(store.insert_host(&host("h")).expect("host"));
+    let (a, b) = (PoolKey::new("ns", "a"), PoolKey::new("ns", "b"));
+    for key in [&a, &b] {
+        assert!(
+            store
+                .insert_pool(&spec(&key.namespace, &key.name, &["h"]))
+                .expect("pool")
+        );
+    }
+    add_vm(&store, &vm(&a, "vm-1", "h", VmPhase::Available));
+    add_vm(&store, &vm(&b, "vm-2", "h", VmPhase::Available));
+    add_vm(&store, &vm(&a, "vm-3", "h", VmPhase::Available));
+    add_vm(&store, &vm(&a, "vm-4", "h", VmPhase::Quarantined));
+    assert_indexed(&store, &[&a, &b]);
+
+    // b's pick skips a's VM that sorts before its own.
+    let picked = claim(&store, &b);
+    assert_eq!(picked.uid, "vm-2");
+    assert_indexed(&store, &[&a, &b]);
+    store
+        .commit_lease(&lease(&b, "l1", "vm-2", "rid"))
+        .expect("commit");
+    assert_indexed(&store, &[&a, &b]);
+    assert!(store.claim_available_vm(&b).expect("claim").is_none());
+
+    assert_eq!(claim(&store, &a).uid, "vm-1");
+    store.mark_vm_deleting("vm-1").expect("deleting");
+    assert_indexed(&store, &[&a, &b]);
+    store.finish_vm_deletion("vm-1").expect("finish");
+    assert!(store.remove_vm("vm-4").expect("remove"));
+    assert_indexed(&store, &[&a, &b]);
+
+    assert!(matches!(
+        store.tombstone_pool(&b, true).expect("tombstone"),
+        Tombstone::Deleted(_)
+    ));
+    assert_indexed(&store, &[&a, &b]);
+    assert_eq!(claim(&store, &a).uid, "vm-3");
+    store.recover().expect("recover");
+    assert_indexed(&store, &[&a, &b]);
+    assert_eq!(store.pool_counts(&a).expect("counts").available, 0);
+}
+
+#[test]
+fn a_store_from_before_the_pool_index_gets_it_at_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key = PoolKey::new("ns", "p");
+    {
+        let store = Store::open(Some(dir.path())).expect("open");
+        assert!(store.insert_host(&host("h")).expect("host"));
+        assert!(store.insert_pool(&spec("ns", "p", &["h"])).expect("pool"));
+        add_vm(&store, &vm(&key, "vm-1", "h", VmPhase::Available));
+        add_vm(&store, &vm(&key, "vm-2", "h", VmPhase::Quarantined));
+        // As schema version 1 left it: the rows, no index.
+        store
+            .write(|txn| {
+                txn.delete_table(pool_vms::POOL_VMS)?;
+                txn.open_table(META)?.insert(SCHEMA_VERSION_KEY, 1)?;
+                Ok(())
+            })
+            .expect("downgrade");
+    }
+    let store = Store::open(Some(dir.path())).expect("reopen");
+    assert_indexed(&store, &[&key]);
+    assert_eq!(claim(&store, &key).uid, "vm-1");
+    let version = store
+        .read(|txn| {
+            Ok(txn
+                .open_table(META)?
+                .get(SCHEMA_VERSION_KEY)?
+                .map(|v| v.value()))
+        })
+        .expect("version");
+    assert_eq!(version, Some(SCHEMA_VERSION));
 }

@@ -1,13 +1,12 @@
 //! VM rows, placement reservations and startup recovery (§4.1, §4.2).
 
 use battery_proto::poolmgr::v1alpha1::{Host, VmPhase, VmRecord};
-use prost::Message;
 use redb::{ReadableTable, ReadableTableMetadata, WriteTransaction};
 
+use super::pool_vms::{self, POOL_VMS, delete_vm, put_vm};
 use super::pools::pool_exists;
 use super::{
-    HOSTS, LEASE_REQUEST_IDS, LEASES, PLACEMENTS, Result, Store, VMS, decode, decode_all,
-    get_decoded,
+    HOSTS, LEASE_REQUEST_IDS, LEASES, PLACEMENTS, Result, Store, VMS, decode_all, get_decoded,
 };
 use crate::battery::model::{PoolKey, phase_of};
 use crate::battery::time;
@@ -56,7 +55,7 @@ impl Store {
     ) -> Result<Option<Placement>> {
         self.write(|txn| {
             let registered = txn.open_table(HOSTS)?;
-            let vms: Vec<VmRecord> = decode_all(&txn.open_table(VMS)?, "vm")?;
+            let vms = pool_vms::rows_of_pool(txn, &txn.open_table(VMS)?, key)?;
             let mut placements = txn.open_table(PLACEMENTS)?;
             let mut reserved: Vec<(String, String, String)> = Vec::new();
             for entry in placements.iter()? {
@@ -76,8 +75,7 @@ impl Store {
                 let live = vms
                     .iter()
                     .filter(|vm| {
-                        key.owns_vm(vm)
-                            && vm.flintlock_host == *name
+                        vm.flintlock_host == *name
                             && !matches!(phase_of(vm), VmPhase::Deleting | VmPhase::Failed)
                     })
                     .count();
@@ -118,8 +116,7 @@ impl Store {
             if !pool_exists(txn, &PoolKey::of_vm(vm))? {
                 return Ok(false);
             }
-            txn.open_table(VMS)?
-                .insert(vm.uid.as_str(), vm.encode_to_vec().as_slice())?;
+            put_vm(txn, &mut txn.open_table(VMS)?, None, vm)?;
             Ok(true)
         })
     }
@@ -150,12 +147,13 @@ impl Store {
             if phase_of(&vm) == VmPhase::Deleting {
                 return Ok(Transition::Deleting);
             }
+            let was = vm.phase;
             vm.phase = to as i32;
             if clear_lease {
                 vm.lease_id = None;
             }
             vm.updated_at = Some(time::now());
-            vms.insert(uid, vm.encode_to_vec().as_slice())?;
+            put_vm(txn, &mut vms, Some(was), &vm)?;
             Ok(Transition::Updated)
         })
     }
@@ -164,23 +162,20 @@ impl Store {
     /// LEASED, with no lease yet. battery's query has no ORDER BY; this takes uid order.
     pub(crate) fn claim_available_vm(&self, key: &PoolKey) -> Result<Option<VmRecord>> {
         self.write(|txn| {
+            let picked =
+                pool_vms::first_in_phase(&txn.open_table(POOL_VMS)?, key, VmPhase::Available)?;
             let mut vms = txn.open_table(VMS)?;
-            let mut picked = None;
-            for entry in vms.iter()? {
-                let (_, value) = entry?;
-                let vm: VmRecord = decode("vm", value.value())?;
-                if key.owns_vm(&vm) && phase_of(&vm) == VmPhase::Available {
-                    picked = Some(vm);
-                    break;
-                }
-            }
-            let Some(mut vm) = picked else {
+            let Some(mut vm) = picked
+                .map(|uid| get_decoded::<&str, VmRecord>(&vms, uid.as_str(), "vm"))
+                .transpose()?
+                .flatten()
+            else {
                 return Ok(None);
             };
             vm.phase = VmPhase::Leased as i32;
             vm.lease_id = None;
             vm.updated_at = Some(time::now());
-            vms.insert(vm.uid.as_str(), vm.encode_to_vec().as_slice())?;
+            put_vm(txn, &mut vms, Some(VmPhase::Available as i32), &vm)?;
             Ok(Some(vm))
         })
     }
@@ -194,9 +189,10 @@ impl Store {
                 return Ok(None);
             };
             if phase_of(&vm) != VmPhase::Deleting {
+                let was = vm.phase;
                 vm.phase = VmPhase::Deleting as i32;
                 vm.updated_at = Some(time::now());
-                vms.insert(uid, vm.encode_to_vec().as_slice())?;
+                put_vm(txn, &mut vms, Some(was), &vm)?;
             }
             Ok(Some(vm))
         })
@@ -214,7 +210,7 @@ impl Store {
             if phase_of(&vm) != VmPhase::Deleting {
                 return Ok(None);
             }
-            vms.remove(uid)?;
+            delete_vm(txn, &mut vms, &vm)?;
             let released = match &vm.lease_id {
                 Some(lease_id) => delete_lease_row(txn, lease_id)?,
                 None => false,
@@ -233,7 +229,7 @@ impl Store {
             let mut vms = txn.open_table(VMS)?;
             match get_decoded::<&str, VmRecord>(&vms, uid, "vm")? {
                 Some(vm) if phase_of(&vm) != VmPhase::Deleting => {
-                    vms.remove(uid)?;
+                    delete_vm(txn, &mut vms, &vm)?;
                     Ok(true)
                 }
                 _ => Ok(false),
@@ -264,9 +260,10 @@ impl Store {
             }
             let now = time::now();
             for mut vm in abandoned.iter().cloned() {
+                let was = vm.phase;
                 vm.phase = VmPhase::Deleting as i32;
                 vm.updated_at = Some(now);
-                vms.insert(vm.uid.as_str(), vm.encode_to_vec().as_slice())?;
+                put_vm(txn, &mut vms, Some(was), &vm)?;
             }
             let mut placements = txn.open_table(PLACEMENTS)?;
             let placements_cleared = placements.len()?;
