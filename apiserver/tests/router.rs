@@ -100,8 +100,7 @@ async fn a_version_older_than_the_watch_history_is_expired() {
     // A store that has handed out versions 1-5 before this server started.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("meta.redb");
-    MetaStore::open(&path)
-        .unwrap()
+    std::sync::Arc::new(MetaStore::open(&path).unwrap())
         .transact(
             |tx| -> Result<(), battery_apiserver::meta_store::StoreError> {
                 for _ in 0..5 {
@@ -110,6 +109,7 @@ async fn a_version_older_than_the_watch_history_is_expired() {
                 Ok(())
             },
         )
+        .await
         .unwrap();
     let h = Harness::with_store(MetaStore::open(&path).unwrap()).await;
     let (status, body) = h

@@ -5,14 +5,17 @@
 //! of each object (`<resource>/<namespace>/<name>`).
 //!
 //! Every write goes through [`MetaStore::transact`]: one redb write transaction, one
-//! resourceVersion per changed object, and the watch changes published under the same
-//! lock that orders commits, so watchers see them in resourceVersion order.
+//! resourceVersion per changed object, and the watch changes published in commit order
+//! once the commit is durable. Writes committed together share one fsync (ADR 23).
 
 use std::ops::Bound;
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+use redb::{
+    Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
+};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -40,6 +43,8 @@ pub enum StoreError {
     Open(#[source] redb::Error),
     #[error("metadata store transaction")]
     Transaction(#[source] redb::Error),
+    #[error("making the metadata store's commits durable")]
+    Sync(#[source] redb::Error),
     #[error("decoding stored record {key}")]
     Decode {
         key: String,
@@ -98,11 +103,26 @@ pub struct Page<T> {
     pub rest: usize,
 }
 
+/// What the one writer holds: the commits made and the changes not yet durable.
+#[derive(Default)]
+struct Writer {
+    /// How many commits were made since the store opened.
+    commits: u64,
+    /// The changes of commits not yet durable, in commit order: published by the commit
+    /// that makes them durable.
+    pending: Vec<Change>,
+}
+
 /// The store, with the watch hub its commits feed.
 pub struct MetaStore {
     db: Database,
-    /// Orders commit-then-publish so watch changes leave in resourceVersion order.
-    writer: Mutex<()>,
+    /// Orders commits, and publishes their changes in that order. Async, so a writer
+    /// waiting while a sync holds it parks its task, not its worker thread.
+    writer: tokio::sync::Mutex<Writer>,
+    /// How many commits are durable (a count of `Writer::commits`).
+    durable: tokio::sync::watch::Sender<u64>,
+    /// Whether a grouped write is syncing for all that wait.
+    syncing: AtomicBool,
     hub: Arc<WatchHub>,
 }
 
@@ -139,7 +159,9 @@ impl MetaStore {
         tx.commit().map_err(tx_err)?;
         Ok(Self {
             db,
-            writer: Mutex::new(()),
+            writer: tokio::sync::Mutex::default(),
+            durable: tokio::sync::watch::Sender::new(0),
+            syncing: AtomicBool::new(false),
             hub: Arc::new(WatchHub::new(WATCH_WINDOW, rv)),
         })
     }
@@ -234,14 +256,43 @@ impl MetaStore {
         })
     }
 
-    /// Runs `f` in one write transaction, commits it durably, then publishes the
-    /// changes it recorded to watchers. Nothing is committed or published if `f` fails.
-    pub fn transact<R, E>(&self, f: impl FnOnce(&mut Txn) -> Result<R, E>) -> Result<R, E>
+    /// Runs `f` in one write transaction and returns once the commit is durable and the
+    /// changes `f` recorded are published to watchers. Nothing is committed or published
+    /// if `f` fails.
+    ///
+    /// The fsync is shared (ADR 23): `f` commits at once without syncing, so the next
+    /// writer need not wait for the disk, and the first of the writers waiting syncs for
+    /// all of them, on a blocking thread. Readers see the commit before it is durable: a
+    /// crash in between loses it, and its writer was answered nothing.
+    pub async fn transact<R, E>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&mut Txn) -> Result<R, E>,
+    ) -> Result<R, E>
     where
         E: From<StoreError>,
     {
-        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
-        let tx = self.db.begin_write().map_err(tx_err)?;
+        let (out, commit) = {
+            let mut writer = self.writer.lock().await;
+            let (out, changes) = self.write(&mut writer, f)?;
+            writer.pending.extend(changes);
+            (out, writer.commits)
+        };
+        self.durable_through(commit).await?;
+        Ok(out)
+    }
+
+    /// Runs `f` in a write transaction and commits it without syncing; the changes it
+    /// recorded are the caller's to publish once they are durable.
+    fn write<R, E>(
+        &self,
+        writer: &mut Writer,
+        f: impl FnOnce(&mut Txn) -> Result<R, E>,
+    ) -> Result<(R, Vec<Change>), E>
+    where
+        E: From<StoreError>,
+    {
+        let mut tx = self.db.begin_write().map_err(tx_err)?;
+        tx.set_durability(Durability::None).map_err(tx_err)?;
         let rv = {
             let counters = tx.open_table(COUNTERS).map_err(tx_err)?;
             counters
@@ -261,9 +312,56 @@ impl MetaStore {
             counters.insert(RESOURCE_VERSION, rv).map_err(tx_err)?;
         }
         tx.commit().map_err(tx_err)?;
-        self.hub.publish(changes);
-        Ok(out)
+        writer.commits += 1;
+        Ok((out, changes))
     }
+
+    /// Waits until commit number `commit` is durable, syncing for every writer waiting
+    /// when no other does.
+    async fn durable_through(self: &Arc<Self>, commit: u64) -> Result<(), StoreError> {
+        let mut durable = self.durable.subscribe();
+        loop {
+            if *durable.borrow_and_update() >= commit {
+                return Ok(());
+            }
+            if self.syncing.swap(true, Ordering::AcqRel) {
+                // Another writer syncs; its sync may not cover this commit, so look again.
+                // The sender lives as long as `self`.
+                let _ = durable.changed().await;
+                continue;
+            }
+            let store = self.clone();
+            let synced = match tokio::task::spawn_blocking(move || store.sync()).await {
+                Ok(synced) => synced,
+                Err(join) => Err(sync_err(std::io::Error::other(join.to_string()))),
+            };
+            if let Err(err) = synced {
+                // Let the others try for themselves.
+                self.syncing.store(false, Ordering::Release);
+                self.durable.send_modify(|_| {});
+                return Err(err);
+            }
+        }
+    }
+
+    /// Makes every commit so far durable with one empty durable commit, and publishes
+    /// their changes in commit order.
+    fn sync(&self) -> Result<(), StoreError> {
+        let mut writer = self.writer.blocking_lock();
+        if *self.durable.borrow() < writer.commits {
+            let tx = self.db.begin_write().map_err(sync_err)?;
+            tx.commit().map_err(sync_err)?;
+        }
+        // Before telling the waiters, so those this sync did not cover elect another.
+        self.syncing.store(false, Ordering::Release);
+        self.hub.publish(writer.pending.drain(..));
+        self.durable.send_replace(writer.commits);
+        Ok(())
+    }
+}
+
+fn sync_err(err: impl Into<redb::Error>) -> StoreError {
+    StoreError::Sync(err.into())
 }
 
 fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreError> {

@@ -17,25 +17,27 @@ fn key(ns: &str, name: &str) -> Key {
     Key::new("pools", Some(ns), name)
 }
 
-#[test]
-fn a_failed_transaction_changes_nothing_and_publishes_nothing() {
-    let store = MetaStore::in_memory().unwrap();
+#[tokio::test]
+async fn a_failed_transaction_changes_nothing_and_publishes_nothing() {
+    let store = Arc::new(MetaStore::in_memory().unwrap());
     let mut rx = store.hub().subscribe(0).unwrap().receiver;
-    let res: Result<(), TestError> = store.transact(|tx| {
-        let rv = tx.next_resource_version();
-        tx.put(&key("a", "x"), &Rec { n: 1 })?;
-        tx.record_change(&key("a", "x"), ChangeType::Added, rv, Arc::new(()));
-        Err(TestError::Refused)
-    });
+    let res: Result<(), TestError> = store
+        .transact(|tx| {
+            let rv = tx.next_resource_version();
+            tx.put(&key("a", "x"), &Rec { n: 1 })?;
+            tx.record_change(&key("a", "x"), ChangeType::Added, rv, Arc::new(()));
+            Err(TestError::Refused)
+        })
+        .await;
     assert!(matches!(res, Err(TestError::Refused)));
     assert_eq!(store.get::<Rec>(&key("a", "x")).unwrap(), None);
     assert_eq!(store.resource_version().unwrap(), 0);
     assert!(rx.try_recv().is_err());
 }
 
-#[test]
-fn resource_versions_increase_across_transactions_and_lists_filter_by_namespace() {
-    let store = MetaStore::in_memory().unwrap();
+#[tokio::test]
+async fn resource_versions_increase_across_transactions_and_lists_filter_by_namespace() {
+    let store = Arc::new(MetaStore::in_memory().unwrap());
     for (ns, name, n) in [("a", "x", 1), ("a", "y", 2), ("b", "x", 3)] {
         store
             .transact(|tx| -> Result<(), StoreError> {
@@ -43,6 +45,7 @@ fn resource_versions_increase_across_transactions_and_lists_filter_by_namespace(
                 assert_eq!(rv, u64::from(n));
                 tx.put(&key(ns, name), &Rec { n })
             })
+            .await
             .unwrap();
     }
     let (in_a, rv) = store.list::<Rec>("pools", Some("a")).unwrap();
@@ -53,14 +56,15 @@ fn resource_versions_increase_across_transactions_and_lists_filter_by_namespace(
     assert!(store.list::<Rec>("hosts", None).unwrap().0.is_empty());
 }
 
-#[test]
-fn a_namespace_prefix_does_not_match_a_longer_namespace() {
-    let store = MetaStore::in_memory().unwrap();
+#[tokio::test]
+async fn a_namespace_prefix_does_not_match_a_longer_namespace() {
+    let store = Arc::new(MetaStore::in_memory().unwrap());
     store
         .transact(|tx| -> Result<(), StoreError> {
             tx.put(&key("ab", "x"), &Rec { n: 1 })?;
             tx.put(&key("a", "x"), &Rec { n: 2 })
         })
+        .await
         .unwrap();
     assert_eq!(
         store.list::<Rec>("pools", Some("a")).unwrap().0,
@@ -68,18 +72,19 @@ fn a_namespace_prefix_does_not_match_a_longer_namespace() {
     );
 }
 
-#[test]
-fn state_survives_reopening_the_file() {
+#[tokio::test]
+async fn state_survives_reopening_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("meta.redb");
     {
-        let store = MetaStore::open(&path).unwrap();
+        let store = Arc::new(MetaStore::open(&path).unwrap());
         store
             .transact(|tx| -> Result<(), StoreError> {
                 tx.next_resource_version();
                 tx.put(&key("a", "x"), &Rec { n: 7 })?;
                 tx.set_last_battery_event_id(42)
             })
+            .await
             .unwrap();
     }
     let store = MetaStore::open(&path).unwrap();
@@ -93,9 +98,9 @@ fn state_survives_reopening_the_file() {
     assert!(store.hub().subscribe(0).is_err());
 }
 
-#[test]
-fn watchers_see_committed_changes_in_order() {
-    let store = MetaStore::in_memory().unwrap();
+#[tokio::test]
+async fn watchers_see_committed_changes_in_order() {
+    let store = Arc::new(MetaStore::in_memory().unwrap());
     let mut rx = store.hub().subscribe(0).unwrap().receiver;
     store
         .transact(|tx| -> Result<(), StoreError> {
@@ -106,14 +111,15 @@ fn watchers_see_committed_changes_in_order() {
             }
             Ok(())
         })
+        .await
         .unwrap();
     assert_eq!(rx.try_recv().unwrap().name, "x");
     assert_eq!(rx.try_recv().unwrap().resource_version, 2);
 }
 
-#[test]
-fn pages_resume_after_their_key_and_count_what_follows() {
-    let store = MetaStore::in_memory().unwrap();
+#[tokio::test]
+async fn pages_resume_after_their_key_and_count_what_follows() {
+    let store = Arc::new(MetaStore::in_memory().unwrap());
     // "a-b/..." sorts before "a/...": pages follow the keys' byte order.
     let records = [("a", "x", 1), ("a", "z", 2), ("a-b", "y", 3), ("c", "w", 4)];
     store
@@ -123,6 +129,7 @@ fn pages_resume_after_their_key_and_count_what_follows() {
             }
             tx.put(&Key::new("zones", Some("a"), "x"), &Rec { n: 9 })
         })
+        .await
         .unwrap();
     let mut after: Option<String> = None;
     let mut seen = Vec::new();
@@ -156,4 +163,75 @@ fn pages_resume_after_their_key_and_count_what_follows() {
         .page::<Rec>("pools", Some("a"), Some("b/"), 10)
         .unwrap();
     assert!(past.records.is_empty());
+}
+
+/// What a crash at this instant would leave: a copy of the store's file, opened.
+fn crash_copy(path: &Path, name: &str) -> MetaStore {
+    let copy = path.with_file_name(format!("{name}.redb"));
+    std::fs::copy(path, &copy).unwrap();
+    MetaStore::open(&copy).unwrap()
+}
+
+fn put_added(tx: &mut Txn, key: &Key, n: u32) -> Result<u64, StoreError> {
+    let rv = tx.next_resource_version();
+    tx.put(key, &Rec { n })?;
+    tx.record_change(key, ChangeType::Added, rv, Arc::new(()));
+    Ok(rv)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grouped_writes_are_durable_when_they_return_and_published_once_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.redb");
+    let store = Arc::new(MetaStore::open(&path).unwrap());
+    let mut rx = store.hub().subscribe(0).unwrap().receiver;
+    // A commit whose sync has not come yet is not on disk, nor told to watchers.
+    let unsynced = key("a", "unsynced");
+    {
+        let mut writer = store.writer.lock().await;
+        let (_, changes) = store
+            .write(&mut writer, |tx| put_added(tx, &unsynced, 0))
+            .unwrap();
+        writer.pending.extend(changes);
+    }
+    assert_eq!(store.get::<Rec>(&unsynced).unwrap(), Some(Rec { n: 0 }));
+    assert_eq!(
+        crash_copy(&path, "before").get::<Rec>(&unsynced).unwrap(),
+        None
+    );
+    assert!(rx.try_recv().is_err());
+
+    let writes: Vec<_> = (1..=64)
+        .map(|n| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .transact(|tx| put_added(tx, &key("a", &format!("c{n}")), n))
+                    .await
+            })
+        })
+        .collect();
+    let mut rvs = vec![1];
+    for write in writes {
+        rvs.push(write.await.unwrap().unwrap());
+    }
+    let after = crash_copy(&path, "after");
+    assert_eq!(after.get::<Rec>(&unsynced).unwrap(), Some(Rec { n: 0 }));
+    for n in 1..=64 {
+        let stored = after.get::<Rec>(&key("a", &format!("c{n}"))).unwrap();
+        assert_eq!(
+            stored,
+            Some(Rec { n }),
+            "c{n} durable once its write returned"
+        );
+    }
+    assert_eq!(after.resource_version().unwrap(), 65);
+    rvs.sort_unstable();
+    let published: Vec<u64> = std::iter::from_fn(|| rx.try_recv().ok())
+        .map(|change| change.resource_version)
+        .collect();
+    assert_eq!(
+        published, rvs,
+        "every change once, in resourceVersion order"
+    );
 }

@@ -98,7 +98,8 @@ impl Follower {
             if let Some(newest) = fresh.iter().map(|e| e.id).max() {
                 if !self.apply(&fresh, newest).await {
                     self.store
-                        .transact(|tx| tx.set_last_battery_event_id(newest))?;
+                        .transact(|tx| tx.set_last_battery_event_id(newest))
+                        .await?;
                 }
                 last = newest;
             }

@@ -66,9 +66,10 @@ pub fn check_resource_version(
 }
 
 /// Writes `object`'s record (made by `record`) with a new resourceVersion, or removes it
-/// for a deletion, runs `also` in the same transaction, and tells watchers of the change.
-pub fn commit<K, R>(
-    store: &MetaStore,
+/// for a deletion, runs `also` in the same transaction, and tells watchers of the change
+/// once it is durable (its fsync shared with the writes beside it, ADR 23).
+pub async fn commit<K, R>(
+    store: &Arc<MetaStore>,
     key: &Key,
     object: &mut K,
     change: ChangeType,
@@ -79,15 +80,17 @@ where
     K: kube::Resource + serde::Serialize + Clone + Send + Sync + 'static,
     R: serde::Serialize,
 {
-    store.transact(|tx| -> Result<(), ApiError> {
-        let rv = tx.next_resource_version();
-        object.meta_mut().resource_version = Some(rv.to_string());
-        match change {
-            ChangeType::Deleted => tx.delete(key)?,
-            ChangeType::Added | ChangeType::Modified => tx.put(key, &record(object))?,
-        }
-        also(tx)?;
-        tx.record_change(key, change, rv, Arc::new(object.clone()));
-        Ok(())
-    })
+    store
+        .transact(|tx| -> Result<(), ApiError> {
+            let rv = tx.next_resource_version();
+            object.meta_mut().resource_version = Some(rv.to_string());
+            match change {
+                ChangeType::Deleted => tx.delete(key)?,
+                ChangeType::Added | ChangeType::Modified => tx.put(key, &record(object))?,
+            }
+            also(tx)?;
+            tx.record_change(key, change, rv, Arc::new(object.clone()));
+            Ok(())
+        })
+        .await
 }

@@ -198,17 +198,17 @@ impl PoolStorage {
 
     /// Writes `object`'s record with a new resourceVersion and tells watchers.
     /// Writes the Pool's record; `rejected` is battery's refusal of its resolved Hosts.
-    fn commit(
+    async fn commit(
         &self,
         object: &mut Pool,
         change: ChangeType,
         rejected: Option<String>,
     ) -> Result<(), ApiError> {
-        self.commit_with(object, change, rejected, |_| Ok(()))
+        self.commit_with(object, change, rejected, |_| Ok(())).await
     }
 
     /// `commit`, with `also` written in the same transaction.
-    fn commit_with(
+    async fn commit_with(
         &self,
         object: &mut Pool,
         change: ChangeType,
@@ -229,7 +229,7 @@ impl PoolStorage {
                 .unwrap_or_default(),
             rejected,
         };
-        commit(&self.store, &key, object, change, record, also)?;
+        commit(&self.store, &key, object, change, record, also).await?;
         match change {
             ChangeType::Deleted => self.bind_settings.invalidate(&key),
             _ => self
@@ -280,7 +280,8 @@ impl PoolStorage {
                 if let Some(record) = record {
                     let mut object = Pool::new(name, PoolSpec::default());
                     object.metadata = record.metadata;
-                    self.commit_with(&mut object, ChangeType::Deleted, None, also)?;
+                    self.commit_with(&mut object, ChangeType::Deleted, None, also)
+                        .await?;
                 }
                 return Ok(());
             }
@@ -294,14 +295,19 @@ impl PoolStorage {
         let rejected = record.as_ref().and_then(|r| r.rejected.clone());
         let mut object = self.assemble(record, pool);
         if blocked && self.battery.delete_pool(namespace, name).await.is_ok() {
-            return self.commit_with(&mut object, ChangeType::Deleted, None, also);
+            return self
+                .commit_with(&mut object, ChangeType::Deleted, None, also)
+                .await;
         }
         if adopted {
             // First sight of a Pool made outside the API: it exists from now on.
             object.metadata.creation_timestamp = Some(server_now());
-            return self.commit_with(&mut object, ChangeType::Added, None, also);
+            return self
+                .commit_with(&mut object, ChangeType::Added, None, also)
+                .await;
         }
         self.commit_with(&mut object, ChangeType::Modified, rejected, also)
+            .await
     }
 
     /// Records every Pool battery has that we have no record of, so each gets its
@@ -427,7 +433,7 @@ impl Storage for PoolStorage {
             rejected: None,
         };
         let mut pool = objects::pool(meta, created);
-        self.commit(&mut pool, ChangeType::Added, None)?;
+        self.commit(&mut pool, ChangeType::Added, None).await?;
         Ok(pool)
     }
 
@@ -466,7 +472,8 @@ impl Storage for PoolStorage {
             rejected: None,
         };
         let mut updated = objects::pool(meta, pool);
-        self.commit(&mut updated, ChangeType::Modified, None)?;
+        self.commit(&mut updated, ChangeType::Modified, None)
+            .await?;
         Ok(updated)
     }
 
@@ -505,7 +512,7 @@ impl Storage for PoolStorage {
                     rejected: None,
                 };
                 let mut pool = objects::pool(meta, draining);
-                self.commit(&mut pool, ChangeType::Modified, None)?;
+                self.commit(&mut pool, ChangeType::Modified, None).await?;
                 return Ok(Deleted::Pending(pool));
             }
             // battery may have deleted it without our hearing: ask before answering.
@@ -516,7 +523,7 @@ impl Storage for PoolStorage {
             Err(err) => return Err(err.into_api_error(info(), &name)),
         }
         crate::failpoint::crash_point("pool-delete:deleted");
-        self.commit(&mut pool, ChangeType::Deleted, None)?;
+        self.commit(&mut pool, ChangeType::Deleted, None).await?;
         Ok(Deleted::Gone(pool))
     }
 }
@@ -583,7 +590,8 @@ impl PoolStorage {
                 record.unwrap_or_else(|| PoolRecord::adopted(&pool.namespace, &pool.name));
             record.rejected = rejected.clone();
             let mut object = self.assemble(Some(record), current);
-            self.commit(&mut object, ChangeType::Modified, rejected)?;
+            self.commit(&mut object, ChangeType::Modified, rejected)
+                .await?;
         }
         Ok(())
     }

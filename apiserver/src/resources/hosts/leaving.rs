@@ -149,7 +149,7 @@ impl HostStorage {
             .collect();
         let vm_count = host.status.as_ref().map_or(0, |s| s.vm_count);
         if pools.is_empty() && vm_count == 0 && self.remove(&name).await?.is_none() {
-            self.commit(&mut host, ChangeType::Deleted, None)?;
+            self.commit(&mut host, ChangeType::Deleted, None).await?;
             self.directory.changed.notify_one();
             return Ok(Deleted::Gone(host));
         }
@@ -175,7 +175,8 @@ impl HostStorage {
         record.metadata.deletion_grace_period_seconds = Some(0);
         record.leaving = Some(leaving.clone());
         let mut object = self.assemble(Some(record), current)?;
-        self.commit(&mut object, ChangeType::Modified, Some(leaving))?;
+        self.commit(&mut object, ChangeType::Modified, Some(leaving))
+            .await?;
         // Out of every Pool's placement now, not at the next poll.
         self.directory.changed.notify_one();
         tracing::info!(host = %name, "deleting a Host: cordoned, waiting for its MicroVMs to go");
@@ -203,7 +204,7 @@ impl HostStorage {
             match self.remove(&name).await? {
                 None => {
                     let mut object = self.assemble(Some(record), host)?;
-                    self.commit(&mut object, ChangeType::Deleted, None)?;
+                    self.commit(&mut object, ChangeType::Deleted, None).await?;
                     tracing::info!(host = %name, "removed a deleted Host from battery");
                     return Ok(true);
                 }
@@ -225,7 +226,8 @@ impl HostStorage {
             let mut record = record;
             record.leaving = Some(leaving.clone());
             let mut object = self.assemble(Some(record), host)?;
-            self.commit(&mut object, ChangeType::Modified, Some(leaving))?;
+            self.commit(&mut object, ChangeType::Modified, Some(leaving))
+                .await?;
         }
         Ok(false)
     }

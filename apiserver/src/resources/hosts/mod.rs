@@ -207,7 +207,7 @@ impl HostStorage {
         &self.directory.battery
     }
 
-    fn store(&self) -> &MetaStore {
+    fn store(&self) -> &Arc<MetaStore> {
         &self.directory.store
     }
 
@@ -272,7 +272,7 @@ impl HostStorage {
     /// Writes `object`'s record with a new resourceVersion and tells watchers, keeping
     /// the agent's reporting as recorded. Callers whose change can move a Pool's
     /// placement wake the directory themselves.
-    fn commit(
+    async fn commit(
         &self,
         object: &mut Host,
         change: ChangeType,
@@ -285,10 +285,11 @@ impl HostStorage {
             .map(|r| r.reporting)
             .unwrap_or_default();
         self.commit_reporting(object, change, leaving, reporting)
+            .await
     }
 
     /// As [`Self::commit`], with `reporting` recorded.
-    fn commit_reporting(
+    async fn commit_reporting(
         &self,
         object: &mut Host,
         change: ChangeType,
@@ -326,7 +327,7 @@ impl HostStorage {
                 reporting,
             }
         };
-        commit(self.store(), &key, object, change, record, |_| Ok(()))
+        commit(self.store(), &key, object, change, record, |_| Ok(())).await
     }
 
     /// Brings the records in line with the Hosts battery has, for Hosts another client
@@ -381,7 +382,7 @@ impl HostStorage {
             (None, Some(host)) => {
                 let mut object = self.assemble(None, host)?;
                 object.metadata.creation_timestamp = Some(crate::api::server_now());
-                self.commit(&mut object, ChangeType::Added, None)?;
+                self.commit(&mut object, ChangeType::Added, None).await?;
                 Ok(true)
             }
             (Some(record), None) => {
@@ -392,7 +393,7 @@ impl HostStorage {
                 }
                 object.spec.agent_address = record.agent_address;
                 object.metadata = record.metadata;
-                self.commit(&mut object, ChangeType::Deleted, None)?;
+                self.commit(&mut object, ChangeType::Deleted, None).await?;
                 Ok(true)
             }
             (Some(record), Some(host)) if record.leaving.is_some() => {
@@ -407,7 +408,7 @@ impl HostStorage {
                     .as_ref()
                     .is_none_or(|o| o.spec.unschedulable != host.spec.unschedulable);
                 let mut object = self.assemble(Some(record), host)?;
-                self.commit(&mut object, ChangeType::Modified, None)?;
+                self.commit(&mut object, ChangeType::Modified, None).await?;
                 Ok(moved)
             }
         }
@@ -525,7 +526,7 @@ impl Storage for HostStorage {
             conditions: Vec::new(),
         };
         let mut host = objects::host(meta, added);
-        self.commit(&mut host, ChangeType::Added, None)?;
+        self.commit(&mut host, ChangeType::Added, None).await?;
         self.directory.changed.notify_one();
         Ok(host)
     }
@@ -580,7 +581,8 @@ impl Storage for HostStorage {
         if reporting.cordoned_not_ready {
             new.spec.unschedulable = reporting.admin_unschedulable;
         }
-        self.commit_reporting(&mut new, ChangeType::Modified, leaving, reporting)?;
+        self.commit_reporting(&mut new, ChangeType::Modified, leaving, reporting)
+            .await?;
         // Labels or the cordon may have changed what Pools select.
         self.directory.changed.notify_one();
         Ok(new)
@@ -652,7 +654,9 @@ impl crate::api::Subresource for HostStatusWriter {
             let leaving = storage.leaving(name)?;
             let mut reporting = record.map(|r| r.reporting).unwrap_or_default();
             reporting.reported_at = Some(crate::api::server_now());
-            storage.commit_reporting(&mut current, ChangeType::Modified, leaving, reporting)?;
+            storage
+                .commit_reporting(&mut current, ChangeType::Modified, leaving, reporting)
+                .await?;
         }
         Ok(current)
     }

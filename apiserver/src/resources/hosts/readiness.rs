@@ -131,10 +131,14 @@ impl HostStorage {
                 let before = record.reporting.clone();
                 record.reporting.admin_unschedulable = host.spec.unschedulable;
                 record.reporting.cordoned_not_ready = true;
-                self.store().transact(|tx| tx.put(&key(name), &record))?;
+                self.store()
+                    .transact(|tx| tx.put(&key(name), &record))
+                    .await?;
                 if let Err(err) = self.battery().cordon_host(name, why).await {
                     record.reporting = before;
-                    self.store().transact(|tx| tx.put(&key(name), &record))?;
+                    self.store()
+                        .transact(|tx| tx.put(&key(name), &record))
+                        .await?;
                     return Err(err.into_api_error(info(), name));
                 }
             }
@@ -167,7 +171,8 @@ impl HostStorage {
         let reporting = record.reporting.clone();
         let leaving = record.leaving.clone();
         let mut object = self.assemble(Some(record), host)?;
-        self.commit_reporting(&mut object, ChangeType::Modified, leaving, reporting)?;
+        self.commit_reporting(&mut object, ChangeType::Modified, leaving, reporting)
+            .await?;
         Ok(true)
     }
 }

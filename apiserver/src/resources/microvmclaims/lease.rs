@@ -131,7 +131,9 @@ impl Subresource for ClaimLeases {
                 let expired = expire(record);
                 let secrets = expired.lease_record();
                 let mut claim = ClaimStorage::object(expired);
-                self.0.commit(&mut claim, secrets, ChangeType::Modified)?;
+                self.0
+                    .commit(&mut claim, secrets, ChangeType::Modified)
+                    .await?;
                 return Err(lease_expired(namespace, name));
             }
             Err(err) => return Err(err.into_api_error(info(), name)),
@@ -141,7 +143,9 @@ impl Subresource for ClaimLeases {
         renewed.status.lease_expires_at = Some(expires_at);
         let secrets = renewed.lease_record();
         let mut claim = ClaimStorage::object(renewed.clone());
-        self.0.commit(&mut claim, secrets, ChangeType::Modified)?;
+        self.0
+            .commit(&mut claim, secrets, ChangeType::Modified)
+            .await?;
         // The new resourceVersion.
         renewed.metadata = claim.metadata;
         Ok(as_lease(&renewed))

@@ -259,7 +259,7 @@ impl ClaimStorage {
 
     /// Writes the claim's record (`lease` kept as given) with a new resourceVersion and
     /// tells watchers.
-    fn commit(
+    async fn commit(
         &self,
         claim: &mut MicroVMClaim,
         secrets: LeaseRecord,
@@ -278,7 +278,7 @@ impl ClaimStorage {
             lease_duration_seconds: secrets.duration_seconds,
             usage: secrets.usage,
         };
-        commit(&self.store, &key, claim, change, record, |_| Ok(()))?;
+        commit(&self.store, &key, claim, change, record, |_| Ok(())).await?;
         // Released, expired or deleted: its MicroVM is no longer the Holder's to use.
         if leaseless && let Some(uid) = &claim.metadata.uid {
             self.exec_sessions.end_claim(uid);
@@ -525,7 +525,7 @@ impl ClaimStorage {
             .write_files(claim, files)
             .await
             .map_err(BindFailure::refused)?;
-        Ok(self.commit(claim, secrets, ChangeType::Added)?)
+        Ok(self.commit(claim, secrets, ChangeType::Added).await?)
     }
 
     /// Marks claims whose MicroVM battery deleted (expiry, or a forced pool deletion) as
@@ -559,7 +559,7 @@ impl ClaimStorage {
         let expired = expire(record);
         let secrets = expired.lease_record();
         let mut claim = Self::object(expired);
-        self.commit(&mut claim, secrets, ChangeType::Modified)
+        self.commit(&mut claim, secrets, ChangeType::Modified).await
     }
 
     /// Brings every Bound claim's `HostReady` in line with what the Host directory says
@@ -600,7 +600,8 @@ impl ClaimStorage {
             }
             let secrets = current.lease_record();
             let mut claim = Self::object(current);
-            self.commit(&mut claim, secrets, ChangeType::Modified)?;
+            self.commit(&mut claim, secrets, ChangeType::Modified)
+                .await?;
         }
         Ok(())
     }
@@ -813,7 +814,7 @@ impl Storage for ClaimStorage {
         // Only metadata changes through the main resource; status is battery's.
         let secrets = record.lease_record();
         new.status = Some(record.status);
-        self.commit(&mut new, secrets, ChangeType::Modified)?;
+        self.commit(&mut new, secrets, ChangeType::Modified).await?;
         Ok(new)
     }
 
@@ -839,7 +840,8 @@ impl Storage for ClaimStorage {
             crate::failpoint::crash_point("release:released");
         }
         let mut claim = Self::object(record);
-        self.commit(&mut claim, LeaseRecord::default(), ChangeType::Deleted)?;
+        self.commit(&mut claim, LeaseRecord::default(), ChangeType::Deleted)
+            .await?;
         Ok(Deleted::Gone(claim))
     }
 }

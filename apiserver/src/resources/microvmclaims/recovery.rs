@@ -46,7 +46,7 @@ impl ClaimStorage {
         }
         // What versions before ADR 0022 recorded before `ClaimVM`: their leases, if any,
         // were among those above.
-        self.store.transact(|tx| tx.clear_intents())?;
+        self.store.transact(|tx| tx.clear_intents()).await?;
         Ok(released)
     }
 

@@ -160,7 +160,7 @@ fn quotas_with(hard: &[(&str, &str)]) -> (Arc<ClaimQuotas>, Arc<Quotas>, Arc<Met
 }
 
 /// Records a claim as the store holds a Bound one (with a lease) or an Expired one.
-fn record(store: &MetaStore, uid: &str, bound: bool) {
+async fn record(store: &Arc<MetaStore>, uid: &str, bound: bool) {
     let record = ClaimRecord {
         metadata: ObjectMeta {
             name: Some(uid.to_owned()),
@@ -174,6 +174,7 @@ fn record(store: &MetaStore, uid: &str, bound: bool) {
     };
     store
         .transact(|tx| tx.put(&super::super::key("team", uid), &record))
+        .await
         .unwrap();
 }
 
@@ -225,15 +226,15 @@ async fn concurrent_binds_reserve_exactly_the_quota() {
 #[tokio::test]
 async fn used_is_bound_claims_and_reservations_each_counted_once() {
     let (quotas, _, store) = quotas_with(&[(COUNT, "3"), (VCPUS, "100")]);
-    record(&store, "bound", true);
-    record(&store, "expired", false);
+    record(&store, "bound", true).await;
+    record(&store, "expired", false).await;
     let binding = quotas
         .reserve("team", "binding", "binding", VM)
         .await
         .unwrap();
     assert_eq!(quotas.used("team").unwrap(), totals(2, 4, 2 << 30));
     // Recorded Bound while its reservation is still held: one claim, not two.
-    record(&store, "binding", true);
+    record(&store, "binding", true).await;
     assert_eq!(quotas.used("team").unwrap(), totals(2, 4, 2 << 30));
     drop(binding);
     assert_eq!(quotas.used("team").unwrap(), totals(2, 4, 2 << 30));
@@ -268,7 +269,7 @@ async fn the_status_is_written_after_binds_with_what_claims_use() {
     tokio::spawn(quotas.clone().write_status());
     for uid in ["a", "b"] {
         let reservation = quotas.reserve("team", uid, uid, VM).await.unwrap();
-        record(&store, uid, true);
+        record(&store, uid, true).await;
         drop(reservation);
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
