@@ -35,6 +35,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// it deletes the MicroVMs) and the agents' health checks with them, so the Hosts go
 /// unready and are cordoned mid-fill.
 const FILL_STEP: i32 = 200;
+/// `serve`'s `--data-dir`, in the rig's directory.
+const STORE_DIR: &str = "apiserver";
 /// Leases outlive the run: nobody renews the bench's claims, and one that expired would
 /// take its MicroVM (and a claim of the scale scenarios) away mid-measurement.
 const LEASE: (&str, &str) = ("30m", "1h");
@@ -49,7 +51,7 @@ pub struct Rig {
     pub battery: String,
     ca: PathBuf,
     identity: (PathBuf, PathBuf),
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 struct Processes {
@@ -82,7 +84,7 @@ impl Rig {
         // a bind's figures include its store's fsyncs.
         command
             .arg("--data-dir")
-            .arg(dir.path().join("apiserver"))
+            .arg(dir.path().join(STORE_DIR))
             .args(agents.serve_args())
             .args(serve_args);
         let (serve, url) = Process::start(
@@ -104,7 +106,7 @@ impl Rig {
                 battery: battery_process,
                 stand_in,
             },
-            _dir: dir,
+            dir,
         };
         rig.start_agents().await?;
         Ok(rig)
@@ -245,6 +247,11 @@ impl Rig {
     }
 
     /// `serve`'s resident memory now and at its peak (VmRSS, VmHWM), in MB.
+    /// Where `serve` keeps its metadata store.
+    pub fn store_dir(&self) -> PathBuf {
+        self.dir.path().join(STORE_DIR)
+    }
+
     pub fn serve_memory(&self) -> Result<(f64, f64)> {
         let pid = self.processes.serve.pid();
         let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
