@@ -645,6 +645,14 @@ fn the_pool_index_follows_every_vm_write() {
     ));
     assert_indexed(&store, &[&a, &b]);
     assert_eq!(claim(&store, &a).uid, "vm-3");
+    store
+        .commit_lease(&lease(&a, "l2", "vm-3", ""))
+        .expect("commit");
+    let later = time::add(&time::now(), std::time::Duration::from_secs(120));
+    assert!(store.expire_lease("l2", &later).expect("expire").is_some());
+    assert_indexed(&store, &[&a, &b]);
+    add_vm(&store, &vm(&a, "vm-5", "h", VmPhase::Available));
+    claim(&store, &a);
     store.recover().expect("recover");
     assert_indexed(&store, &[&a, &b]);
     assert_eq!(store.pool_counts(&a).expect("counts").available, 0);
