@@ -54,10 +54,15 @@ impl fmt::Display for PoolKey {
     }
 }
 
-/// A stored VM's phase. An unknown number (never written by this code) counts as
-/// FAILED, which like battery's FAILED counts nowhere.
+/// A stored VM's phase.
 pub(crate) fn phase_of(vm: &VmRecord) -> VmPhase {
-    VmPhase::try_from(vm.phase).unwrap_or(VmPhase::Failed)
+    phase_named(vm.phase)
+}
+
+/// The phase a stored number names. An unknown number (never written by this code)
+/// counts as FAILED, which like battery's FAILED counts nowhere.
+pub(crate) fn phase_named(number: i32) -> VmPhase {
+    VmPhase::try_from(number).unwrap_or(VmPhase::Failed)
 }
 
 /// A pool's VMs tallied the way battery's reconciler and PoolStatus count them (§1.1, §4.2).

@@ -10,7 +10,7 @@ use prost::Message;
 use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
 use super::{Result, VMS, decode, decode_all};
-use crate::battery::model::{PoolKey, VmCounts};
+use crate::battery::model::{PoolKey, VmCounts, phase_named};
 
 /// (pool namespace, pool name, phase, VM uid) -> the row holds a lease_id.
 pub(super) const POOL_VMS: TableDefinition<(&str, &str, i32, &str), bool> =
@@ -91,28 +91,34 @@ pub(super) fn counts(
 ) -> Result<VmCounts> {
     let mut counts = VmCounts::default();
     for_each_of_pool(index, key, i32::MIN, |phase, _, leased| {
-        counts.count(VmPhase::try_from(phase).unwrap_or(VmPhase::Failed), leased);
+        counts.count(phase_named(phase), leased);
         true
     })?;
     Ok(counts)
 }
 
-/// Every pool's VMs tallied, by pool.
+/// Every pool's VMs tallied, by pool. The index is in pool order, so each pool's
+/// entries come together and its key is made once.
 pub(super) fn counts_by_pool(
     index: &impl ReadableTable<IndexKey<'static>, bool>,
 ) -> Result<std::collections::HashMap<PoolKey, VmCounts>> {
     let mut by_pool: std::collections::HashMap<PoolKey, VmCounts> = Default::default();
+    let mut current: Option<(PoolKey, VmCounts)> = None;
     for entry in index.iter()? {
         let (k, leased) = entry?;
         let (namespace, name, phase, _) = k.value();
-        by_pool
-            .entry(PoolKey::new(namespace.to_owned(), name.to_owned()))
-            .or_default()
-            .count(
-                VmPhase::try_from(phase).unwrap_or(VmPhase::Failed),
-                leased.value(),
-            );
+        let same = current
+            .as_ref()
+            .is_some_and(|(key, _)| key.namespace == namespace && key.name == name);
+        if !same {
+            by_pool.extend(current.take());
+            current = Some((PoolKey::new(namespace, name), VmCounts::default()));
+        }
+        if let Some((_, counts)) = current.as_mut() {
+            counts.count(phase_named(phase), leased.value());
+        }
     }
+    by_pool.extend(current);
     Ok(by_pool)
 }
 

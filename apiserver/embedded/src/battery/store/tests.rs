@@ -594,13 +594,16 @@ fn assert_indexed(store: &Store, pools: &[&PoolKey]) {
         })
         .expect("index");
     assert_eq!(indexed, from_rows);
+    let listed = store.list_pools_with_counts(None).expect("list");
     for key in pools {
-        let own = rows.iter().filter(|vm| PoolKey::of_vm(vm) == **key);
-        assert_eq!(
-            store.pool_counts(key).expect("counts"),
-            VmCounts::tally(own),
-            "{key}"
-        );
+        let own = VmCounts::tally(rows.iter().filter(|vm| PoolKey::of_vm(vm) == **key));
+        assert_eq!(store.pool_counts(key).expect("counts"), own, "{key}");
+        if let Some((_, in_list)) = listed
+            .iter()
+            .find(|(spec, _)| PoolKey::of_spec(spec) == **key)
+        {
+            assert_eq!(*in_list, own, "{key} as ListPools counts it");
+        }
     }
 }
 
