@@ -718,3 +718,102 @@ async fn bearer_tokens_are_reviewed_and_only_the_holder_renews() {
         "and refused like any other: {refused}"
     );
 }
+
+/// Lists in compact JSON, kubectl's, copy each claim's JSON from its record; a pretty
+/// list decodes every claim and encodes it again. Both answer alike in every form, with
+/// selectors and pages, for a Bound claim, a labelled one and one whose lease ran out.
+#[tokio::test]
+async fn a_list_copied_from_the_records_answers_as_a_decoded_one() {
+    const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
+    const METADATA: &str = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io";
+    let h = Harness::start().await;
+    h.create_pool("short", 1, "ImmediateOnLease", "1s").await;
+    h.create_pool("long", 2, "ImmediateOnLease", "60s").await;
+    h.wait_available("short", 1).await;
+    h.wait_available("long", 2).await;
+    let (status, _, gone) = h.claim("gone", "short").await;
+    assert_eq!(status, StatusCode::CREATED, "{gone}");
+    let (status, _, plain) = h.claim("plain", "long").await;
+    assert_eq!(status, StatusCode::CREATED, "{plain}");
+    let mut labelled = common::claim("labelled", "long");
+    labelled["metadata"]["labels"] = json!({"app": "ci"});
+    let (status, _, labelled) = h
+        .call("POST", CLAIMS, "application/json", Some(labelled))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{labelled}");
+    h.eventually(&format!("{CLAIMS}/gone"), |_, c| {
+        c["status"]["phase"] == "Expired"
+    })
+    .await;
+
+    let list = |query: &'static str, accept: &'static str, pretty: bool| {
+        let h = &h;
+        async move {
+            let separator = if query.is_empty() { "?" } else { "&" };
+            let pretty = if pretty {
+                format!("{separator}pretty=true")
+            } else {
+                String::new()
+            };
+            let request = Request::get(format!("{CLAIMS}{query}{pretty}"))
+                .header(header::ACCEPT, accept)
+                .body(Body::empty())
+                .unwrap();
+            let (status, mut body) = h.json(request).await;
+            assert_eq!(status, StatusCode::OK, "{query} as {accept}: {body}");
+            // A row's last cell is its age, which moves on between two lists.
+            for row in body["rows"].as_array_mut().into_iter().flatten() {
+                row["cells"].as_array_mut().unwrap().pop();
+            }
+            body
+        }
+    };
+    let cases = [
+        ("", "application/json"),
+        ("", TABLE),
+        ("?includeObject=Object", TABLE),
+        ("?includeObject=None", TABLE),
+        ("", METADATA),
+        ("?labelSelector=app%3Dci", "application/json"),
+        ("?fieldSelector=status.phase%3DExpired", TABLE),
+        (
+            "?fieldSelector=spec.poolRef.name%3Dlong",
+            "application/json",
+        ),
+        ("?limit=2", "application/json"),
+    ];
+    for (query, accept) in cases {
+        let copied = list(query, accept, false).await;
+        assert_eq!(
+            copied,
+            list(query, accept, true).await,
+            "{query} as {accept}"
+        );
+        let items = copied["items"].as_array().or(copied["rows"].as_array());
+        let expected = match query {
+            "?labelSelector=app%3Dci" | "?fieldSelector=status.phase%3DExpired" => 1,
+            "?fieldSelector=spec.poolRef.name%3Dlong" | "?limit=2" => 2,
+            _ => 3,
+        };
+        assert_eq!(items.map(Vec::len), Some(expected), "{query}: {copied}");
+    }
+    let (_, all) = h.get(CLAIMS).await;
+    let phases: Vec<_> = all["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["metadata"]["name"].clone(), c["status"]["phase"].clone()))
+        .collect();
+    assert_eq!(
+        phases,
+        [
+            (json!("gone"), json!("Expired")),
+            (json!("labelled"), json!("Bound")),
+            (json!("plain"), json!("Bound")),
+        ]
+    );
+    assert_eq!(
+        all["items"][2], plain,
+        "a listed claim is the claim created"
+    );
+}

@@ -127,25 +127,26 @@ pub struct TableRow<O> {
 /// A row's object: its metadata as a [`PartialObjectMetadata`] (`includeObject=Metadata`,
 /// the default, which kubectl needs for `-A`, `--show-labels` and `-L`) or the whole
 /// object (`Object`). It borrows and serializes in place, so a Table of thousands neither
-/// copies each object's metadata nor builds a JSON tree per row.
+/// copies each object's metadata nor builds a JSON tree per row. `M` is the metadata's
+/// type: an [`ObjectMeta`], or its JSON as stored (a `serde_json::value::RawValue`).
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
-pub enum RowObject<'a, T> {
+pub enum RowObject<'a, T: ?Sized, M: ?Sized = ObjectMeta> {
     #[serde(rename_all = "camelCase")]
     Metadata {
         api_version: &'static str,
         kind: &'static str,
-        metadata: &'a ObjectMeta,
+        metadata: &'a M,
     },
     Object(&'a T),
 }
 
-impl<'a, T> RowObject<'a, T> {
+impl<'a, T: ?Sized, M: ?Sized> RowObject<'a, T, M> {
     /// What `include` asks for of `object`, whose metadata is `meta`; nothing for `None`.
     pub fn new(
         include: IncludeObject,
         version: MetaVersion,
-        meta: &'a ObjectMeta,
+        meta: &'a M,
         object: &'a T,
     ) -> Option<Self> {
         match include {
@@ -165,18 +166,19 @@ const PARTIAL_OBJECT_METADATA: &str = "PartialObjectMetadata";
 /// `metav1.PartialObjectMetadata`: an object's kind and metadata only. The metadata client
 /// (garbage collector, quota and namespace controllers) asks for these, and its watch has
 /// no fallback if it gets anything else.
+/// `M` is the metadata's type, as for [`RowObject`].
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct PartialObjectMetadata {
+pub struct PartialObjectMetadata<M = ObjectMeta> {
     api_version: &'static str,
     kind: &'static str,
     /// The object's metadata, whole.
-    pub metadata: ObjectMeta,
+    pub metadata: M,
 }
 
-impl PartialObjectMetadata {
+impl<M> PartialObjectMetadata<M> {
     /// `meta.AsPartialObjectMetadata`: `metadata` under `kind: PartialObjectMetadata`.
-    pub fn new(version: MetaVersion, metadata: ObjectMeta) -> Self {
+    pub fn new(version: MetaVersion, metadata: M) -> Self {
         PartialObjectMetadata {
             api_version: version.api_version(),
             kind: PARTIAL_OBJECT_METADATA,
@@ -188,21 +190,21 @@ impl PartialObjectMetadata {
 /// `metav1.PartialObjectMetadataList`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct PartialObjectMetadataList {
+pub struct PartialObjectMetadataList<M = ObjectMeta> {
     api_version: &'static str,
     kind: &'static str,
     /// The list's resourceVersion, continue token and remaining item count.
     pub metadata: ListMeta,
     /// The items, each a `PartialObjectMetadata` of the same version.
-    pub items: Vec<PartialObjectMetadata>,
+    pub items: Vec<PartialObjectMetadata<M>>,
 }
 
-impl PartialObjectMetadataList {
+impl<M> PartialObjectMetadataList<M> {
     /// `asPartialObjectMetadataList`: each item's metadata under the list's `metadata`.
     pub fn new(
         version: MetaVersion,
         metadata: ListMeta,
-        items: impl IntoIterator<Item = ObjectMeta>,
+        items: impl IntoIterator<Item = M>,
     ) -> Self {
         PartialObjectMetadataList {
             api_version: version.api_version(),

@@ -157,7 +157,10 @@ mod tests {
         assert_eq!(line(&table)["type"], "MODIFIED");
         assert_eq!(line(&table)["object"]["kind"], "Table");
 
-        let partial = PartialObjectMetadata::new(MetaVersion::V1, Default::default());
+        let partial = PartialObjectMetadata::new(
+            MetaVersion::V1,
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta::default(),
+        );
         let deleted = WatchEvent::new(EventType::Deleted, partial)
             .to_json_line()
             .unwrap();

@@ -22,7 +22,7 @@ use serde_json::Value;
 use super::RequestContext;
 use super::managed_fields;
 use super::respond::{self, Warnings};
-use super::storage::{Deleted, Storage, list_key, server_now};
+use super::storage::{Deleted, Storage, StoredItem, list_key, server_now};
 
 /// A patch or apply that loses an optimistic-concurrency race is retried this often,
 /// as Go's `GuaranteedUpdate` does, when the client did not pin a resourceVersion.
@@ -73,30 +73,53 @@ fn check_selectable<S: Storage>(storage: &S, options: &ListOptions) -> Result<()
 /// Whether `object` passes the label and field selectors of `options`.
 pub fn matches<S: Storage>(storage: &S, object: &S::Object, options: &ListOptions) -> bool {
     let meta = object.meta();
-    let labels = meta.labels.clone().unwrap_or_default();
-    if !options.label_selector.matches(&labels) {
+    selected(
+        options,
+        meta.labels.as_ref(),
+        meta.name.as_deref().unwrap_or_default(),
+        meta.namespace.as_deref().unwrap_or_default(),
+        || {
+            storage
+                .selectable_fields()
+                .iter()
+                .filter_map(|f| storage.field_value(object, f).map(|v| (*f, v)))
+                .collect()
+        },
+    )
+}
+
+/// Whether an object with these labels, name, namespace and values of the storage's
+/// selectable fields (`fields`, asked only when there is a field selector) passes the
+/// selectors of `options`.
+fn selected(
+    options: &ListOptions,
+    labels: Option<&BTreeMap<String, String>>,
+    name: &str,
+    namespace: &str,
+    fields: impl FnOnce() -> Vec<(&'static str, String)>,
+) -> bool {
+    static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+    if !options.label_selector.matches(labels.unwrap_or(&NO_LABELS)) {
         return false;
     }
     if options.field_selector.is_empty() {
         return true;
     }
-    let extra: BTreeMap<&str, String> = storage
-        .selectable_fields()
-        .iter()
-        .filter_map(|f| storage.field_value(object, f).map(|v| (*f, v)))
-        .collect();
-    let name = meta.name.clone().unwrap_or_default();
-    let namespace = meta.namespace.clone().unwrap_or_default();
+    let fields = fields();
     options.field_selector.matches(|field| match field {
-        "metadata.name" => Some(name.as_str()),
-        "metadata.namespace" => Some(namespace.as_str()),
-        other => extra.get(other).map(String::as_str),
+        "metadata.name" => Some(name),
+        "metadata.namespace" => Some(namespace),
+        other => fields
+            .iter()
+            .find(|(f, _)| *f == other)
+            .map(|(_, value)| value.as_str()),
     })
 }
 
 /// A list, or with `limit` one page of it: the storage reads the page after the
 /// continue token's key and no more, then the selectors filter it, so a page may hold
 /// fewer than `limit` items and still have a continue token, as kube-apiserver's may.
+/// In compact JSON, a storage that keeps its objects as JSON serves them as stored.
 pub async fn list<S: Storage>(
     storage: &S,
     ctx: &RequestContext,
@@ -113,29 +136,61 @@ pub async fn list<S: Storage>(
     let limit = options.limit.map_or(usize::MAX, |l| {
         usize::try_from(l.get()).unwrap_or(usize::MAX)
     });
+    let compact_json = negotiated.format == Format::Json && !negotiated.pretty;
+    if compact_json
+        && let Some(page) = storage
+            .list_page_stored(ctx, after.as_deref(), limit)
+            .await?
+    {
+        let last = page.items.last().map(StoredItem::list_key);
+        let metadata = list_meta(options, page.resource_version, page.rest, last);
+        let items: Vec<_> = page
+            .items
+            .into_iter()
+            .filter(|item| {
+                selected(
+                    options,
+                    Some(&item.labels),
+                    &item.name,
+                    &item.namespace,
+                    || item.fields.clone(),
+                )
+            })
+            .collect();
+        return respond::stored_list(storage, negotiated, table, &items, metadata);
+    }
     let page = storage.list_page(ctx, after.as_deref(), limit).await?;
-    let continue_token = match page.items.last() {
-        Some(last) if page.rest > 0 => Some(encode_continue(&list_key(last))),
-        _ => None,
-    };
-    // Counted only without selectors, as kube-apiserver does: what follows is not
-    // filtered, so with selectors the count would overstate.
-    let selected = !options.label_selector.is_empty() || !options.field_selector.is_empty();
-    let remaining = (continue_token.is_some() && !selected)
-        .then(|| i64::try_from(page.rest).ok())
-        .flatten();
+    let last = page.items.last().map(list_key);
+    let metadata = list_meta(options, page.resource_version, page.rest, last);
     let items: Vec<_> = page
         .items
         .into_iter()
         .filter(|o| matches(storage, o, options))
         .collect();
-    let metadata = ListMeta {
-        resource_version: Some(page.resource_version.to_string()),
+    respond::list(storage, negotiated, table, &items, metadata)
+}
+
+/// A page's `ListMeta`: its resourceVersion, and while `rest` objects follow it, the
+/// continue token after `last` (the page's last [`list_key`]) and how many follow.
+fn list_meta(
+    options: &ListOptions,
+    resource_version: u64,
+    rest: usize,
+    last: Option<String>,
+) -> ListMeta {
+    let continue_token = last.filter(|_| rest > 0).map(|last| encode_continue(&last));
+    // Counted only without selectors, as kube-apiserver does: what follows is not
+    // filtered, so with selectors the count would overstate.
+    let selected = !options.label_selector.is_empty() || !options.field_selector.is_empty();
+    let remaining = (continue_token.is_some() && !selected)
+        .then(|| i64::try_from(rest).ok())
+        .flatten();
+    ListMeta {
+        resource_version: Some(resource_version.to_string()),
         continue_: continue_token,
         remaining_item_count: remaining,
         ..ListMeta::default()
-    };
-    respond::list(storage, negotiated, table, &items, metadata)
+    }
 }
 
 /// A continue token names the [`list_key`] of the last item served, so a page resumes

@@ -28,7 +28,7 @@ pub use connect::Connect;
 pub use dispatch::{Endpoint, ResourceEndpoint, resource_router};
 pub use limits::{Limiter, Limits};
 pub use scale::{Scalable, ScaleEndpoint};
-pub use storage::{ApiObject, Deleted, ListPage, Storage, list_key, server_now};
+pub use storage::{ApiObject, Deleted, ListPage, Storage, StoredItem, list_key, server_now};
 pub use subresource::{Subresource, SubresourceEndpoint};
 
 /// Who is asking, as authentication established it.

@@ -12,12 +12,13 @@ use battery_api_machinery::table::{
     TableRow, age,
 };
 use http::{HeaderValue, StatusCode, header};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use serde::Serialize;
+use serde_json::value::RawValue;
 
-use super::storage::Storage;
+use super::storage::{Storage, StoredItem};
 
 /// Warnings for the `Warning` response header (unknown fields under `fieldValidation=Warn`).
 pub type Warnings = Vec<String>;
@@ -57,30 +58,51 @@ pub fn table<'a, S: Storage>(
     with_headers: bool,
 ) -> Table<RowObject<'a, S::Object>> {
     let now = Timestamp::now();
-    let mut table = Table::new(negotiated_version);
-    let columns = storage.table_columns();
-    let width = columns.len() + 2;
-    if with_headers {
-        table.column_definitions.push(TableColumnDefinition::name());
-        table.column_definitions.extend(columns);
-        table.column_definitions.push(TableColumnDefinition::age());
-    }
-    table.rows.reserve(objects.len());
+    let mut table = table_head(storage, negotiated_version, with_headers, objects.len());
     for object in objects {
         let meta = object.meta();
-        let mut cells = Vec::with_capacity(width);
-        cells.push(serde_json::Value::String(
+        let cells = row_cells(
             meta.name.clone().unwrap_or_default(),
-        ));
-        cells.extend(storage.table_cells(object));
-        cells.push(serde_json::Value::String(age(
+            storage.table_cells(object),
             meta.creation_timestamp.as_ref(),
             now,
-        )));
+        );
         let object = RowObject::new(include, negotiated_version, meta, object);
         table.rows.push(TableRow { cells, object });
     }
     table
+}
+
+/// A Table of `version` with room for `rows`, and with the storage's columns between
+/// `Name` and `Age` when `with_headers`.
+fn table_head<S: Storage, O>(
+    storage: &S,
+    version: battery_api_machinery::table::MetaVersion,
+    with_headers: bool,
+    rows: usize,
+) -> Table<O> {
+    let mut table = Table::new(version);
+    if with_headers {
+        table.column_definitions.push(TableColumnDefinition::name());
+        table.column_definitions.extend(storage.table_columns());
+        table.column_definitions.push(TableColumnDefinition::age());
+    }
+    table.rows.reserve(rows);
+    table
+}
+
+/// A row's cells: the name, the storage's cells, the age.
+fn row_cells(
+    name: String,
+    cells: Vec<serde_json::Value>,
+    created: Option<&Time>,
+    now: Timestamp,
+) -> Vec<serde_json::Value> {
+    let mut row = Vec::with_capacity(cells.len() + 2);
+    row.push(serde_json::Value::String(name));
+    row.extend(cells);
+    row.push(serde_json::Value::String(age(created, now)));
+    row
 }
 
 /// One object, as negotiated.
@@ -125,10 +147,9 @@ pub fn list<S: Storage>(
 ) -> Result<Response, ApiError> {
     match negotiated.target {
         Target::Object => {
-            let info = <S::Object as battery_types::HasResourceInfo>::INFO;
             let list = ObjectList {
                 api_version: S::Object::api_version(&()).into_owned(),
-                kind: format!("{}List", info.kind),
+                kind: list_kind::<S>(),
                 metadata,
                 items,
             };
@@ -153,16 +174,78 @@ pub fn list<S: Storage>(
     }
 }
 
+/// A list of stored items (compact JSON only), as negotiated: their JSON is copied, not
+/// encoded again.
+pub fn stored_list<S: Storage>(
+    storage: &S,
+    negotiated: &Negotiated,
+    table_options: TableOptions,
+    items: &[StoredItem],
+    metadata: ListMeta,
+) -> Result<Response, ApiError> {
+    match negotiated.target {
+        Target::Object => {
+            let objects: Vec<&RawValue> = items.iter().map(|item| &*item.object).collect();
+            encoded(
+                StatusCode::OK,
+                negotiated,
+                &ObjectList {
+                    api_version: S::Object::api_version(&()).into_owned(),
+                    kind: list_kind::<S>(),
+                    metadata,
+                    items: &objects,
+                },
+                &[],
+            )
+        }
+        Target::Table(version) => {
+            let now = Timestamp::now();
+            let include = table_options.include_object;
+            let mut table = table_head(storage, version, true, items.len());
+            table.metadata = metadata;
+            for item in items {
+                let cells = row_cells(
+                    item.name.clone(),
+                    item.cells.clone(),
+                    item.created.as_ref(),
+                    now,
+                );
+                let object = RowObject::new(include, version, &*item.metadata, &*item.object);
+                table.rows.push(TableRow { cells, object });
+            }
+            encoded(StatusCode::OK, negotiated, &table, &[])
+        }
+        Target::PartialObjectMetadataList(version) => encoded(
+            StatusCode::OK,
+            negotiated,
+            &PartialObjectMetadataList::new(
+                version,
+                metadata,
+                items.iter().map(|item| &*item.metadata),
+            ),
+            &[],
+        ),
+        Target::PartialObjectMetadata(_) => Err(not_acceptable()),
+    }
+}
+
 /// Go answers a conversion that does not fit the result with 406.
 fn not_acceptable() -> ApiError {
     ApiError::not_acceptable(&["application/json", "application/yaml"])
 }
 
+/// `<Kind>List`.
+fn list_kind<S: Storage>() -> String {
+    let info = <S::Object as battery_types::HasResourceInfo>::INFO;
+    format!("{}List", info.kind)
+}
+
+/// A list whose items are `I`: the objects, or their JSON as stored.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct ObjectList<'a, T> {
+struct ObjectList<'a, I> {
     api_version: String,
     kind: String,
     metadata: ListMeta,
-    items: &'a [T],
+    items: &'a [I],
 }

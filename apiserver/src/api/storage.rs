@@ -1,6 +1,8 @@
 //! The contract between the generic handlers and one resource's storage, like
 //! `apiserver:pkg/registry/rest/rest.go`, reduced to what our three resources need.
 
+use std::collections::BTreeMap;
+
 use battery_api_machinery::status::ApiError;
 use battery_api_machinery::table::TableColumnDefinition;
 use battery_types::HasResourceInfo;
@@ -9,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde_json::value::{RawValue, to_raw_value};
 
 use super::RequestContext;
 
@@ -60,6 +63,49 @@ pub struct ListPage<T> {
     pub resource_version: u64,
     /// How many objects follow the page.
     pub rest: usize,
+}
+
+/// An object of a list as its storage keeps it, with what a list needs of it, so the
+/// list copies the object's JSON instead of decoding and encoding it (ADR 25).
+pub struct StoredItem {
+    pub namespace: String,
+    pub name: String,
+    /// The object as served, in compact JSON.
+    pub object: Box<RawValue>,
+    /// Its metadata, in compact JSON.
+    pub metadata: Box<RawValue>,
+    pub labels: BTreeMap<String, String>,
+    pub created: Option<Time>,
+    /// The cells of [`Storage::table_columns`].
+    pub cells: Vec<serde_json::Value>,
+    /// The values of [`Storage::selectable_fields`].
+    pub fields: Vec<(&'static str, String)>,
+}
+
+impl StoredItem {
+    /// The item of an object the storage had to decode (and perhaps change) after all.
+    pub fn encode<S: Storage>(storage: &S, object: &S::Object) -> Result<Self, ApiError> {
+        let meta = kube::Resource::meta(object);
+        Ok(StoredItem {
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+            object: to_raw_value(object).map_err(ApiError::internal)?,
+            metadata: to_raw_value(meta).map_err(ApiError::internal)?,
+            labels: meta.labels.clone().unwrap_or_default(),
+            created: meta.creation_timestamp.clone(),
+            cells: storage.table_cells(object),
+            fields: storage
+                .selectable_fields()
+                .iter()
+                .filter_map(|f| storage.field_value(object, f).map(|v| (*f, v)))
+                .collect(),
+        })
+    }
+
+    /// Its [`list_key`].
+    pub fn list_key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
 }
 
 /// Where an object sorts in a list, and what a continue token resumes after:
@@ -141,6 +187,18 @@ pub trait Storage: Send + Sync + 'static {
                 rest,
             })
         }
+    }
+
+    /// A page as [`Storage::list_page`] reads it, as stored JSON, for a storage whose
+    /// objects cost more to decode and encode than to copy; `None` (this default) where
+    /// the storage has no such form, and the list decodes.
+    fn list_page_stored(
+        &self,
+        _ctx: &RequestContext,
+        _after: Option<&str>,
+        _limit: usize,
+    ) -> impl Future<Output = Result<Option<ListPage<StoredItem>>, ApiError>> + Send {
+        async { Ok(None) }
     }
 
     /// Creates `object`, whose server-owned metadata (uid, creationTimestamp, generation,

@@ -220,6 +220,32 @@ impl MetaStore {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Page<T>, StoreError> {
+        self.page_read(resource, namespace, after, limit, decode)
+    }
+
+    /// [`MetaStore::page`] with each record's key and JSON as stored, for a reader that
+    /// needs only parts of it.
+    pub fn page_stored(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<(String, Vec<u8>)>, StoreError> {
+        self.page_read(resource, namespace, after, limit, |key, bytes| {
+            Ok((key.to_owned(), bytes.to_vec()))
+        })
+    }
+
+    /// A page, each record read by `read(key, bytes)`.
+    fn page_read<T>(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+        read: impl Fn(&str, &[u8]) -> Result<T, StoreError>,
+    ) -> Result<Page<T>, StoreError> {
         let tx = self.db.begin_read().map_err(tx_err)?;
         let table = tx.open_table(OBJECTS).map_err(tx_err)?;
         let counters = tx.open_table(COUNTERS).map_err(tx_err)?;
@@ -244,7 +270,7 @@ impl MetaStore {
                 break;
             }
             if records.len() < limit {
-                records.push(decode(k.value(), v.value())?);
+                records.push(read(k.value(), v.value())?);
             } else {
                 rest += 1;
             }

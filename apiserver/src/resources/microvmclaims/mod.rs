@@ -14,9 +14,9 @@ use battery_api_machinery::status::ApiError;
 use battery_api_machinery::table::TableColumnDefinition;
 use battery_types::validation::FieldError;
 use battery_types::{
-    HasResourceInfo, LeaseSettings, MicroVMClaim, MicroVMClaimSpec, MicroVMClaimStatus,
+    ClaimPhase, HasResourceInfo, LeaseSettings, MicroVMClaim, MicroVMClaimSpec, MicroVMClaimStatus,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -25,7 +25,7 @@ use tokio::sync::broadcast;
 use super::hosts::HostDirectory;
 use super::pools::PoolStorage;
 use super::{KeyLocks, check_resource_version, commit};
-use crate::api::{Deleted, ListPage, RequestContext, Storage};
+use crate::api::{Deleted, ListPage, RequestContext, Storage, StoredItem};
 use crate::battery::objects;
 use crate::battery::{BatteryClient, BatteryEvent, EventKind, Failure, LeaseId};
 use crate::http::metrics::{BindOutcome, Metrics};
@@ -37,6 +37,7 @@ mod exec;
 mod lease;
 mod quota;
 mod recovery;
+mod stored;
 
 pub use config::ClaimConfig;
 pub use exec::{ClaimExec, DEFAULT_MAX_SESSIONS, ExecSessions};
@@ -78,6 +79,12 @@ struct LeaseRecord {
 }
 
 impl ClaimRecord {
+    /// Its namespace and Pool.
+    fn pool(&self) -> (&str, &str) {
+        let namespace = self.metadata.namespace.as_deref().unwrap_or_default();
+        (namespace, self.spec.pool_ref.name.as_str())
+    }
+
     fn lease_record(&self) -> LeaseRecord {
         LeaseRecord {
             lease: self.lease.clone(),
@@ -291,14 +298,15 @@ impl ClaimStorage {
         Ok(())
     }
 
-    /// The request ids of `records`' leases that battery still holds, asking battery only
-    /// of their Pool when they share one (a get, an exec, a page of one Pool's claims
-    /// costs what that Pool holds, not what battery holds), else of every lease.
-    async fn live_request_ids(&self, records: &[ClaimRecord]) -> Result<HashSet<String>, ApiError> {
-        let mut pools = records.iter().filter(|r| r.lease.is_some()).map(|r| {
-            let namespace = r.metadata.namespace.as_deref().unwrap_or_default();
-            (namespace, r.spec.pool_ref.name.as_str())
-        });
+    /// The request ids of the leases battery still holds, for telling claims of `pools`
+    /// (a claim's namespace and Pool) Bound or Expired. battery is asked only of their
+    /// Pool when they share one (a get, an exec, a page of one Pool's claims costs what
+    /// that Pool holds, not what battery holds), else of every lease; not at all when
+    /// `pools` is empty.
+    async fn live_request_ids<'a>(
+        &self,
+        mut pools: impl Iterator<Item = (&'a str, &'a str)>,
+    ) -> Result<HashSet<String>, ApiError> {
         let Some(first) = pools.next() else {
             return Ok(HashSet::new());
         };
@@ -314,25 +322,63 @@ impl ClaimStorage {
         self.following.store(following, Ordering::Relaxed);
     }
 
-    /// Whether the record alone tells that battery still holds its lease: the follower
-    /// keeps up, and the lease's expiry (battery's own, or reckoned from before the
-    /// `ClaimVM`, never later than battery's) is ahead. Exec trusts it, so it costs no
-    /// listing of the Pool's leases. A MicroVM battery deleted meanwhile (a forced Pool
-    /// deletion) reaches the record within the follower's batch window, which ends the
-    /// session; until then flintlock refuses to exec in it, and exec asks battery
-    /// (`with_current_liveness`) before it answers.
+    /// Whether the record alone tells that battery still holds its lease (ADR 21): the
+    /// follower keeps up, and the lease's expiry (battery's own, or reckoned from before
+    /// the `ClaimVM`, never later than battery's) is ahead. Reads and exec trust it, so
+    /// they cost no listing of the Pool's leases. A MicroVM battery deleted meanwhile (a
+    /// forced Pool deletion) reaches the record within the follower's batch window, which
+    /// ends exec sessions; until then flintlock refuses to exec in it, and exec asks
+    /// battery (`with_current_liveness`) before it answers.
     fn lease_followed(&self, record: &ClaimRecord) -> bool {
-        let ahead = record
-            .status
-            .lease_expires_at
-            .as_ref()
-            .is_some_and(|expires| expires.0 > Timestamp::now());
-        record.lease.is_some() && ahead && self.following.load(Ordering::Relaxed)
+        self.followed(
+            record.lease.is_some(),
+            record.status.lease_expires_at.as_ref(),
+        )
     }
 
-    /// One claim as a read sees it (`with_liveness`).
+    /// [`ClaimStorage::lease_followed`] of a claim that holds a lease (`leased`) expiring
+    /// at `expires`.
+    fn followed(&self, leased: bool, expires: Option<&MicroTime>) -> bool {
+        let ahead = expires.is_some_and(|expires| expires.0 > Timestamp::now());
+        leased && ahead && self.following.load(Ordering::Relaxed)
+    }
+
+    /// Claims as a read sees them (`with_liveness`), asking battery only about those whose
+    /// record alone cannot tell (`lease_followed`).
+    async fn as_read(&self, records: Vec<ClaimRecord>) -> Result<Vec<ClaimRecord>, ApiError> {
+        let followed: Vec<bool> = records.iter().map(|r| self.lease_followed(r)).collect();
+        let unfollowed = records
+            .iter()
+            .zip(&followed)
+            .filter(|(record, followed)| record.lease.is_some() && !**followed)
+            .map(|(record, _)| record.pool());
+        let live = self.live_request_ids(unfollowed).await?;
+        Ok(records
+            .into_iter()
+            .zip(followed)
+            .map(|(record, followed)| {
+                if followed {
+                    record
+                } else {
+                    self.with_liveness(record, &live)
+                }
+            })
+            .collect())
+    }
+
+    /// One claim as a read sees it ([`ClaimStorage::as_read`]).
+    async fn read_one(&self, record: ClaimRecord) -> Result<ClaimRecord, ApiError> {
+        if self.lease_followed(&record) {
+            Ok(record)
+        } else {
+            self.with_current_liveness(record).await
+        }
+    }
+
+    /// One claim as battery has it now (`with_liveness`), whatever its record says.
     async fn with_current_liveness(&self, record: ClaimRecord) -> Result<ClaimRecord, ApiError> {
-        let live = self.live_request_ids(std::slice::from_ref(&record)).await?;
+        let pool = record.lease.is_some().then(|| record.pool());
+        let live = self.live_request_ids(pool.into_iter()).await?;
         Ok(self.with_liveness(record, &live))
     }
 
@@ -666,13 +712,61 @@ async fn wait_for_available(
     }
 }
 
-fn phase(claim: &MicroVMClaim) -> String {
-    claim
-        .status
-        .as_ref()
-        .and_then(|s| s.phase.as_ref())
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_default()
+/// What a claim's Table row and selectable fields show.
+struct ClaimRow<'a> {
+    pool: &'a str,
+    phase: Option<&'a ClaimPhase>,
+    node: Option<&'a str>,
+    expires: Option<&'a MicroTime>,
+    micro_vm: Option<&'a str>,
+    holder: &'a str,
+}
+
+impl<'a> ClaimRow<'a> {
+    fn of(claim: &'a MicroVMClaim) -> Self {
+        let status = claim.status.as_ref();
+        ClaimRow {
+            pool: &claim.spec.pool_ref.name,
+            phase: status.and_then(|s| s.phase.as_ref()),
+            node: status
+                .and_then(|s| s.host.as_ref())
+                .map(|h| h.node_name.as_str()),
+            expires: status.and_then(|s| s.lease_expires_at.as_ref()),
+            micro_vm: status
+                .and_then(|s| s.micro_vm.as_ref())
+                .map(|vm| vm.uid.as_str()),
+            holder: &claim.spec.service_account_name,
+        }
+    }
+
+    /// The cells of [`ClaimStorage::table_columns`].
+    fn cells(&self) -> Vec<Value> {
+        let text = |value: Option<&str>| Value::String(value.unwrap_or_default().to_owned());
+        vec![
+            self.pool.into(),
+            self.phase().into(),
+            text(self.node),
+            self.expires
+                .map(|t| t.0.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+                .unwrap_or_default()
+                .into(),
+            text(self.micro_vm),
+            self.holder.into(),
+        ]
+    }
+
+    /// The value of one of [`ClaimStorage::selectable_fields`].
+    fn field(&self, field: &str) -> Option<String> {
+        match field {
+            "spec.poolRef.name" => Some(self.pool.to_owned()),
+            "status.phase" => Some(self.phase().to_owned()),
+            _ => None,
+        }
+    }
+
+    fn phase(&self) -> &'a str {
+        self.phase.map(ClaimPhase::as_str).unwrap_or_default()
+    }
 }
 
 impl Storage for ClaimStorage {
@@ -707,20 +801,7 @@ impl Storage for ClaimStorage {
     }
 
     fn table_cells(&self, claim: &MicroVMClaim) -> Vec<Value> {
-        let status = claim.status.as_ref();
-        let text = |value: Option<&String>| Value::String(value.cloned().unwrap_or_default());
-        vec![
-            claim.spec.pool_ref.name.clone().into(),
-            phase(claim).into(),
-            text(status.and_then(|s| s.host.as_ref()).map(|h| &h.node_name)),
-            status
-                .and_then(|s| s.lease_expires_at.as_ref())
-                .map(|t| t.0.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
-                .unwrap_or_default()
-                .into(),
-            text(status.and_then(|s| s.micro_vm.as_ref()).map(|vm| &vm.uid)),
-            claim.spec.service_account_name.clone().into(),
-        ]
+        ClaimRow::of(claim).cells()
     }
 
     fn selectable_fields(&self) -> &'static [&'static str] {
@@ -728,11 +809,7 @@ impl Storage for ClaimStorage {
     }
 
     fn field_value(&self, claim: &MicroVMClaim, field: &str) -> Option<String> {
-        match field {
-            "spec.poolRef.name" => Some(claim.spec.pool_ref.name.clone()),
-            "status.phase" => Some(phase(claim)),
-            _ => None,
-        }
+        ClaimRow::of(claim).field(field)
     }
 
     fn validate(&self, claim: &MicroVMClaim) -> Vec<FieldError> {
@@ -749,7 +826,7 @@ impl Storage for ClaimStorage {
             .store
             .get::<ClaimRecord>(&key(namespace, name))?
             .ok_or_else(|| ApiError::not_found(info(), name))?;
-        Ok(Self::object(self.with_current_liveness(record).await?))
+        Ok(Self::object(self.read_one(record).await?))
     }
 
     async fn list(&self, ctx: &RequestContext) -> Result<(Vec<MicroVMClaim>, u64), ApiError> {
@@ -767,17 +844,26 @@ impl Storage for ClaimStorage {
         let page =
             self.store
                 .page::<ClaimRecord>(RESOURCE, ctx.namespace.as_deref(), after, limit)?;
-        let live = self.live_request_ids(&page.records).await?;
-        let items = page
-            .records
+        let items = self
+            .as_read(page.records)
+            .await?
             .into_iter()
-            .map(|r| Self::object(self.with_liveness(r, &live)))
+            .map(Self::object)
             .collect();
         Ok(ListPage {
             items,
             resource_version: page.resource_version,
             rest: page.rest,
         })
+    }
+
+    async fn list_page_stored(
+        &self,
+        ctx: &RequestContext,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Option<ListPage<StoredItem>>, ApiError> {
+        self.stored_page(ctx, after, limit).await.map(Some)
     }
 
     async fn create(

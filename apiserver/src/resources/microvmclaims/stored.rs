@@ -1,0 +1,208 @@
+//! Lists served from the records' JSON as stored (ADR 25): each record is read for the
+//! few fields a list needs, and its metadata, spec and status are copied into the
+//! response as they are, so a list of thousands decodes and encodes no claim whole.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use battery_api_machinery::status::ApiError;
+use battery_types::{ClaimPhase, HasResourceInfo, MicroVMClaim};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use serde_json::value::RawValue;
+
+use super::{ClaimRecord, ClaimRow, ClaimStorage, RESOURCE, expire, request_id};
+use crate::api::{ListPage, RequestContext, StoredItem};
+use crate::meta_store::StoreError;
+
+/// A record's parts, as stored.
+#[derive(Deserialize)]
+struct RecordParts<'a> {
+    #[serde(borrow)]
+    metadata: &'a RawValue,
+    #[serde(borrow)]
+    spec: &'a RawValue,
+    #[serde(borrow)]
+    status: &'a RawValue,
+    #[serde(default)]
+    lease: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MetaView<'a> {
+    #[serde(borrow, default)]
+    name: Cow<'a, str>,
+    #[serde(borrow, default)]
+    namespace: Cow<'a, str>,
+    #[serde(borrow, default)]
+    uid: Cow<'a, str>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    #[serde(default)]
+    creation_timestamp: Option<Time>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SpecView<'a> {
+    #[serde(borrow)]
+    pool_ref: NameView<'a>,
+    #[serde(borrow, default)]
+    service_account_name: Cow<'a, str>,
+}
+
+#[derive(Deserialize)]
+struct NameView<'a> {
+    #[serde(borrow, default)]
+    name: Cow<'a, str>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusView<'a> {
+    #[serde(default)]
+    phase: Option<ClaimPhase>,
+    #[serde(borrow, default)]
+    host: Option<HostView<'a>>,
+    #[serde(default)]
+    lease_expires_at: Option<MicroTime>,
+    #[serde(rename = "microVM", borrow, default)]
+    micro_vm: Option<UidView<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct HostView<'a> {
+    #[serde(borrow, default)]
+    node_name: Cow<'a, str>,
+}
+
+#[derive(Deserialize)]
+struct UidView<'a> {
+    #[serde(borrow, default)]
+    uid: Cow<'a, str>,
+}
+
+/// One record read for a list.
+struct Viewed<'a> {
+    parts: RecordParts<'a>,
+    meta: MetaView<'a>,
+    spec: SpecView<'a>,
+    status: StatusView<'a>,
+    /// Whether its record alone tells that battery holds its lease.
+    followed: bool,
+}
+
+impl<'a> Viewed<'a> {
+    fn read(storage: &ClaimStorage, key: &str, bytes: &'a [u8]) -> Result<Self, StoreError> {
+        let decode_error = |source| StoreError::Decode {
+            key: key.to_owned(),
+            source,
+        };
+        let parts: RecordParts = serde_json::from_slice(bytes).map_err(decode_error)?;
+        let meta: MetaView = serde_json::from_str(parts.metadata.get()).map_err(decode_error)?;
+        let spec: SpecView = serde_json::from_str(parts.spec.get()).map_err(decode_error)?;
+        let status: StatusView = serde_json::from_str(parts.status.get()).map_err(decode_error)?;
+        let followed = storage.followed(parts.lease.is_some(), status.lease_expires_at.as_ref());
+        Ok(Viewed {
+            parts,
+            meta,
+            spec,
+            status,
+            followed,
+        })
+    }
+
+    /// Whether battery is to be asked about its lease.
+    fn unfollowed(&self) -> bool {
+        self.parts.lease.is_some() && !self.followed
+    }
+
+    fn row(&self) -> ClaimRow<'_> {
+        ClaimRow {
+            pool: &self.spec.pool_ref.name,
+            phase: self.status.phase.as_ref(),
+            node: self.status.host.as_ref().map(|h| h.node_name.as_ref()),
+            expires: self.status.lease_expires_at.as_ref(),
+            micro_vm: self.status.micro_vm.as_ref().map(|vm| vm.uid.as_ref()),
+            holder: &self.spec.service_account_name,
+        }
+    }
+
+    /// The item, its JSON copied from the record's.
+    fn item(&self, storage: &ClaimStorage) -> Result<StoredItem, ApiError> {
+        let info = MicroVMClaim::INFO;
+        let object = format!(
+            r#"{{"apiVersion":"{}/{}","kind":"{}","metadata":{},"spec":{},"status":{}}}"#,
+            info.group,
+            info.version,
+            info.kind,
+            self.parts.metadata.get(),
+            self.parts.spec.get(),
+            self.parts.status.get(),
+        );
+        let row = self.row();
+        Ok(StoredItem {
+            namespace: self.meta.namespace.clone().into_owned(),
+            name: self.meta.name.clone().into_owned(),
+            object: RawValue::from_string(object).map_err(ApiError::internal)?,
+            metadata: self.parts.metadata.to_owned(),
+            labels: self.meta.labels.clone(),
+            created: self.meta.creation_timestamp.clone(),
+            cells: row.cells(),
+            fields: crate::api::Storage::selectable_fields(storage)
+                .iter()
+                .filter_map(|field| row.field(field).map(|value| (*field, value)))
+                .collect(),
+        })
+    }
+}
+
+impl ClaimStorage {
+    /// [`crate::api::Storage::list_page_stored`]: the page as [`ClaimStorage::as_read`]
+    /// would read it, battery asked only about the claims whose records alone cannot tell.
+    pub(super) async fn stored_page(
+        &self,
+        ctx: &RequestContext,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<ListPage<StoredItem>, ApiError> {
+        let page = self
+            .store
+            .page_stored(RESOURCE, ctx.namespace.as_deref(), after, limit)?;
+        let viewed = page
+            .records
+            .iter()
+            .map(|(key, bytes)| Viewed::read(self, key, bytes))
+            .collect::<Result<Vec<_>, _>>()?;
+        let unfollowed = viewed
+            .iter()
+            .filter(|v| v.unfollowed())
+            .map(|v| (v.meta.namespace.as_ref(), v.spec.pool_ref.name.as_ref()));
+        let live = self.live_request_ids(unfollowed).await?;
+        let items = viewed
+            .iter()
+            .zip(&page.records)
+            .map(|(viewed, (key, bytes))| {
+                if viewed.unfollowed() && !live.contains(&request_id(&viewed.meta.uid)) {
+                    // Gone from battery: decoded whole, as its status changes.
+                    let record: ClaimRecord =
+                        serde_json::from_slice(bytes).map_err(|source| StoreError::Decode {
+                            key: key.clone(),
+                            source,
+                        })?;
+                    StoredItem::encode(self, &ClaimStorage::object(expire(record)))
+                } else {
+                    viewed.item(self)
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ListPage {
+            items,
+            resource_version: page.resource_version,
+            rest: page.rest,
+        })
+    }
+}
