@@ -366,15 +366,6 @@ impl ClaimStorage {
             .collect())
     }
 
-    /// One claim as a read sees it ([`ClaimStorage::as_read`]).
-    async fn read_one(&self, record: ClaimRecord) -> Result<ClaimRecord, ApiError> {
-        if self.lease_followed(&record) {
-            Ok(record)
-        } else {
-            self.with_current_liveness(record).await
-        }
-    }
-
     /// One claim as battery has it now (`with_liveness`), whatever its record says.
     async fn with_current_liveness(&self, record: ClaimRecord) -> Result<ClaimRecord, ApiError> {
         let pool = record.lease.is_some().then(|| record.pool());
@@ -826,7 +817,9 @@ impl Storage for ClaimStorage {
             .store
             .get::<ClaimRecord>(&key(namespace, name))?
             .ok_or_else(|| ApiError::not_found(info(), name))?;
-        Ok(Self::object(self.read_one(record).await?))
+        // battery is asked, even of a followed record: a get shows a lease that another
+        // client of battery released as gone at once (ADR 25).
+        Ok(Self::object(self.with_current_liveness(record).await?))
     }
 
     async fn list(&self, ctx: &RequestContext) -> Result<(Vec<MicroVMClaim>, u64), ApiError> {
