@@ -499,8 +499,6 @@ async fn an_expiring_claim_ends_its_sessions() {
 
 #[tokio::test]
 async fn a_claim_whose_lease_battery_let_go_unseen_is_refused_as_expired() {
-    use battery_proto::poolmgr::v1alpha1::lease_client::LeaseClient;
-    use battery_proto::poolmgr::v1alpha1::{ListLeasesRequest, ReleaseVmRequest};
     let exec = Exec::start().await;
     exec.claim("c").await;
     let v5 = "v5.channel.k8s.io";
@@ -514,25 +512,7 @@ async fn a_claim_whose_lease_battery_let_go_unseen_is_refused_as_expired() {
     // release's event is not one the follower applies (our own releases record first).
     let (_, bound) = exec.h.get(&format!("{CLAIMS}/c")).await;
     let uid = bound["metadata"]["uid"].as_str().unwrap();
-    let mut battery = LeaseClient::connect(format!("http://{}", exec.h.battery().address()))
-        .await
-        .unwrap();
-    let leases = battery
-        .list_leases(ListLeasesRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .leases;
-    let lease = leases
-        .iter()
-        .find(|l| l.request_id == format!("microvmclaim/{uid}"))
-        .expect("the claim's lease");
-    battery
-        .release_vm(ReleaseVmRequest {
-            lease_id: lease.lease_id.clone(),
-        })
-        .await
-        .unwrap();
+    exec.h.release_behind_our_back(uid).await;
     // The record still says Bound; the agent finds no MicroVM, and battery, asked then,
     // no lease: the answer is the claim's, as for an Expired one.
     let (status, body) = exec

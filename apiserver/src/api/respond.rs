@@ -57,17 +57,66 @@ pub fn table<'a, S: Storage>(
     include: IncludeObject,
     with_headers: bool,
 ) -> Table<RowObject<'a, S::Object>> {
-    let now = Timestamp::now();
-    let mut table = table_head(storage, negotiated_version, with_headers, objects.len());
-    for object in objects {
+    let entries: Vec<_> = objects.iter().map(Entry::of).collect();
+    table_of(
+        storage,
+        negotiated_version,
+        &entries,
+        |i| storage.table_cells(&objects[i]),
+        include,
+        with_headers,
+    )
+}
+
+/// One item of a list as an answer borrows it: a decoded object, or a [`StoredItem`]'s
+/// JSON.
+struct Entry<'a, O: ?Sized, M: ?Sized> {
+    object: &'a O,
+    metadata: &'a M,
+    name: &'a str,
+    created: Option<&'a Time>,
+}
+
+impl<'a, O: kube::Resource>
+    Entry<'a, O, k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>
+{
+    fn of(object: &'a O) -> Self {
         let meta = object.meta();
-        let cells = row_cells(
-            meta.name.clone().unwrap_or_default(),
-            storage.table_cells(object),
-            meta.creation_timestamp.as_ref(),
-            now,
-        );
-        let object = RowObject::new(include, negotiated_version, meta, object);
+        Entry {
+            object,
+            metadata: meta,
+            name: meta.name.as_deref().unwrap_or_default(),
+            created: meta.creation_timestamp.as_ref(),
+        }
+    }
+}
+
+impl<'a> Entry<'a, RawValue, RawValue> {
+    fn stored(item: &'a StoredItem) -> Self {
+        Entry {
+            object: &item.object,
+            metadata: &item.metadata,
+            name: &item.name,
+            created: item.created.as_ref(),
+        }
+    }
+}
+
+/// The Table of `entries`, with the columns of `storage` and the `i`th entry's cells
+/// from `cells(i)`.
+fn table_of<'a, S: Storage, O: ?Sized, M: ?Sized>(
+    storage: &S,
+    version: battery_api_machinery::table::MetaVersion,
+    entries: &[Entry<'a, O, M>],
+    cells: impl Fn(usize) -> Vec<serde_json::Value>,
+    include: IncludeObject,
+    with_headers: bool,
+) -> Table<RowObject<'a, O, M>> {
+    let now = Timestamp::now();
+    let mut table = table_head(storage, version, with_headers, entries.len());
+    for (i, entry) in entries.iter().enumerate() {
+        let cells = row_cells(entry.name.to_owned(), cells(i), entry.created, now);
+        let object = RowObject::new(include, version, entry.metadata, entry.object);
         table.rows.push(TableRow { cells, object });
     }
     table
@@ -145,33 +194,15 @@ pub fn list<S: Storage>(
     items: &[S::Object],
     metadata: ListMeta,
 ) -> Result<Response, ApiError> {
-    match negotiated.target {
-        Target::Object => {
-            let list = ObjectList {
-                api_version: S::Object::api_version(&()).into_owned(),
-                kind: list_kind::<S>(),
-                metadata,
-                items,
-            };
-            encoded(StatusCode::OK, negotiated, &list, &[])
-        }
-        Target::Table(version) => {
-            let mut table = table(storage, version, items, table_options.include_object, true);
-            table.metadata = metadata;
-            encoded(StatusCode::OK, negotiated, &table, &[])
-        }
-        Target::PartialObjectMetadataList(version) => encoded(
-            StatusCode::OK,
-            negotiated,
-            &PartialObjectMetadataList::new(
-                version,
-                metadata,
-                items.iter().map(|o| o.meta().clone()),
-            ),
-            &[],
-        ),
-        Target::PartialObjectMetadata(_) => Err(not_acceptable()),
-    }
+    let entries: Vec<_> = items.iter().map(Entry::of).collect();
+    list_of(
+        storage,
+        negotiated,
+        table_options,
+        &entries,
+        |i| storage.table_cells(&items[i]),
+        metadata,
+    )
 }
 
 /// A list of stored items (compact JSON only), as negotiated: their JSON is copied, not
@@ -183,36 +214,42 @@ pub fn stored_list<S: Storage>(
     items: &[StoredItem],
     metadata: ListMeta,
 ) -> Result<Response, ApiError> {
+    let entries: Vec<_> = items.iter().map(Entry::stored).collect();
+    list_of(
+        storage,
+        negotiated,
+        table_options,
+        &entries,
+        |i| items[i].cells.clone(),
+        metadata,
+    )
+}
+
+/// A list of `entries`, as negotiated; the `i`th entry's Table cells are `cells(i)`.
+fn list_of<S: Storage, O: Serialize + ?Sized, M: Serialize + ?Sized>(
+    storage: &S,
+    negotiated: &Negotiated,
+    table_options: TableOptions,
+    entries: &[Entry<'_, O, M>],
+    cells: impl Fn(usize) -> Vec<serde_json::Value>,
+    metadata: ListMeta,
+) -> Result<Response, ApiError> {
     match negotiated.target {
         Target::Object => {
-            let objects: Vec<&RawValue> = items.iter().map(|item| &*item.object).collect();
-            encoded(
-                StatusCode::OK,
-                negotiated,
-                &ObjectList {
-                    api_version: S::Object::api_version(&()).into_owned(),
-                    kind: list_kind::<S>(),
-                    metadata,
-                    items: &objects,
-                },
-                &[],
-            )
+            let info = <S::Object as battery_types::HasResourceInfo>::INFO;
+            let objects: Vec<&O> = entries.iter().map(|entry| entry.object).collect();
+            let list = ObjectList {
+                api_version: S::Object::api_version(&()).into_owned(),
+                kind: format!("{}List", info.kind),
+                metadata,
+                items: &objects,
+            };
+            encoded(StatusCode::OK, negotiated, &list, &[])
         }
         Target::Table(version) => {
-            let now = Timestamp::now();
             let include = table_options.include_object;
-            let mut table = table_head(storage, version, true, items.len());
+            let mut table = table_of(storage, version, entries, cells, include, true);
             table.metadata = metadata;
-            for item in items {
-                let cells = row_cells(
-                    item.name.clone(),
-                    item.cells.clone(),
-                    item.created.as_ref(),
-                    now,
-                );
-                let object = RowObject::new(include, version, &*item.metadata, &*item.object);
-                table.rows.push(TableRow { cells, object });
-            }
             encoded(StatusCode::OK, negotiated, &table, &[])
         }
         Target::PartialObjectMetadataList(version) => encoded(
@@ -221,7 +258,7 @@ pub fn stored_list<S: Storage>(
             &PartialObjectMetadataList::new(
                 version,
                 metadata,
-                items.iter().map(|item| &*item.metadata),
+                entries.iter().map(|entry| entry.metadata),
             ),
             &[],
         ),
@@ -232,12 +269,6 @@ pub fn stored_list<S: Storage>(
 /// Go answers a conversion that does not fit the result with 406.
 fn not_acceptable() -> ApiError {
     ApiError::not_acceptable(&["application/json", "application/yaml"])
-}
-
-/// `<Kind>List`.
-fn list_kind<S: Storage>() -> String {
-    let info = <S::Object as battery_types::HasResourceInfo>::INFO;
-    format!("{}List", info.kind)
 }
 
 /// A list whose items are `I`: the objects, or their JSON as stored.

@@ -189,6 +189,33 @@ impl Harness {
         created
     }
 
+    /// Releases the lease of the claim whose uid is `claim_uid` straight through battery,
+    /// as another client of battery might: its release's event is not one the follower
+    /// applies (our own releases record first), so the claim's record still holds it.
+    pub async fn release_behind_our_back(&self, claim_uid: &str) {
+        use battery_proto::poolmgr::v1alpha1::lease_client::LeaseClient;
+        use battery_proto::poolmgr::v1alpha1::{ListLeasesRequest, ReleaseVmRequest};
+        let mut battery = LeaseClient::connect(format!("http://{}", self.battery().address()))
+            .await
+            .unwrap();
+        let leases = battery
+            .list_leases(ListLeasesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .leases;
+        let lease = leases
+            .iter()
+            .find(|l| l.request_id == format!("microvmclaim/{claim_uid}"))
+            .expect("the claim's lease");
+        battery
+            .release_vm(ReleaseVmRequest {
+                lease_id: lease.lease_id.clone(),
+            })
+            .await
+            .unwrap();
+    }
+
     /// Creates the claim `name` on `pool` as the dev user, however it is answered.
     pub async fn claim(&self, name: &str, pool: &str) -> (StatusCode, HeaderMap, Value) {
         self.call("POST", CLAIMS, "application/json", Some(claim(name, pool)))
