@@ -76,12 +76,16 @@ pub async fn claim(cx: &Context, args: ClaimArgs) -> Result<i32, Failure> {
         );
         return Ok(0);
     }
+    // Listening before saying so: a Ctrl-C right after the line would otherwise end the
+    // process with the claim still held until its lease expires.
+    let interrupted = session::interrupts()
+        .map_err(|e| Failure::new(format!("cannot listen for Ctrl-C: {e}")))?;
     eprintln!("holding it, renewing every {every}; Ctrl-C releases it");
     tokio::select! {
         reason = claim.lost() => Err(Failure::new(format!(
             "microvmclaim/{} is lost: {reason}; claim again", claim.name()
         ))),
-        _ = tokio::signal::ctrl_c() => {
+        () = interrupted => {
             let name = claim.name().to_owned();
             claim.release().await.map_err(|e| cx.fail(&e))?;
             eprintln!("microvmclaim/{name} released");

@@ -28,6 +28,7 @@ pub fn prepare(mut command: Command, args: &CommandArgs) -> Command {
 
 /// Runs `command` attached to this terminal until it exits or Ctrl-C.
 pub async fn attach(command: Command) -> Result<Ended, Error> {
+    let interrupted = interrupts().map_err(|e| Error::Exec(Box::new(e)))?;
     let mut process = command.spawn().await?;
     if let Some(mut input) = process.stdin() {
         // Not awaited: reading a terminal blocks until a line or end of file, which
@@ -50,8 +51,18 @@ pub async fn attach(command: Command) -> Result<Ended, Error> {
     };
     tokio::select! {
         code = session => code.map(Ended::Exited),
-        _ = tokio::signal::ctrl_c() => Ok(Ended::Interrupted),
+        () = interrupted => Ok(Ended::Interrupted),
     }
+}
+
+/// The next Ctrl-C, listened for from this call on: `tokio::signal::ctrl_c` listens only
+/// once first polled, and a Ctrl-C before that ends the process as by default.
+pub fn interrupts() -> std::io::Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        interrupt.recv().await;
+    })
 }
 
 /// Copies the command's `output` to ours as it comes.
