@@ -7,6 +7,7 @@
 //! `/apis/<group>/<version>/...` dispatched by request info to the resource's storage.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -239,6 +240,7 @@ pub fn build(
         (&MicroVMClaim::INFO, schema::<MicroVMClaim>()),
         (&Host::INFO, schema::<Host>()),
     ];
+    let started = Arc::new(AtomicBool::new(false));
     let nonresource = Arc::new(NonResource {
         discovery: Discovery::new(GROUP, VERSION, RESOURCES),
         openapi: OpenApi::with_subresource_kinds(
@@ -249,6 +251,7 @@ pub fn build(
         )?,
         battery: battery.clone(),
         metrics: metrics.clone(),
+        started: started.clone(),
     });
     let lifecycle = settings
         .cluster
@@ -333,9 +336,11 @@ pub fn build(
         }
         loop {
             match claims.recover().await {
-                Ok(0) => return,
                 Ok(n) => {
-                    tracing::info!(leases = n, "released leases that binds left without their claims");
+                    if n > 0 {
+                        tracing::info!(leases = n, "released leases that binds left without their claims");
+                    }
+                    started.store(true, Ordering::Release);
                     return;
                 }
                 Err(err) => {

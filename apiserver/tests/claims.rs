@@ -12,7 +12,7 @@ use axum::Router;
 use axum::body::Body;
 use battery_apiserver::dev::pki::DEV_USER;
 use battery_apiserver::server::Settings;
-use common::{CLAIMS, DEADLINE, HOSTS, Harness, POOLS, condition, eventually, pool};
+use common::{CLAIMS, DEADLINE, HOSTS, Harness, POOLS, condition, eventually, get, pool};
 use http::{Request, StatusCode, header};
 use serde_json::{Value, json};
 
@@ -294,6 +294,10 @@ async fn a_claim_on_a_missing_pool_is_a_404_naming_the_pool() {
 #[tokio::test]
 async fn battery_unreachable_is_a_503_with_retry_after_and_discovery_still_answers() {
     let mut h = Harness::start().await;
+    // Ready once battery answers and the start-up work (adopting battery's objects,
+    // releasing the leases binds left) is done.
+    h.eventually("/readyz", |status, _| status == StatusCode::OK)
+        .await;
     h.battery_mut().stop_battery().await;
     let (status, headers, body) = h.call("GET", POOLS, "application/json", None).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
@@ -301,10 +305,14 @@ async fn battery_unreachable_is_a_503_with_retry_after_and_discovery_still_answe
     assert!(headers.contains_key(header::RETRY_AFTER));
     let (status, _) = h.get("/apis/battery.liquidmetal-x.dev/v1alpha1").await;
     assert_eq!(status, StatusCode::OK, "discovery does not need battery");
-    let (status, _, _) = h.call("GET", "/readyz", "text/plain", None).await;
+    let (status, _, body) = h.send(get("/readyz")).await;
+    let body = String::from_utf8_lossy(&body);
     assert_eq!(
-        status,
-        StatusCode::INTERNAL_SERVER_ERROR,
+        (status, body.as_ref()),
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "[-]battery failed: battery is not serving\nreadyz check failed\n"
+        ),
         "not ready without battery"
     );
 }

@@ -119,6 +119,16 @@ fn claims(server: &Server) -> Api<MicroVMClaim> {
     Api::namespaced(server.client.clone(), NAMESPACE)
 }
 
+/// Waits until `/readyz` answers 200: battery answers, and the start-up release of leases
+/// binds left is done, so it cannot release a lease the test expects to outlive it.
+async fn wait_ready(server: &Server) {
+    until("/readyz to answer ok", || async {
+        let request = http::Request::get("/readyz").body(Vec::new()).unwrap();
+        server.client.request_text(request).await.is_ok()
+    })
+    .await;
+}
+
 /// A Pool that replaces each leased MicroVM at once.
 fn pool(name: &str, size: i32) -> Pool {
     let mut pool = common::pool(name, size);
@@ -295,6 +305,7 @@ async fn issue_9_a_lease_whose_answer_was_lost_is_released_by_the_next_start() {
         let world = World::new().await;
         let proxy = common::faults::FaultyBattery::start(world.battery.address()).await;
         let server = world.start_on(&proxy.url(), None).await;
+        wait_ready(&server).await;
         pools(&server)
             .create(&PostParams::default(), &pool("p", 2))
             .await

@@ -3,6 +3,7 @@
 //! so the APIService stays Available and the cluster's discovery never breaks.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::extract::{Query, State};
@@ -24,6 +25,9 @@ pub struct NonResource {
     pub openapi: OpenApi,
     pub battery: BatteryClient,
     pub metrics: Arc<Metrics>,
+    /// Set once the start-up work is done: battery's Hosts and Pools adopted and the
+    /// leases binds left without a claim released.
+    pub started: Arc<AtomicBool>,
 }
 
 pub fn router(state: Arc<NonResource>, group: &str, version: &str) -> Router {
@@ -52,16 +56,25 @@ async fn ok() -> &'static str {
     "ok"
 }
 
-/// Ready only when battery answers: without it no resource can be served.
+/// Ready only when battery answers (without it no resource can be served) and the
+/// start-up work is done, as kube-apiserver's post-start hooks hold its `/readyz`; each
+/// failing check is a `[-]` line, as Go's.
 async fn readyz(State(state): State<Arc<NonResource>>) -> Response {
-    if state.battery.is_serving().await {
+    let mut failed = String::new();
+    if !state.battery.is_serving().await {
+        failed.push_str("[-]battery failed: battery is not serving\n");
+    }
+    if !state.started.load(Ordering::Acquire) {
+        failed.push_str(
+            "[-]poststarthook/adopt-and-recover failed: battery's Hosts and Pools not yet \
+             adopted, or the leases binds left not yet released\n",
+        );
+    }
+    if failed.is_empty() {
         "ok".into_response()
     } else {
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "[-]battery failed: battery is not serving\nreadyz check failed\n",
-        )
-            .into_response()
+        failed.push_str("readyz check failed\n");
+        (StatusCode::INTERNAL_SERVER_ERROR, failed).into_response()
     }
 }
 
