@@ -8,9 +8,10 @@ use std::collections::BTreeMap;
 use battery_api_machinery::status::ApiError;
 use battery_types::{ClaimPhase, HasResourceInfo, MicroVMClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
-use serde::Deserialize;
+use kube::Resource;
 use serde::de::IgnoredAny;
-use serde_json::value::RawValue;
+use serde::{Deserialize, Serialize};
+use serde_json::value::{RawValue, to_raw_value};
 
 use super::{ClaimRecord, ClaimRow, ClaimStorage, RESOURCE, expire, request_id};
 use crate::api::{ListPage, RequestContext, StoredItem};
@@ -85,6 +86,17 @@ struct UidView<'a> {
     uid: Cow<'a, str>,
 }
 
+/// A claim as served, from its record's parts.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ObjectParts<'a> {
+    api_version: &'a str,
+    kind: &'a str,
+    metadata: &'a RawValue,
+    spec: &'a RawValue,
+    status: &'a RawValue,
+}
+
 /// One record read for a list.
 struct Viewed<'a> {
     parts: RecordParts<'a>,
@@ -133,21 +145,21 @@ impl<'a> Viewed<'a> {
 
     /// The item, its JSON copied from the record's.
     fn item(&self, storage: &ClaimStorage) -> Result<StoredItem, ApiError> {
-        let info = MicroVMClaim::INFO;
-        let object = format!(
-            r#"{{"apiVersion":"{}/{}","kind":"{}","metadata":{},"spec":{},"status":{}}}"#,
-            info.group,
-            info.version,
-            info.kind,
-            self.parts.metadata.get(),
-            self.parts.spec.get(),
-            self.parts.status.get(),
-        );
+        // Serialized, not formatted: serde_json copies the raw parts and knows the result
+        // is JSON, where `RawValue::from_string` would parse it all again.
+        let object = to_raw_value(&ObjectParts {
+            api_version: &MicroVMClaim::api_version(&()),
+            kind: MicroVMClaim::INFO.kind,
+            metadata: self.parts.metadata,
+            spec: self.parts.spec,
+            status: self.parts.status,
+        })
+        .map_err(ApiError::internal)?;
         let row = self.row();
         Ok(StoredItem {
             namespace: self.meta.namespace.clone().into_owned(),
             name: self.meta.name.clone().into_owned(),
-            object: RawValue::from_string(object).map_err(ApiError::internal)?,
+            object,
             metadata: self.parts.metadata.to_owned(),
             labels: self.meta.labels.clone(),
             created: self.meta.creation_timestamp.clone(),
