@@ -78,13 +78,7 @@ pub fn matches<S: Storage>(storage: &S, object: &S::Object, options: &ListOption
         meta.labels.as_ref(),
         meta.name.as_deref().unwrap_or_default(),
         meta.namespace.as_deref().unwrap_or_default(),
-        || {
-            storage
-                .selectable_fields()
-                .iter()
-                .filter_map(|f| storage.field_value(object, f).map(|v| (*f, v)))
-                .collect()
-        },
+        || storage.field_values(object),
     )
 }
 

@@ -94,11 +94,7 @@ impl StoredItem {
             labels: meta.labels.clone().unwrap_or_default(),
             created: meta.creation_timestamp.clone(),
             cells: storage.table_cells(object),
-            fields: storage
-                .selectable_fields()
-                .iter()
-                .filter_map(|f| storage.field_value(object, f).map(|v| (*f, v)))
-                .collect(),
+            fields: storage.field_values(object),
         })
     }
 
@@ -140,6 +136,14 @@ pub trait Storage: Send + Sync + 'static {
     /// The value of a field from [`Storage::selectable_fields`].
     fn field_value(&self, _object: &Self::Object, _field: &str) -> Option<String> {
         None
+    }
+
+    /// The values of [`Storage::selectable_fields`] that `object` has.
+    fn field_values(&self, object: &Self::Object) -> Vec<(&'static str, String)> {
+        self.selectable_fields()
+            .iter()
+            .filter_map(|f| self.field_value(object, f).map(|v| (*f, v)))
+            .collect()
     }
 
     /// Rules of the kind itself (defaults were applied while decoding).

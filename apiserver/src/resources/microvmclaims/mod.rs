@@ -324,8 +324,8 @@ impl ClaimStorage {
 
     /// Whether the record alone tells that battery still holds its lease (ADR 21): the
     /// follower keeps up, and the lease's expiry (battery's own, or reckoned from before
-    /// the `ClaimVM`, never later than battery's) is ahead. Reads and exec trust it, so
-    /// they cost no listing of the Pool's leases. A MicroVM battery deleted meanwhile (a
+    /// the `ClaimVM`, never later than battery's) is ahead. Lists and exec trust it, so
+    /// they cost no listing of the Pool's leases (a get asks battery, ADR 25). A MicroVM battery deleted meanwhile (a
     /// forced Pool deletion) reaches the record within the follower's batch window, which
     /// ends exec sessions; until then flintlock refuses to exec in it, and exec asks
     /// battery (`with_current_liveness`) before it answers.
