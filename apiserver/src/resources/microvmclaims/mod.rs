@@ -85,6 +85,18 @@ impl ClaimRecord {
         (namespace, self.spec.pool_ref.name.as_str())
     }
 
+    /// Its lease, as a read asks battery about it; `None` when it holds none.
+    fn leased(&self) -> Option<Leased<'_>> {
+        self.lease.as_ref()?;
+        let (namespace, pool) = self.pool();
+        Some(Leased {
+            uid: self.metadata.uid.as_deref().unwrap_or_default(),
+            namespace,
+            pool,
+            expires: self.status.lease_expires_at.as_ref(),
+        })
+    }
+
     fn lease_record(&self) -> LeaseRecord {
         LeaseRecord {
             lease: self.lease.clone(),
@@ -92,6 +104,25 @@ impl ClaimRecord {
             usage: self.usage,
         }
     }
+}
+
+/// A claim that holds a lease, as a read asks battery about it.
+struct Leased<'a> {
+    uid: &'a str,
+    namespace: &'a str,
+    pool: &'a str,
+    /// The expiry its record holds.
+    expires: Option<&'a MicroTime>,
+}
+
+/// Which claims a read asks battery about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ask {
+    /// Only those whose record alone cannot tell (lists and exec, ADR 21 and 25).
+    Unfollowed,
+    /// Every one, as a get does: a lease another client of battery released shows as
+    /// gone at once.
+    Everyone,
 }
 
 /// Why a bind did not bind, and how that counts.
@@ -322,65 +353,74 @@ impl ClaimStorage {
         self.following.store(following, Ordering::Relaxed);
     }
 
-    /// Whether the record alone tells that battery still holds its lease (ADR 21): the
-    /// follower keeps up, and the lease's expiry (battery's own, or reckoned from before
-    /// the `ClaimVM`, never later than battery's) is ahead. Lists and exec trust it, so
-    /// they cost no listing of the Pool's leases (a get asks battery, ADR 25). A MicroVM battery deleted meanwhile (a
-    /// forced Pool deletion) reaches the record within the follower's batch window, which
-    /// ends exec sessions; until then flintlock refuses to exec in it, and exec asks
-    /// battery (`with_current_liveness`) before it answers.
-    fn lease_followed(&self, record: &ClaimRecord) -> bool {
-        self.followed(
-            record.lease.is_some(),
-            record.status.lease_expires_at.as_ref(),
-        )
-    }
-
-    /// [`ClaimStorage::lease_followed`] of a claim that holds a lease (`leased`) expiring
-    /// at `expires`.
-    fn followed(&self, leased: bool, expires: Option<&MicroTime>) -> bool {
+    /// Whether the record of a claim holding a lease that expires at `expires` alone
+    /// tells that battery still holds it (ADR 21): the follower keeps up, and the expiry
+    /// (battery's own, or reckoned from before the `ClaimVM`, never later than battery's)
+    /// is ahead. Lists and exec trust it, so they cost no listing of the Pool's leases (a
+    /// get asks battery, ADR 25). A MicroVM battery deleted meanwhile (a forced Pool
+    /// deletion) reaches the record within the follower's batch window, which ends exec
+    /// sessions; until then flintlock refuses to exec in it, and exec asks battery
+    /// (`Ask::Everyone`) before it answers.
+    fn lease_followed(&self, expires: Option<&MicroTime>) -> bool {
         let ahead = expires.is_some_and(|expires| expires.0 > Timestamp::now());
-        leased && ahead && self.following.load(Ordering::Relaxed)
+        ahead && self.following.load(Ordering::Relaxed)
     }
 
-    /// Claims as a read sees them (`with_liveness`), asking battery only about those whose
-    /// record alone cannot tell (`lease_followed`).
-    async fn as_read(&self, records: Vec<ClaimRecord>) -> Result<Vec<ClaimRecord>, ApiError> {
-        let followed: Vec<bool> = records.iter().map(|r| self.lease_followed(r)).collect();
-        let unfollowed = records
-            .iter()
-            .zip(&followed)
-            .filter(|(record, followed)| record.lease.is_some() && !**followed)
-            .map(|(record, _)| record.pool());
-        let live = self.live_request_ids(unfollowed).await?;
+    /// The uids of the claims in `leased` whose lease battery no longer holds: the one
+    /// place a read decides that a Bound claim has expired (`reference/
+    /// battery-operator.md` §1.3: a read that finds the lease gone). With
+    /// [`Ask::Unfollowed`], a claim whose record alone tells (`lease_followed`) is taken
+    /// as live without asking battery.
+    async fn released<'a>(
+        &self,
+        leased: impl IntoIterator<Item = Leased<'a>>,
+        ask: Ask,
+    ) -> Result<HashSet<String>, ApiError> {
+        let asked: Vec<Leased<'a>> = leased
+            .into_iter()
+            .filter(|claim| ask == Ask::Everyone || !self.lease_followed(claim.expires))
+            .collect();
+        let live = self
+            .live_request_ids(asked.iter().map(|claim| (claim.namespace, claim.pool)))
+            .await?;
+        Ok(asked
+            .into_iter()
+            .filter(|claim| !live.contains(&request_id(claim.uid)))
+            .map(|claim| claim.uid.to_owned())
+            .collect())
+    }
+
+    /// Claims as a read sees them: Expired once battery no longer holds their lease
+    /// (`released`).
+    async fn as_read(
+        &self,
+        records: Vec<ClaimRecord>,
+        ask: Ask,
+    ) -> Result<Vec<ClaimRecord>, ApiError> {
+        let released = self
+            .released(records.iter().filter_map(ClaimRecord::leased), ask)
+            .await?;
         Ok(records
             .into_iter()
-            .zip(followed)
-            .map(|(record, followed)| {
-                if followed {
-                    record
+            .map(|record| {
+                let uid = record.metadata.uid.as_deref().unwrap_or_default();
+                if released.contains(uid) {
+                    expire(record)
                 } else {
-                    self.with_liveness(record, &live)
+                    record
                 }
             })
             .collect())
     }
 
-    /// One claim as battery has it now (`with_liveness`), whatever its record says.
-    async fn with_current_liveness(&self, record: ClaimRecord) -> Result<ClaimRecord, ApiError> {
-        let pool = record.lease.is_some().then(|| record.pool());
-        let live = self.live_request_ids(pool.into_iter()).await?;
-        Ok(self.with_liveness(record, &live))
-    }
-
-    /// A Bound claim whose lease battery no longer has is Expired (`reference/
-    /// battery-operator.md` §1.3: a read that finds the lease gone).
-    fn with_liveness(&self, record: ClaimRecord, live: &HashSet<String>) -> ClaimRecord {
-        let uid = record.metadata.uid.clone().unwrap_or_default();
-        if record.lease.is_some() && !live.contains(&request_id(&uid)) {
-            return expire(record);
-        }
-        record
+    /// One claim as a read sees it ([`ClaimStorage::as_read`]).
+    async fn one_as_read(&self, record: ClaimRecord, ask: Ask) -> Result<ClaimRecord, ApiError> {
+        let released = self.released(record.leased(), ask).await?;
+        Ok(if released.is_empty() {
+            record
+        } else {
+            expire(record)
+        })
     }
 
     /// Calls `ClaimVM`, retrying ABORTED and waiting (bounded) for a MicroVM when the pool
@@ -817,9 +857,8 @@ impl Storage for ClaimStorage {
             .store
             .get::<ClaimRecord>(&key(namespace, name))?
             .ok_or_else(|| ApiError::not_found(info(), name))?;
-        // battery is asked, even of a followed record: a get shows a lease that another
-        // client of battery released as gone at once (ADR 25).
-        Ok(Self::object(self.with_current_liveness(record).await?))
+        // battery is asked, even of a followed record (ADR 25).
+        Ok(Self::object(self.one_as_read(record, Ask::Everyone).await?))
     }
 
     async fn list(&self, ctx: &RequestContext) -> Result<(Vec<MicroVMClaim>, u64), ApiError> {
@@ -838,7 +877,7 @@ impl Storage for ClaimStorage {
             self.store
                 .page::<ClaimRecord>(RESOURCE, ctx.namespace.as_deref(), after, limit)?;
         let items = self
-            .as_read(page.records)
+            .as_read(page.records, Ask::Unfollowed)
             .await?
             .into_iter()
             .map(Self::object)

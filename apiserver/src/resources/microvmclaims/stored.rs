@@ -13,7 +13,7 @@ use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use serde_json::value::{RawValue, to_raw_value};
 
-use super::{ClaimRecord, ClaimRow, ClaimStorage, RESOURCE, expire, request_id};
+use super::{Ask, ClaimRecord, ClaimRow, ClaimStorage, Leased, RESOURCE, expire};
 use crate::api::{ListPage, RequestContext, StoredItem};
 use crate::meta_store::StoreError;
 
@@ -103,12 +103,10 @@ struct Viewed<'a> {
     meta: MetaView<'a>,
     spec: SpecView<'a>,
     status: StatusView<'a>,
-    /// Whether its record alone tells that battery holds its lease.
-    followed: bool,
 }
 
 impl<'a> Viewed<'a> {
-    fn read(storage: &ClaimStorage, key: &str, bytes: &'a [u8]) -> Result<Self, StoreError> {
+    fn read(key: &str, bytes: &'a [u8]) -> Result<Self, StoreError> {
         let decode_error = |source| StoreError::Decode {
             key: key.to_owned(),
             source,
@@ -117,19 +115,23 @@ impl<'a> Viewed<'a> {
         let meta: MetaView = serde_json::from_str(parts.metadata.get()).map_err(decode_error)?;
         let spec: SpecView = serde_json::from_str(parts.spec.get()).map_err(decode_error)?;
         let status: StatusView = serde_json::from_str(parts.status.get()).map_err(decode_error)?;
-        let followed = storage.followed(parts.lease.is_some(), status.lease_expires_at.as_ref());
         Ok(Viewed {
             parts,
             meta,
             spec,
             status,
-            followed,
         })
     }
 
-    /// Whether battery is to be asked about its lease.
-    fn unfollowed(&self) -> bool {
-        self.parts.lease.is_some() && !self.followed
+    /// Its lease, as a read asks battery about it; `None` when it holds none.
+    fn leased(&self) -> Option<Leased<'_>> {
+        self.parts.lease.as_ref()?;
+        Some(Leased {
+            uid: &self.meta.uid,
+            namespace: &self.meta.namespace,
+            pool: &self.spec.pool_ref.name,
+            expires: self.status.lease_expires_at.as_ref(),
+        })
     }
 
     fn row(&self) -> ClaimRow<'_> {
@@ -187,18 +189,16 @@ impl ClaimStorage {
         let viewed = page
             .records
             .iter()
-            .map(|(key, bytes)| Viewed::read(self, key, bytes))
+            .map(|(key, bytes)| Viewed::read(key, bytes))
             .collect::<Result<Vec<_>, _>>()?;
-        let unfollowed = viewed
-            .iter()
-            .filter(|v| v.unfollowed())
-            .map(|v| (v.meta.namespace.as_ref(), v.spec.pool_ref.name.as_ref()));
-        let live = self.live_request_ids(unfollowed).await?;
+        let released = self
+            .released(viewed.iter().filter_map(Viewed::leased), Ask::Unfollowed)
+            .await?;
         let items = viewed
             .iter()
             .zip(&page.records)
             .map(|(viewed, (key, bytes))| {
-                if viewed.unfollowed() && !live.contains(&request_id(&viewed.meta.uid)) {
+                if released.contains(viewed.meta.uid.as_ref()) {
                     // Gone from battery: decoded whole, as its status changes.
                     let record: ClaimRecord =
                         serde_json::from_slice(bytes).map_err(|source| StoreError::Decode {

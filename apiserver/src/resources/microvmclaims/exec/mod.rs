@@ -29,7 +29,7 @@ use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 pub use sessions::{DEFAULT_MAX_SESSIONS, ExecSessions};
 
 use super::lease::check_holder;
-use super::{ClaimRecord, ClaimStorage, info, key};
+use super::{Ask, ClaimRecord, ClaimStorage, info, key};
 use crate::agent_relay::AgentRelay;
 use crate::api::{Connect, RequestContext};
 use session::{Attached, Session};
@@ -245,7 +245,7 @@ impl ClaimExec {
             Ok(None) => return ApiError::not_found(info(), name),
             Err(_) => return error,
         };
-        match self.claims.with_current_liveness(record).await {
+        match self.claims.one_as_read(record, Ask::Everyone).await {
             Ok(record) if record.lease.is_none() => no_microvm(name),
             _ => error,
         }
@@ -260,14 +260,12 @@ impl ClaimExec {
             .get::<ClaimRecord>(&key(namespace, name))?
             .ok_or_else(|| ApiError::not_found(info(), name))?;
         check_holder(ctx, &record, "exec into")?;
-        let followed = self.claims.lease_followed(&record);
-        // Else as a read of the claim sees it: Expired as soon as battery no longer has
-        // the lease, even before the follower records it.
-        let record = if followed {
-            record
-        } else {
-            self.claims.with_current_liveness(record).await?
-        };
+        let followed = record
+            .leased()
+            .is_some_and(|leased| self.claims.lease_followed(leased.expires));
+        // An unfollowed record as a get sees it: Expired as soon as battery no longer
+        // has the lease, even before the follower records it.
+        let record = self.claims.one_as_read(record, Ask::Unfollowed).await?;
         let (Some(_), Some(microvm), Some(host)) =
             (&record.lease, &record.status.micro_vm, &record.status.host)
         else {
