@@ -26,6 +26,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         prost::Message::encode_to_vec(&fds),
     )?;
     tonic_prost_build::configure()
+        // Exec output and input as `Bytes`: decoded as slices of the received buffer,
+        // not copied out of it, at each hop a stream of output crosses.
+        .bytes(".microvmexec.services.api.v1alpha1")
+        .bytes(".battery.agent.v1alpha1")
         .build_client(true)
         .build_server(true)
         .compile_fds(fds)?;

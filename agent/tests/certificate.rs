@@ -22,6 +22,7 @@ use battery_apiserver::resources::hosts::certificate::AgentSigner;
 use battery_apiserver::server::{self, App, Settings};
 use battery_embedded::local::{LocalBattery, LocalBatteryConfig};
 use battery_embedded::simhost::{SimulatedHost, SimulatedHostConfig};
+use battery_proto::Bytes;
 use battery_proto::agent::v1alpha1::relay_client::RelayClient;
 use battery_proto::agent::v1alpha1::{
     ClaimRef, ExecOpen, ExecRequest, StdinEof, exec_request, exec_response, exit_status,
@@ -326,7 +327,9 @@ async fn the_agent_serves_a_fetched_certificate_and_renews_it_under_an_open_sess
         .unwrap()
         .into_inner();
     requests
-        .send(send(exec_request::Payload::Stdin(b"before ".to_vec())))
+        .send(send(exec_request::Payload::Stdin(Bytes::from_static(
+            b"before ",
+        ))))
         .await
         .unwrap();
     let mut stdout = Vec::new();
@@ -345,7 +348,9 @@ async fn the_agent_serves_a_fetched_certificate_and_renews_it_under_an_open_sess
     .await;
 
     requests
-        .send(send(exec_request::Payload::Stdin(b"after".to_vec())))
+        .send(send(exec_request::Payload::Stdin(Bytes::from_static(
+            b"after",
+        ))))
         .await
         .unwrap();
     requests

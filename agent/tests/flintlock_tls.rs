@@ -8,6 +8,7 @@ mod common;
 use std::time::Duration;
 
 use battery_agent::Cli;
+use battery_proto::Bytes;
 use battery_proto::agent::v1alpha1::relay_client::RelayClient;
 use battery_proto::agent::v1alpha1::{
     ExecOpen, ExecRequest, exec_request, exec_response, exit_status,
@@ -46,7 +47,7 @@ impl MicroVmExec for StandIn {
             })
         };
         Ok(Response::new(tokio_stream::iter(vec![
-            reply(Payload::Stdout(b"over mTLS".to_vec())),
+            reply(Payload::Stdout(Bytes::from_static(b"over mTLS"))),
             reply(Payload::ExitCode(0)),
         ])))
     }
@@ -142,7 +143,7 @@ async fn the_agent_reaches_flintlockd_over_mutual_tls() {
     assert_eq!(
         payloads,
         [
-            exec_response::Payload::Stdout(b"over mTLS".to_vec()),
+            exec_response::Payload::Stdout(Bytes::from_static(b"over mTLS")),
             exec_response::Payload::Exit(battery_proto::agent::v1alpha1::ExitStatus {
                 outcome: Some(exit_status::Outcome::Code(0)),
             }),

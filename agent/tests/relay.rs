@@ -15,6 +15,7 @@ use simhost::create_microvm;
 
 use battery_agent::Cli;
 use battery_embedded::simhost::{SimulatedHost, SimulatedHostConfig};
+use battery_proto::Bytes;
 use battery_proto::agent::v1alpha1::relay_client::RelayClient;
 use battery_proto::agent::v1alpha1::{
     ClaimRef, ExecOpen, ExecRequest, ExecResponse, StdinEof, exec_request, exec_response,
@@ -288,7 +289,7 @@ async fn stdin_eof_lets_wc_finish() {
     .await
     .expect("opened");
     for payload in [
-        exec_request::Payload::Stdin(b"hello".to_vec()),
+        exec_request::Payload::Stdin(Bytes::from_static(b"hello")),
         exec_request::Payload::StdinEof(StdinEof {}),
     ] {
         session.requests.send(request(payload)).await.expect("sent");
@@ -344,7 +345,9 @@ async fn twenty_megabytes_through_cat_come_back_whole_and_buffers_stay_bounded()
         async move {
             for chunk in data.chunks(CHUNK) {
                 requests
-                    .send(request(exec_request::Payload::Stdin(chunk.to_vec())))
+                    .send(request(exec_request::Payload::Stdin(
+                        Bytes::copy_from_slice(chunk),
+                    )))
                     .await
                     .expect("sent");
                 sent.fetch_add(chunk.len(), Ordering::SeqCst);
@@ -430,7 +433,7 @@ async fn dropping_the_stream_ends_the_command() {
     let Some(exec_response::Payload::Stdout(pid)) = session.next().await else {
         panic!("want the pid on stdout");
     };
-    let pid = String::from_utf8(pid).expect("utf-8").trim().to_owned();
+    let pid = String::from_utf8(pid.to_vec()).expect("utf-8").trim().to_owned();
     assert!(!process_gone(&pid), "sleep {pid} runs");
     drop(session);
     wait_until(&format!("sleep {pid} is gone"), async || process_gone(&pid)).await;
@@ -486,7 +489,9 @@ async fn the_first_message_must_be_open() {
     let mut client = fixture.trusted_client().await;
     let (requests, rx) = mpsc::channel(1);
     requests
-        .send(request(exec_request::Payload::Stdin(b"x".to_vec())))
+        .send(request(exec_request::Payload::Stdin(Bytes::from_static(
+            b"x",
+        ))))
         .await
         .expect("queued");
     let status = client

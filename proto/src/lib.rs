@@ -4,6 +4,10 @@
 
 #![allow(missing_docs, clippy::all, clippy::pedantic)]
 
+/// What the exec messages' `bytes` fields carry (flintlock's exec API and our relay):
+/// decoded as slices of the received buffer, not copied out of it.
+pub use prost::bytes::Bytes;
+
 /// battery's API: pools, leases, events and hosts.
 pub mod poolmgr {
     pub mod v1alpha1 {

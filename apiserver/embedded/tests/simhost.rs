@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use battery_embedded::simhost::{SimHostError, SimulatedHost, SimulatedHostConfig};
+use battery_proto::Bytes;
 use battery_proto::flintlock::types::micro_vm_status::MicroVmState;
 use battery_proto::flintlock::types::network_interface::IfaceType;
 use battery_proto::flintlock::types::{MicroVm, MicroVmSpec, NetworkInterface};
@@ -217,7 +218,7 @@ fn start_request(start: ExecStart) -> ExecCommandRequest {
 
 fn stdin_request(data: &[u8]) -> ExecCommandRequest {
     ExecCommandRequest {
-        payload: Some(RequestPayload::Stdin(data.to_vec())),
+        payload: Some(RequestPayload::Stdin(Bytes::copy_from_slice(data))),
     }
 }
 
@@ -626,7 +627,7 @@ async fn exec_streams_stdin_until_stdin_eof() {
     let echoed = next(&mut responses).await.expect("output").expect("more");
     assert_eq!(
         echoed.payload,
-        Some(ResponsePayload::Stdout(b"hello ".to_vec()))
+        Some(ResponsePayload::Stdout(Bytes::from_static(b"hello ")))
     );
 
     requests.send(stdin_request(b"world")).await.expect("sent");

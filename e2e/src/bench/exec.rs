@@ -11,6 +11,7 @@ use tokio::io::AsyncReadExt as _;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 
+use battery_proto::Bytes;
 use battery_proto::agent::v1alpha1::relay_client::RelayClient;
 use battery_proto::agent::v1alpha1::{
     ExecOpen, ExecRequest, StdinEof, exec_request, exec_response, exit_status,
@@ -287,7 +288,7 @@ impl AgentExec {
                 stderr: true,
                 ..ExecOpen::default()
             }),
-            exec_request::Payload::Stdin(stdin.to_vec()),
+            exec_request::Payload::Stdin(Bytes::copy_from_slice(stdin)),
             exec_request::Payload::StdinEof(StdinEof {}),
         ]
         .map(|payload| ExecRequest {

@@ -11,6 +11,7 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use battery_proto::Bytes;
 use battery_proto::microvmexec::services::api::v1alpha1::exec_command_request::Payload as RequestPayload;
 use battery_proto::microvmexec::services::api::v1alpha1::exec_command_response::Payload as ResponsePayload;
 use battery_proto::microvmexec::services::api::v1alpha1::micro_vm_exec_server::MicroVmExec;
@@ -350,10 +351,10 @@ async fn execute(
 
 /// The next chunk of a command's output; `None` once it has ended (or failed, which
 /// ends it the same way for the client).
-async fn next_chunk<R: AsyncRead + Unpin>(output: &mut Option<ReaderStream<R>>) -> Option<Vec<u8>> {
+async fn next_chunk<R: AsyncRead + Unpin>(output: &mut Option<ReaderStream<R>>) -> Option<Bytes> {
     let stream = output.as_mut()?;
     match stream.next().await? {
-        Ok(bytes) => Some(bytes.to_vec()),
+        Ok(bytes) => Some(bytes),
         Err(error) => {
             debug!(%error, "reading a command's output failed");
             None

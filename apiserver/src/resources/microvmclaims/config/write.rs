@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use battery_api_machinery::status::{ApiError, Reason};
+use battery_proto::Bytes;
 use battery_proto::agent::v1alpha1::{
     ClaimRef, ExecOpen, ExecRequest, ExitStatus, StdinEof, exec_request, exec_response, exit_status,
 };
@@ -115,7 +116,7 @@ impl ClaimConfig {
         let requests = session.requests;
         let feeder = tokio::spawn(async move {
             for chunk in archive.expose_secret().chunks(CHUNK_BYTES) {
-                let stdin = exec_request::Payload::Stdin(chunk.to_vec());
+                let stdin = exec_request::Payload::Stdin(Bytes::copy_from_slice(chunk));
                 let request = ExecRequest {
                     payload: Some(stdin),
                 };

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use battery_proto::Bytes;
 use battery_proto::agent::v1alpha1::{
     ExecRequest, ExecResponse, ExitStatus, StdinEof, exec_request, exec_response, exit_status,
 };
@@ -72,16 +73,16 @@ fn frame(protocol: Protocol, channel: u8, payload: &[u8]) -> Message {
 
 /// A client's message as its channel and payload; `None` for what is not a frame of
 /// `protocol`.
-fn unframe(protocol: Protocol, message: Message) -> Option<(u8, Vec<u8>)> {
+fn unframe(protocol: Protocol, message: Message) -> Option<(u8, Bytes)> {
     match (protocol, message) {
         (Protocol::V4Base64, Message::Text(text)) => {
             let text = text.as_str();
             let channel = text.bytes().next()?.checked_sub(b'0')?;
-            Some((channel, BASE64.decode(&text[1..]).ok()?))
+            Some((channel, BASE64.decode(&text[1..]).ok()?.into()))
         }
         (Protocol::V5 | Protocol::V4, Message::Binary(data)) => {
-            let (&channel, payload) = data.split_first()?;
-            Some((channel, payload.to_vec()))
+            let channel = *data.first()?;
+            Some((channel, data.slice(1..)))
         }
         _ => None,
     }
@@ -304,7 +305,10 @@ mod tests {
     fn a_frame_is_its_channel_then_its_payload() {
         let binary = frame(Protocol::V4, STDERR, b"x");
         assert_eq!(binary, Message::Binary(vec![2, b'x'].into()));
-        assert_eq!(unframe(Protocol::V4, binary), Some((STDERR, b"x".to_vec())));
+        assert_eq!(
+            unframe(Protocol::V4, binary),
+            Some((STDERR, Bytes::from_static(b"x")))
+        );
         assert_eq!(
             frame(Protocol::V5, STDOUT, &[]),
             Message::Binary(vec![1].into())
@@ -313,7 +317,7 @@ mod tests {
         assert_eq!(text, Message::Text("1aGkK".into()));
         assert_eq!(
             unframe(Protocol::V4Base64, Message::Text("0aGkK".into())),
-            Some((STDIN, b"hi\n".to_vec()))
+            Some((STDIN, Bytes::from_static(b"hi\n")))
         );
         // A frame of the other kind, or not base64, is not the protocol's.
         assert_eq!(
