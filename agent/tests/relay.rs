@@ -433,7 +433,10 @@ async fn dropping_the_stream_ends_the_command() {
     let Some(exec_response::Payload::Stdout(pid)) = session.next().await else {
         panic!("want the pid on stdout");
     };
-    let pid = String::from_utf8(pid.to_vec()).expect("utf-8").trim().to_owned();
+    let pid = String::from_utf8(pid.to_vec())
+        .expect("utf-8")
+        .trim()
+        .to_owned();
     assert!(!process_gone(&pid), "sleep {pid} runs");
     drop(session);
     wait_until(&format!("sleep {pid} is gone"), async || process_gone(&pid)).await;
