@@ -263,9 +263,13 @@ impl ClaimExec {
         let followed = record
             .leased()
             .is_some_and(|leased| self.claims.lease_followed(leased.expires));
-        // An unfollowed record as a get sees it: Expired as soon as battery no longer
-        // has the lease, even before the follower records it.
-        let record = self.claims.one_as_read(record, Ask::Unfollowed).await?;
+        // Else as a get sees it: Expired as soon as battery no longer has the lease, even
+        // before the follower records it.
+        let record = if followed {
+            record
+        } else {
+            self.claims.one_as_read(record, Ask::Everyone).await?
+        };
         let (Some(_), Some(microvm), Some(host)) =
             (&record.lease, &record.status.micro_vm, &record.status.host)
         else {
