@@ -928,8 +928,8 @@ async fn concurrent_creates_are_each_persisted_before_they_are_answered() {
     let dir = tempfile::tempdir().expect("temp dir");
     let host = start_host(dir.path(), FOREVER).await;
     let channel = connect(&host).await;
-    // Many creates at once share writes of the state file; each answer still means
-    // its MicroVM is in the file, so a crash right after loses none of them.
+    // Many creates at once; each answer means its MicroVM's record is written, so a
+    // crash right after loses none of them.
     let creates = (0..64).map(|i| {
         let mut microvms = MicroVmClient::new(channel.clone());
         async move { uid(&create(&mut microvms, spec(&format!("vm{i}"))).await) }
@@ -939,12 +939,11 @@ async fn concurrent_creates_are_each_persisted_before_they_are_answered() {
         .into_iter()
         .collect();
     assert_eq!(created.len(), 64);
-    let file = std::fs::read_to_string(dir.path().join("microvms.json")).expect("state file");
     for uid in &created {
-        assert!(
-            file.contains(uid.as_str()),
-            "{uid} answered but not persisted"
-        );
+        let record = dir.path().join("records").join(format!("{uid}.json"));
+        let record = std::fs::read_to_string(&record)
+            .unwrap_or_else(|e| panic!("{uid} answered but not persisted: {e}"));
+        assert!(record.contains(uid.as_str()), "{record}");
     }
     host.shutdown().await;
     let host = start_host(dir.path(), FOREVER).await;
@@ -1007,16 +1006,21 @@ async fn start_refuses_a_missing_or_unreadable_state_dir() {
         .expect_err("state_dir required");
     assert!(matches!(missing, SimHostError::StateDirRequired));
 
-    let dir = tempfile::tempdir().expect("temp dir");
-    std::fs::write(dir.path().join("microvms.json"), "not json").expect("written");
-    let corrupt = SimulatedHost::start(SimulatedHostConfig {
-        state_dir: dir.path().to_owned(),
-        ..SimulatedHostConfig::default()
-    })
-    .await
-    .expect_err("corrupt state refused");
-    assert!(
-        matches!(corrupt, SimHostError::ParseState { .. }),
-        "{corrupt:?}"
-    );
+    // A corrupt record, and a corrupt list of an earlier version.
+    for file in ["records/vm.json", "microvms.json"] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join(file);
+        std::fs::create_dir_all(path.parent().unwrap()).expect("dir");
+        std::fs::write(&path, "not json").expect("written");
+        let corrupt = SimulatedHost::start(SimulatedHostConfig {
+            state_dir: dir.path().to_owned(),
+            ..SimulatedHostConfig::default()
+        })
+        .await
+        .expect_err("corrupt state refused");
+        assert!(
+            matches!(&corrupt, SimHostError::ParseState { path: p, .. } if *p == path),
+            "{corrupt:?}"
+        );
+    }
 }

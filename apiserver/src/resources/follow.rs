@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::sync::broadcast;
+use tokio::time::Instant;
 
 use super::microvmclaims::ClaimStorage;
 use super::pools::PoolStorage;
@@ -25,6 +26,11 @@ const BATCH: usize = 256;
 /// without the wait, every bind would cost a `GetPool` and a durable write of the last
 /// event id. Binds waiting for a MicroVM are told of each event as it arrives.
 const BATCH_WINDOW: Duration = Duration::from_millis(5);
+/// The least time from one batch's apply to the next's: while events keep coming (serial
+/// binds, a few milliseconds apart), a batch waits this long, so the Pools' `GetPool` and
+/// durable writes, which binds wait behind on battery and on the disk, happen once per
+/// this interval, not once per bind. A Pool's counts and an expiry show at most this late.
+const APPLY_INTERVAL: Duration = Duration::from_millis(50);
 /// Pause before resubscribing after the stream failed.
 const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(1);
 
@@ -76,11 +82,13 @@ impl Follower {
     ) -> Result<(), FollowError> {
         futures::pin_mut!(stream);
         let mut last = self.store.last_battery_event_id()?;
+        let mut applied_at: Option<Instant> = None;
         while let Some(first) = stream.next().await {
             let first = first?;
             self.announce(&first, last);
             let mut batch = vec![first];
-            let deadline = tokio::time::Instant::now() + BATCH_WINDOW;
+            let window = Instant::now() + BATCH_WINDOW;
+            let deadline = applied_at.map_or(window, |at| window.max(at + APPLY_INTERVAL));
             while batch.len() < BATCH {
                 match tokio::time::timeout_at(deadline, stream.next()).await {
                     Ok(Some(event)) => {
@@ -96,6 +104,7 @@ impl Follower {
             let caught_up = batch.len() < BATCH;
             let fresh: Vec<BatteryEvent> = batch.into_iter().filter(|e| e.id > last).collect();
             if let Some(newest) = fresh.iter().map(|e| e.id).max() {
+                applied_at = Some(Instant::now());
                 if !self.apply(&fresh, newest).await {
                     self.store
                         .transact(|tx| tx.set_last_battery_event_id(newest))

@@ -134,6 +134,8 @@ pub async fn latency(rig: &super::rig::Rig, pool: &PoolRef, count: usize) -> Res
     let mut lease = rig.lease_client().await?;
     let (mut binds, mut raws) = (Vec::with_capacity(count), Vec::with_capacity(count));
     let mut claim = Value::Null;
+    let before = served(&client).await?;
+    let cpu_before = rig.cpu_used()?;
     for i in 0..count {
         let (took, bound) = bind(&client, &format!("latency-{i}"), &pool.name).await?;
         binds.push(took);
@@ -155,6 +157,8 @@ pub async fn latency(rig: &super::rig::Rig, pool: &PoolRef, count: usize) -> Res
             .await
             .context("releasing a raw lease")?;
     }
+    let cpu_after = rig.cpu_used()?;
+    let after = served(&client).await?;
     let mut rows = Vec::new();
     let [p50, p90, p99] = percentiles(LATENCY, "POST -> 201 Bound", &binds);
     let floor = durable_writes(&rig.store_dir(), DURABLE_WRITES)?;
@@ -183,7 +187,116 @@ pub async fn latency(rig: &super::rig::Rig, pool: &PoolRef, count: usize) -> Res
     }
     let [floor_p50, _, floor_p99] = percentiles(LATENCY, DURABLE_WRITE, &floor);
     rows.extend([floor_p50, floor_p99]);
+    rows.extend(where_the_time_goes(&binds, &before, &after)?);
+    for (who, (before, after)) in ["serve", "the embedded battery"]
+        .iter()
+        .zip(cpu_before.iter().zip(cpu_after))
+    {
+        rows.push(Row::millis(
+            LATENCY,
+            format!("{who}'s CPU a round (a bind, a raw ClaimVM and its release)"),
+            (after - *before) / count as u32,
+        ));
+    }
     Ok(Latency { rows, binds, claim })
+}
+
+/// The histograms of `serve`'s `/metrics` that a serial bind passes through, outermost
+/// first: the request (after TLS and HTTP/2: authentication, authorization, the body,
+/// the bind, the answer), the storage's bind inside it, and `serve`'s `ClaimVM` inside
+/// that; last the `GetPool`s the follower asks after battery's events.
+const SERVED: [(&str, &str, &str); 4] = [
+    (
+        "serve's whole request",
+        "battery_apiserver_request_duration_seconds",
+        r#"verb="create",resource="microvmclaims",subresource="""#,
+    ),
+    (
+        "serve's bind, inside it",
+        "battery_apiserver_bind_duration_seconds",
+        r#"outcome="bound""#,
+    ),
+    (
+        "serve's ClaimVM, inside the bind",
+        "battery_apiserver_battery_call_duration_seconds",
+        r#"method="ClaimVM",outcome="ok""#,
+    ),
+    (
+        "serve's GetPool (the follower's)",
+        "battery_apiserver_battery_call_duration_seconds",
+        r#"method="GetPool",outcome="ok""#,
+    ),
+];
+
+/// Each of [`SERVED`]'s histograms as `(sum in seconds, count)`, read from `/metrics`.
+async fn served(client: &Client) -> Result<Vec<(f64, f64)>> {
+    let (status, body) = client
+        .send(Method::GET, "/metrics", "text/plain", None)
+        .await?;
+    if status != StatusCode::OK {
+        bail!("/metrics: {status}");
+    }
+    let text = std::str::from_utf8(&body).context("/metrics is not UTF-8")?;
+    let value = |series: String| -> Result<f64> {
+        // A series nothing has observed yet is absent.
+        let Some(line) = text.lines().find(|l| l.starts_with(&series)) else {
+            return Ok(0.0);
+        };
+        line[series.len()..]
+            .trim()
+            .parse()
+            .with_context(|| format!("/metrics: {line}"))
+    };
+    SERVED
+        .iter()
+        .map(|(_, name, labels)| {
+            Ok((
+                value(format!("{name}_sum{{{labels}}} "))?,
+                value(format!("{name}_count{{{labels}}} "))?,
+            ))
+        })
+        .collect()
+}
+
+/// Means over the serial binds, from the bench and from `serve`'s histograms read before
+/// and after them: what is `serve`'s, what its bind and battery take inside it, and (the
+/// rest of the bench's mean) what the connection costs: TLS, HTTP/2, the bench's client.
+fn where_the_time_goes(
+    binds: &[Duration],
+    before: &[(f64, f64)],
+    after: &[(f64, f64)],
+) -> Result<Vec<Row>> {
+    let total: Duration = binds.iter().sum();
+    let mut rows = vec![Row::millis(
+        LATENCY,
+        "POST -> 201 Bound mean",
+        total / binds.len() as u32,
+    )];
+    for (i, ((what, _, _), ((sum0, count0), (sum1, count1)))) in
+        SERVED.iter().zip(before.iter().zip(after)).enumerate()
+    {
+        let count = count1 - count0;
+        let follower = i + 1 == SERVED.len();
+        if count >= 1.0 {
+            rows.push(Row::new(
+                LATENCY,
+                format!("{what} mean, from its /metrics"),
+                (sum1 - sum0) / count * 1000.0,
+                Unit::Millis,
+            ));
+        } else if !follower {
+            bail!("/metrics: {what} observed nothing during the binds");
+        }
+        if follower {
+            rows.push(Row::new(
+                LATENCY,
+                format!("{what} per bind"),
+                count / binds.len() as f64,
+                Unit::Times,
+            ));
+        }
+    }
+    Ok(rows)
 }
 
 /// How many durable writes the disk's floor is timed over.

@@ -239,22 +239,28 @@ async fn binding_phase(
             .zip(&levels)
             .map(|(name, level)| (*name, level.2)),
     );
+    let microvms: i32 = pools.iter().map(|(_, size)| size).sum();
+    eprintln!("bench: booting {microvms} MicroVMs for the binds");
     // One at a time, for the reason of `FILL_STEP`.
     let mut created = Vec::with_capacity(pools.len());
     for (name, size) in &pools {
         created.push(rig.create_pool(name, *size).await?);
     }
     let pools = created;
+    eprintln!("bench: {serial_binds} serial binds");
     let latency = binds::latency(&rig, &pools[0], serial_binds).await?;
     rows.extend(latency.rows.iter().cloned());
+    eprintln!("bench: {config_binds} rounds of per-claim configuration");
     rows.extend(binds::with_config(&rig, &pools[2], config_binds).await?);
     let levels: Vec<_> = levels
         .iter()
         .zip(&pools[3..])
         .map(|(&(concurrency, count, _), pool)| (concurrency, count, pool.clone()))
         .collect();
+    eprintln!("bench: throughput, then the burst");
     rows.extend(binds::throughput(&rig, &levels).await?);
     rows.extend(binds::burst(&rig, &pools[1], sizes.burst).await?);
+    eprintln!("bench: exec");
     rows.extend(exec::run(&rig, &pools[0].name, sizes.exec_rounds, sizes.exec_bytes).await?);
     rig.stop().await;
 

@@ -252,6 +252,14 @@ impl Rig {
         self.dir.path().join(STORE_DIR)
     }
 
+    /// The CPU time `serve` and the embedded battery have used so far, in that order.
+    pub fn cpu_used(&self) -> Result<[Duration; 2]> {
+        Ok([
+            cpu_used(self.processes.serve.pid())?,
+            cpu_used(self.processes.battery.pid())?,
+        ])
+    }
+
     pub fn serve_memory(&self) -> Result<(f64, f64)> {
         let pid = self.processes.serve.pid();
         let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -374,4 +382,26 @@ where
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
+}
+
+/// The user and system time process `pid` has used, all its threads.
+fn cpu_used(pid: u32) -> Result<Duration> {
+    // Linux counts them in USER_HZ, 100 a second on every architecture's ABI.
+    const TICKS_PER_SECOND: u64 = 100;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading the stat of {pid}"))?;
+    // After the command's name, which may hold spaces, in parentheses: state is field 3,
+    // utime and stime fields 14 and 15.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| -> Result<u64> {
+        fields
+            .get(i - 3)
+            .and_then(|t| t.parse().ok())
+            .with_context(|| format!("no field {i} in the stat of {pid}: {stat}"))
+    };
+    let used = ticks(14)? + ticks(15)?;
+    Ok(Duration::from_millis(used * 1000 / TICKS_PER_SECOND))
 }

@@ -22,19 +22,21 @@ pub enum SimHostError {
         #[source]
         source: io::Error,
     },
-    /// The persisted MicroVM list could not be read.
+    /// A persisted MicroVM record, or the list of an earlier version, could not be
+    /// read.
     #[error("reading {path}")]
     ReadState {
-        /// The state file.
+        /// The file or directory.
         path: PathBuf,
         /// The cause.
         #[source]
         source: io::Error,
     },
-    /// The persisted MicroVM list is not valid JSON of the expected shape.
+    /// A persisted MicroVM record, or the list of an earlier version, is not valid
+    /// JSON of the expected shape.
     #[error("parsing {path}")]
     ParseState {
-        /// The state file.
+        /// The file.
         path: PathBuf,
         /// The cause.
         #[source]
@@ -43,13 +45,22 @@ pub enum SimHostError {
     /// A persisted MicroVM's spec is not a valid `flintlock.types.MicroVMSpec`.
     #[error("decoding the spec of microvm {uid} in {path}")]
     DecodeSpec {
-        /// The state file.
+        /// The file.
         path: PathBuf,
         /// The MicroVM.
         uid: String,
         /// The cause.
         #[source]
         source: prost::DecodeError,
+    },
+    /// The MicroVM list of an earlier version could not be moved to records.
+    #[error("moving the microvms of {path} to records")]
+    Migrate {
+        /// The earlier version's list.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: Box<PersistError>,
     },
     /// A persisted MicroVM's scratch directory could not be recreated.
     #[error("creating scratch directory {path}")]
@@ -74,14 +85,18 @@ pub enum SimHostError {
     LocalAddr(#[source] io::Error),
 }
 
-/// Why the persisted MicroVM list could not be written.
+/// Why a MicroVM's record could not be written.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum PersistError {
-    #[error("encoding the microvm list")]
+pub enum PersistError {
+    /// The record could not be encoded as JSON.
+    #[error("encoding a microvm's record")]
     Encode(#[source] serde_json::Error),
+    /// A file could not be written, replaced or removed.
     #[error("writing {path}")]
     Write {
+        /// The file.
         path: PathBuf,
+        /// The cause.
         #[source]
         source: io::Error,
     },
@@ -115,7 +130,7 @@ pub(super) enum RequestError {
         #[source]
         source: io::Error,
     },
-    #[error("persisting the microvm list")]
+    #[error("persisting the microvm")]
     Persist(#[source] PersistError),
     #[error("the first message must be start")]
     StartFirst,
@@ -210,14 +225,14 @@ mod tests {
     #[test]
     fn status_message_carries_the_cause_chain() {
         let error = RequestError::Persist(PersistError::Write {
-            path: "/state/microvms.json".into(),
+            path: "/state/records/u.json".into(),
             source: io::Error::other("disk full"),
         });
         let status = Status::from(error);
         assert_eq!(status.code(), Code::Internal);
         assert_eq!(
             status.message(),
-            "persisting the microvm list: writing /state/microvms.json: disk full"
+            "persisting the microvm: writing /state/records/u.json: disk full"
         );
     }
 }

@@ -33,10 +33,12 @@
 //!   kills the commands running in it and removes its directory. An unknown uid is
 //!   NOT_FOUND.
 //! - ListMicroVMs with an empty namespace lists every namespace.
-//! - The list (uid, spec, state, interfaces) is persisted in
-//!   `<state_dir>/microvms.json` after every change, so a Host restarted on the same
-//!   directory still has its MicroVMs: CREATED ones stay CREATED, PENDING ones boot
-//!   again. Each MicroVM's directory is `<state_dir>/microvms/<uid>/`.
+//! - Each MicroVM (uid, spec, state, interfaces) is persisted in its record,
+//!   `<state_dir>/records/<uid>.json`, before a change to it is answered, so a Host
+//!   restarted on the same directory still has its MicroVMs: CREATED ones stay CREATED,
+//!   PENDING ones boot again. Each MicroVM's directory is `<state_dir>/microvms/<uid>/`.
+//!   The one `<state_dir>/microvms.json` of earlier versions is moved to records at
+//!   start.
 //!
 //! # Exec
 //!
@@ -92,7 +94,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
 use tracing::{info, warn};
 
-pub use error::SimHostError;
+pub use error::{PersistError, SimHostError};
 
 use exec::ExecService;
 use microvm::MicroVmService;

@@ -1,8 +1,9 @@
-//! The simulated Host's MicroVMs: kept in memory, persisted as JSON in
-//! `<state_dir>/microvms.json` before any change is answered (concurrent changes share
-//! one write: the file is the whole list, so writing it once per change made a Host's
-//! boots quadratic in its MicroVMs), each with a scratch directory
-//! `<state_dir>/microvms/<uid>/` that stands in for its root filesystem.
+//! The simulated Host's MicroVMs: kept in memory, each persisted as a JSON record in
+//! `<state_dir>/records/<uid>.json` before a change to it is answered, and each with a
+//! scratch directory `<state_dir>/microvms/<uid>/` that stands in for its root
+//! filesystem. A record per MicroVM makes a change cost one small write: the one file
+//! of the whole list that earlier versions kept (`microvms.json`, read once and
+//! replaced by records) made every change's write grow with the Host's MicroVMs.
 
 use std::collections::{BTreeMap, HashSet};
 use std::io;
@@ -24,7 +25,10 @@ use tracing::warn;
 
 use super::error::{PersistError, RequestError, SimHostError, error_chain};
 
-const STATE_FILE: &str = "microvms.json";
+/// The whole list, as versions before per-MicroVM records kept it.
+const LEGACY_STATE_FILE: &str = "microvms.json";
+const RECORDS: &str = "records";
+const RECORD_EXTENSION: &str = "json";
 const SCRATCH_DIRS: &str = "microvms";
 /// flintlock puts a MicroVM created without an id in this namespace.
 const DEFAULT_NAMESPACE: &str = "default";
@@ -121,28 +125,9 @@ impl Vm {
 struct Vms {
     by_uid: BTreeMap<String, Vm>,
     next_interface_index: i32,
-    /// Changes made so far; the state file holds every change up to the one it was
-    /// written at.
-    changes: u64,
 }
 
 impl Vms {
-    /// Counts a change just made; answers its number, for [`Registry::persist`].
-    fn changed(&mut self) -> u64 {
-        self.changes += 1;
-        self.changes
-    }
-
-    fn to_file(&self) -> StateFile {
-        StateFile {
-            microvms: self
-                .by_uid
-                .iter()
-                .map(|(uid, vm)| vm.to_stored(uid))
-                .collect(),
-        }
-    }
-
     /// One host interface per template interface, keyed by device_id as flintlock
     /// keys `status.network_interfaces`.
     fn allocate_interfaces(
@@ -179,12 +164,11 @@ impl Vms {
 
 /// The MicroVMs of one simulated Host.
 pub(super) struct Registry {
-    state_file: PathBuf,
+    records: PathBuf,
     scratch_root: PathBuf,
     vms: Mutex<Vms>,
-    /// Held across a write of the state file; holds the number of the last change
-    /// written, so a change a newer write already holds is not written again.
-    writes: tokio::sync::Mutex<u64>,
+    /// Held across a write of a record, so that writes of one MicroVM's never cross.
+    writes: tokio::sync::Mutex<()>,
     host_shutdown: CancellationToken,
 }
 
@@ -202,36 +186,36 @@ impl Registry {
                 path: scratch_root.clone(),
                 source,
             })?;
-        let state_file = state_dir.join(STATE_FILE);
-        let stored = match tokio::fs::read(&state_file).await {
-            Ok(bytes) => serde_json::from_slice::<StateFile>(&bytes).map_err(|source| {
-                SimHostError::ParseState {
-                    path: state_file.clone(),
-                    source,
-                }
-            })?,
-            Err(error) if error.kind() == io::ErrorKind::NotFound => StateFile::default(),
-            Err(source) => {
-                return Err(SimHostError::ReadState {
-                    path: state_file,
-                    source,
-                });
-            }
-        };
+        let records = state_dir.join(RECORDS);
+        tokio::fs::create_dir_all(&records)
+            .await
+            .map_err(|source| SimHostError::CreateStateDir {
+                path: records.clone(),
+                source,
+            })?;
+        let legacy = read_legacy_state_file(&state_dir.join(LEGACY_STATE_FILE)).await?;
+        let migrating = legacy.is_some();
+        // A crash while migrating leaves both; the records are the newer.
+        let stored: BTreeMap<String, (PathBuf, StoredMicroVm)> = legacy
+            .unwrap_or_default()
+            .into_iter()
+            .chain(read_records(&records).await?)
+            .map(|(path, record)| (record.uid.clone(), (path, record)))
+            .collect();
 
         let mut by_uid = BTreeMap::new();
         let mut pending = Vec::new();
         let mut next_interface_index = FIRST_INTERFACE_INDEX;
-        for record in stored.microvms {
+        for (path, record) in stored.into_values() {
             let spec = MicroVmSpec::decode(record.spec.as_slice()).map_err(|source| {
                 SimHostError::DecodeSpec {
-                    path: state_file.clone(),
+                    path,
                     uid: record.uid.clone(),
                     source,
                 }
             })?;
-            // The list is the truth: a listed MicroVM whose directory was lost gets
-            // an empty one back.
+            // The records are the truth: a MicroVM whose directory was lost gets an
+            // empty one back.
             let scratch_dir = scratch_root.join(&record.uid);
             tokio::fs::create_dir_all(&scratch_dir)
                 .await
@@ -268,16 +252,18 @@ impl Registry {
         remove_unlisted_scratch_dirs(&scratch_root, &by_uid).await?;
 
         let registry = Self {
-            state_file,
+            records,
             scratch_root,
             vms: Mutex::new(Vms {
                 by_uid,
                 next_interface_index,
-                changes: 0,
             }),
-            writes: tokio::sync::Mutex::new(0),
+            writes: tokio::sync::Mutex::new(()),
             host_shutdown,
         };
+        if migrating {
+            registry.migrate(&state_dir.join(LEGACY_STATE_FILE)).await?;
+        }
         Ok((registry, pending))
     }
 
@@ -323,21 +309,21 @@ impl Registry {
                     lifetime: vm.lifetime.clone(),
                 };
                 vms.by_uid.insert(uid.clone(), vm);
-                (created, vms.changed())
+                created
             })
         };
-        let (created, change) = match inserted {
+        let created = match inserted {
             Ok(inserted) => inserted,
             Err(error) => {
                 remove_scratch_dir(&scratch_dir).await;
                 return Err(error);
             }
         };
-        if let Err(error) = self.persist(change).await {
-            {
-                let mut vms = self.lock();
-                vms.by_uid.remove(&uid);
-                vms.changed();
+        if let Err(error) = self.persist(&uid).await {
+            self.lock().by_uid.remove(&uid);
+            // A record half written is litter; one written whole must go with it.
+            if let Err(error) = self.persist(&uid).await {
+                warn!(uid, error = %error_chain(&error), "removing the record of a failed create");
             }
             remove_scratch_dir(&scratch_dir).await;
             return Err(RequestError::Persist(error));
@@ -378,19 +364,14 @@ impl Registry {
         if uid.is_empty() {
             return Err(RequestError::UidRequired);
         }
-        let (vm, change) = {
-            let mut vms = self.lock();
-            let vm = vms
-                .by_uid
-                .remove(uid)
-                .ok_or_else(|| RequestError::NotFound(uid.to_owned()))?;
-            (vm, vms.changed())
-        };
-        if let Err(error) = self.persist(change).await {
-            let mut vms = self.lock();
-            vms.by_uid.insert(uid.to_owned(), vm);
-            vms.changed();
-            drop(vms);
+        let vm = self
+            .lock()
+            .by_uid
+            .remove(uid)
+            .ok_or_else(|| RequestError::NotFound(uid.to_owned()))?;
+        if let Err(error) = self.persist(uid).await {
+            // The record was not removed: the MicroVM stays, as it was.
+            self.lock().by_uid.insert(uid.to_owned(), vm);
             return Err(RequestError::Persist(error));
         }
 
@@ -405,7 +386,7 @@ impl Registry {
     /// Ends a PENDING MicroVM's boot in `state`. A MicroVM deleted meanwhile stays
     /// deleted.
     pub(super) async fn finish_boot(&self, uid: &str, state: VmState) {
-        let change = {
+        {
             let mut vms = self.lock();
             let Some(vm) = vms.by_uid.get_mut(uid) else {
                 return;
@@ -415,10 +396,9 @@ impl Registry {
             }
             vm.state = state;
             vm.version = vm.version.saturating_add(1);
-            vms.changed()
-        };
-        // Nobody waits on a boot to report to; the next change persists it again.
-        if let Err(error) = self.persist(change).await {
+        }
+        // Nobody waits on a boot to report to; a restart boots it again.
+        if let Err(error) = self.persist(uid).await {
             warn!(uid, error = %error_chain(&error), "persisting a finished boot failed");
         }
     }
@@ -473,41 +453,135 @@ impl Registry {
         self.vms.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Returns once the state file holds change `change`: at once if a write made
-    /// after it already finished, else by writing the list as it is now, which holds
-    /// it and every change made meanwhile (the changes waiting behind this write are
-    /// then already done).
-    async fn persist(&self, change: u64) -> Result<(), PersistError> {
-        let mut written = self.writes.lock().await;
-        if *written >= change {
-            return Ok(());
-        }
-        let (file, latest) = {
-            let vms = self.lock();
-            (vms.to_file(), vms.changes)
-        };
-        self.write(&file).await?;
-        *written = latest;
-        Ok(())
+    fn record(&self, uid: &str) -> PathBuf {
+        self.records.join(uid).with_extension(RECORD_EXTENSION)
     }
 
-    /// Replaces the state file atomically: a crash leaves the old list or the new.
-    async fn write(&self, file: &StateFile) -> Result<(), PersistError> {
-        let bytes = serde_json::to_vec_pretty(file).map_err(PersistError::Encode)?;
-        let temporary = self.state_file.with_extension("json.tmp");
-        tokio::fs::write(&temporary, bytes)
-            .await
-            .map_err(|source| PersistError::Write {
-                path: temporary.clone(),
-                source,
-            })?;
-        tokio::fs::rename(&temporary, &self.state_file)
-            .await
-            .map_err(|source| PersistError::Write {
-                path: self.state_file.clone(),
-                source,
-            })
+    /// Makes `uid`'s record say what memory says now: written while the MicroVM
+    /// exists, removed once it does not. Writes run one at a time and each reads memory
+    /// when its turn comes, so the last to run holds the newest state, whatever order
+    /// the changes made their writes in.
+    async fn persist(&self, uid: &str) -> Result<(), PersistError> {
+        let _writing = self.writes.lock().await;
+        let stored = self.lock().by_uid.get(uid).map(|vm| vm.to_stored(uid));
+        let path = self.record(uid);
+        match stored {
+            Some(stored) => {
+                let bytes = serde_json::to_vec(&stored).map_err(PersistError::Encode)?;
+                write_atomically(&path, bytes).await
+            }
+            None => match tokio::fs::remove_file(&path).await {
+                Err(error) if error.kind() != io::ErrorKind::NotFound => Err(PersistError::Write {
+                    path,
+                    source: error,
+                }),
+                _ => Ok(()),
+            },
+        }
     }
+
+    /// Writes a record for every MicroVM the legacy state file listed, then removes
+    /// it: a crash in between reads both again, which agree.
+    async fn migrate(&self, legacy: &Path) -> Result<(), SimHostError> {
+        let uids = self.uids();
+        for uid in &uids {
+            self.persist(uid)
+                .await
+                .map_err(|source| SimHostError::Migrate {
+                    path: legacy.to_owned(),
+                    source: Box::new(source),
+                })?;
+        }
+        tokio::fs::remove_file(legacy)
+            .await
+            .map_err(|source| SimHostError::Migrate {
+                path: legacy.to_owned(),
+                source: Box::new(PersistError::Write {
+                    path: legacy.to_owned(),
+                    source,
+                }),
+            })?;
+        tracing::info!(microvms = uids.len(), path = %legacy.display(), "moved the simulated host's microvm list to one record per microvm");
+        Ok(())
+    }
+}
+
+/// Replaces `path` atomically: a crash leaves the old content or the new.
+async fn write_atomically(path: &Path, bytes: Vec<u8>) -> Result<(), PersistError> {
+    let temporary = path.with_extension(TEMPORARY_EXTENSION);
+    tokio::fs::write(&temporary, bytes)
+        .await
+        .map_err(|source| PersistError::Write {
+            path: temporary.clone(),
+            source,
+        })?;
+    tokio::fs::rename(&temporary, path)
+        .await
+        .map_err(|source| PersistError::Write {
+            path: path.to_owned(),
+            source,
+        })
+}
+
+/// What a write in progress is named until it replaces its record.
+const TEMPORARY_EXTENSION: &str = "json.tmp";
+
+/// Every record in `dir`, with the path it was read from; a write a crash cut short
+/// (a temporary file) is removed.
+async fn read_records(dir: &Path) -> Result<Vec<(PathBuf, StoredMicroVm)>, SimHostError> {
+    let read_error = |path: &Path| {
+        let path = path.to_owned();
+        move |source| SimHostError::ReadState { path, source }
+    };
+    let mut entries = tokio::fs::read_dir(dir).await.map_err(read_error(dir))?;
+    let mut records = Vec::new();
+    while let Some(entry) = entries.next_entry().await.map_err(read_error(dir))? {
+        let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.ends_with(TEMPORARY_EXTENSION) {
+            if let Err(error) = tokio::fs::remove_file(&path).await {
+                warn!(path = %path.display(), %error, "removing an unfinished record failed");
+            }
+            continue;
+        }
+        let bytes = tokio::fs::read(&path).await.map_err(read_error(&path))?;
+        let record = serde_json::from_slice::<StoredMicroVm>(&bytes).map_err(|source| {
+            SimHostError::ParseState {
+                path: path.clone(),
+                source,
+            }
+        })?;
+        records.push((path, record));
+    }
+    Ok(records)
+}
+
+/// The MicroVMs of the whole-list state file of earlier versions, if there is one.
+async fn read_legacy_state_file(
+    path: &Path,
+) -> Result<Option<Vec<(PathBuf, StoredMicroVm)>>, SimHostError> {
+    let bytes = match tokio::fs::read(path).await {
+        Ok(bytes) => bytes,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(SimHostError::ReadState {
+                path: path.to_owned(),
+                source,
+            });
+        }
+    };
+    let file =
+        serde_json::from_slice::<StateFile>(&bytes).map_err(|source| SimHostError::ParseState {
+            path: path.to_owned(),
+            source,
+        })?;
+    Ok(Some(
+        file.microvms
+            .into_iter()
+            .map(|record| (path.to_owned(), record))
+            .collect(),
+    ))
 }
 
 fn validate_interfaces(spec: &MicroVmSpec) -> Result<(), RequestError> {
@@ -534,9 +608,9 @@ fn random_mac() -> String {
     )
 }
 
-/// Removes the directories of MicroVMs not in the list: a crash after a create
-/// made its directory but before the list was written, or after a delete wrote the
-/// list but before it removed the directory, leaves one behind.
+/// Removes the directories of MicroVMs without a record: a crash after a create made
+/// its directory but before its record was written, or after a delete removed the
+/// record but before it removed the directory, leaves one behind.
 async fn remove_unlisted_scratch_dirs(
     scratch_root: &Path,
     listed: &BTreeMap<String, Vm>,
@@ -568,13 +642,14 @@ async fn remove_scratch_dir(path: &Path) {
     }
 }
 
-/// `microvms.json`. The spec is kept as base64 protobuf: the generated types have
-/// no serde, and protobuf keeps every field, including ones added later.
+/// `microvms.json`, the whole list, as earlier versions kept it.
 #[derive(Default, Serialize, Deserialize)]
 struct StateFile {
     microvms: Vec<StoredMicroVm>,
 }
 
+/// A MicroVM's record. The spec is kept as base64 protobuf: the generated types have no
+/// serde, and protobuf keeps every field, including ones added later.
 #[derive(Serialize, Deserialize)]
 struct StoredMicroVm {
     uid: String,
@@ -663,7 +738,6 @@ mod tests {
         let mut vms = Vms {
             by_uid: BTreeMap::new(),
             next_interface_index: FIRST_INTERFACE_INDEX,
-            changes: 0,
         };
         let spec = MicroVmSpec {
             interfaces: vec![
@@ -708,7 +782,6 @@ mod tests {
         let mut vms = Vms {
             by_uid: BTreeMap::new(),
             next_interface_index: FIRST_INTERFACE_INDEX,
-            changes: 0,
         };
         let mut bad = iface("eth0", IfaceType::Tap, None);
         bad.r#type = 7;
@@ -721,6 +794,101 @@ mod tests {
             Err(RequestError::UnknownInterfaceType { value: 7, .. })
         ));
         assert_eq!(vms.next_interface_index, FIRST_INTERFACE_INDEX);
+    }
+
+    #[tokio::test]
+    async fn a_list_of_an_earlier_version_moves_to_records() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let spec = MicroVmSpec {
+            id: "vm".into(),
+            namespace: "ns".into(),
+            ..MicroVmSpec::default()
+        };
+        let stored = |uid: &str, state, index| StoredMicroVm {
+            uid: uid.into(),
+            state,
+            version: 2,
+            spec: spec.encode_to_vec(),
+            network_interfaces: [(
+                "eth0".to_owned(),
+                StoredInterface {
+                    host_device_name: format!("tap{index}"),
+                    index,
+                    mac_address: "02:00:00:00:00:01".into(),
+                },
+            )]
+            .into(),
+        };
+        let legacy = StateFile {
+            microvms: vec![
+                stored("created", VmState::Created, 2),
+                stored("pending", VmState::Pending, 3),
+            ],
+        };
+        let legacy_path = dir.path().join(LEGACY_STATE_FILE);
+        std::fs::write(&legacy_path, serde_json::to_vec(&legacy).expect("encoded"))
+            .expect("written");
+
+        let (registry, pending) = Registry::open(dir.path(), CancellationToken::new())
+            .await
+            .expect("opened");
+        assert_eq!(registry.uids(), ["created", "pending"]);
+        let pending: Vec<&str> = pending.iter().map(|(uid, _)| uid.as_str()).collect();
+        assert_eq!(pending, ["pending"]);
+        assert!(!legacy_path.exists(), "the list is replaced by records");
+        assert!(registry.record("created").is_file());
+        assert!(registry.record("pending").is_file());
+        drop(registry);
+
+        // Opened again from the records alone: the same MicroVMs, and new interfaces
+        // after theirs.
+        let (registry, _) = Registry::open(dir.path(), CancellationToken::new())
+            .await
+            .expect("reopened");
+        assert_eq!(registry.uids(), ["created", "pending"]);
+        let created = registry.get("created").expect("created");
+        assert_eq!(created.spec, Some(spec.clone()));
+        let status = created.status.expect("status");
+        assert_eq!(status.state, i32::from(MicroVmState::Created));
+        assert_eq!(status.network_interfaces["eth0"].host_device_name, "tap2");
+        assert_eq!(registry.lock().next_interface_index, 4);
+    }
+
+    #[tokio::test]
+    async fn a_record_follows_its_microvm_and_an_unfinished_write_is_dropped() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (registry, _) = Registry::open(dir.path(), CancellationToken::new())
+            .await
+            .expect("opened");
+        let created = registry
+            .create(MicroVmSpec {
+                id: "vm".into(),
+                namespace: "ns".into(),
+                ..MicroVmSpec::default()
+            })
+            .await
+            .expect("created");
+        let record = registry.record(&created.uid);
+        let read = || {
+            serde_json::from_slice::<StoredMicroVm>(&std::fs::read(&record).expect("record"))
+                .expect("parsed")
+        };
+        assert_eq!(read().state, VmState::Pending);
+        registry.finish_boot(&created.uid, VmState::Created).await;
+        assert_eq!(read().state, VmState::Created);
+        assert_eq!(read().version, 2);
+        registry.delete(&created.uid).await.expect("deleted");
+        assert!(!record.exists());
+        drop(registry);
+
+        // As a crash in the middle of a write leaves one.
+        let unfinished = dir.path().join(RECORDS).join("cut.json.tmp");
+        std::fs::write(&unfinished, "{").expect("written");
+        let (registry, _) = Registry::open(dir.path(), CancellationToken::new())
+            .await
+            .expect("reopened");
+        assert!(registry.uids().is_empty());
+        assert!(!unfinished.exists());
     }
 
     #[test]
