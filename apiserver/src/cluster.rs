@@ -33,6 +33,13 @@ const QUOTA_TTL: Duration = Duration::from_secs(2);
 const QUOTA_CACHE_ENTRIES: u64 = 4096;
 /// The `source.component` of our Events.
 const COMPONENT: &str = "battery-apiserver";
+/// Idle connections to kube-apiserver kept for reuse. kube's default client keeps every
+/// connection a burst opened (HTTP/1.1, one request at a time each: a burst of
+/// uncached SubjectAccessReviews opens one apiece) for 90 s, without a bound; past
+/// this many, a connection closes once its request is answered.
+const IDLE_CONNECTIONS: usize = 8;
+/// How long an idle connection is kept, as client-go's transport keeps one.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
@@ -43,6 +50,44 @@ enum Phase {
 
 /// The keys of a Secret or ConfigMap and their values, which stay secret in memory.
 pub type KeyValues = BTreeMap<String, SecretSlice<u8>>;
+
+/// A client of the cluster `config` names: kube's own stack (its base URI, retries,
+/// credentials, impersonation headers and timeouts, without its debug spans) on a
+/// connection pool that keeps at most [`IDLE_CONNECTIONS`] idle.
+pub fn client(config: kube::Config) -> Result<kube::Client, kube::Error> {
+    use kube::client::ConfigExt as _;
+    use kube::client::retry::RetryPolicy;
+
+    if config.proxy_url.is_some() {
+        // kube's own stack answers a proxy as it always did: this build enables none.
+        return kube::Client::try_from(config);
+    }
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(config.connect_timeout);
+    let mut connector =
+        hyper_timeout::TimeoutConnector::new(config.rustls_https_connector_with_connector(http)?);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    let pool = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_timer(hyper_util::rt::TokioTimer::new())
+        .pool_max_idle_per_host(IDLE_CONNECTIONS)
+        .pool_idle_timeout(IDLE_TIMEOUT)
+        .build(connector);
+    let service = tower::ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(
+            config
+                .default_retry
+                .then(|| tower::retry::RetryLayer::new(RetryPolicy::server_retry())),
+        )
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        // What the retry policy reads.
+        .map_err(tower::BoxError::from)
+        .service(pool);
+    Ok(kube::Client::new(service, config.default_namespace))
+}
 
 /// A client of the cluster's kube-apiserver.
 pub struct Cluster {
@@ -265,5 +310,68 @@ impl crate::resources::microvmclaims::QuotaSource for Cluster {
         patch: serde_json::Value,
     ) -> futures::future::BoxFuture<'a, Result<(), ApiError>> {
         Box::pin(self.patch_resource_quota_status(namespace, name, patch))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// A burst of concurrent requests opens a connection each; once answered, no more
+    /// than `IDLE_CONNECTIONS` of them stay open.
+    #[tokio::test]
+    async fn a_burst_leaves_a_bounded_number_of_idle_connections() {
+        const BURST: usize = 40;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let open = Arc::new(AtomicUsize::new(0));
+        let accepting = open.clone();
+        tokio::spawn(async move {
+            loop {
+                let (tcp, _) = listener.accept().await.unwrap();
+                accepting.fetch_add(1, Ordering::SeqCst);
+                let open = accepting.clone();
+                tokio::spawn(async move {
+                    // Slow enough that the burst's requests overlap.
+                    let answer = hyper::service::service_fn(|_| async {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        Ok::<_, std::convert::Infallible>(http::Response::new(
+                            http_body_util::Full::new(hyper::body::Bytes::from_static(b"{}")),
+                        ))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), answer)
+                        .await;
+                    open.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        let client = client(kube::Config::new(url.parse().unwrap())).unwrap();
+        let requests = (0..BURST).map(|_| {
+            let client = client.clone();
+            async move {
+                let request = http::Request::get("/version").body(Vec::new()).unwrap();
+                client.request_text(request).await.unwrap()
+            }
+        });
+        futures::future::join_all(requests).await;
+        assert!(
+            open.load(Ordering::SeqCst) > IDLE_CONNECTIONS,
+            "the burst did not open more connections than are kept"
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while open.load(Ordering::SeqCst) > IDLE_CONNECTIONS {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} connections still open",
+                open.load(Ordering::SeqCst)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The kept ones serve the next requests.
+        let request = http::Request::get("/version").body(Vec::new()).unwrap();
+        assert_eq!(client.request_text(request).await.unwrap(), "{}");
     }
 }

@@ -156,7 +156,7 @@ async fn cluster(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Option<
         },
     };
     Ok(Some(
-        kube::Client::try_from(config).context("building the cluster client")?,
+        crate::cluster::client(config).context("building the cluster client")?,
     ))
 }
 

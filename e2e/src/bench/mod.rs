@@ -199,6 +199,7 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
     }
     let rig = Rig::start(binary, &serve_args).await?;
     let claims = scale_sizes.lists[1] + scale_sizes.watched_binds;
+    eprintln!("bench: booting {claims} MicroVMs for the claims");
     let pool = rig.create_pool("scale", claims as i32).await?;
     rows.extend(scale::run(&rig, &pool.name, &scale_sizes).await?);
     rig.stop().await;

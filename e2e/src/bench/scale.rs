@@ -48,6 +48,7 @@ pub async fn run(rig: &Rig, pool: &str, sizes: &Sizes) -> Result<Vec<Row>> {
     let client = rig.client().await?;
     let mut made = 0;
     for (i, &count) in sizes.lists.iter().enumerate() {
+        eprintln!("bench: {count} claims, then their lists");
         bind_many(rig, pool, "scale", made..count, FILL_CONCURRENCY).await?;
         made = count;
         rows.extend(lists(rig, &client, count, i + 1 == sizes.lists.len()).await?);
@@ -59,6 +60,7 @@ pub async fn run(rig: &Rig, pool: &str, sizes: &Sizes) -> Result<Vec<Row>> {
         at_claims,
         Unit::Megabytes,
     ));
+    eprintln!("bench: {} watches", sizes.watchers);
     let watchers = Watchers::open(rig, sizes.watchers).await?;
     let (with_watches, peak) = rig.serve_memory()?;
     rows.push(
