@@ -179,20 +179,8 @@ impl Registry {
         state_dir: &Path,
         host_shutdown: CancellationToken,
     ) -> Result<(Self, Vec<(String, Lifetime)>), SimHostError> {
-        let scratch_root = state_dir.join(SCRATCH_DIRS);
-        tokio::fs::create_dir_all(&scratch_root)
-            .await
-            .map_err(|source| SimHostError::CreateStateDir {
-                path: scratch_root.clone(),
-                source,
-            })?;
-        let records = state_dir.join(RECORDS);
-        tokio::fs::create_dir_all(&records)
-            .await
-            .map_err(|source| SimHostError::CreateStateDir {
-                path: records.clone(),
-                source,
-            })?;
+        let scratch_root = create_dir(state_dir.join(SCRATCH_DIRS)).await?;
+        let records = create_dir(state_dir.join(RECORDS)).await?;
         let legacy = read_legacy_state_file(&state_dir.join(LEGACY_STATE_FILE)).await?;
         let migrating = legacy.is_some();
         // A crash while migrating leaves both; the records are the newer.
@@ -503,6 +491,14 @@ impl Registry {
             })?;
         tracing::info!(microvms = uids.len(), path = %legacy.display(), "moved the simulated host's microvm list to one record per microvm");
         Ok(())
+    }
+}
+
+/// Creates the directory `path` if it is missing; returns it.
+async fn create_dir(path: PathBuf) -> Result<PathBuf, SimHostError> {
+    match tokio::fs::create_dir_all(&path).await {
+        Ok(()) => Ok(path),
+        Err(source) => Err(SimHostError::CreateStateDir { path, source }),
     }
 }
 
