@@ -201,11 +201,13 @@ pub async fn latency(rig: &super::rig::Rig, pool: &PoolRef, count: usize) -> Res
     Ok(Latency { rows, binds, claim })
 }
 
-/// The histograms of `serve`'s `/metrics` that a serial bind passes through, outermost
-/// first: the request (after TLS and HTTP/2: authentication, authorization, the body,
-/// the bind, the answer), the storage's bind inside it, and `serve`'s `ClaimVM` inside
-/// that; last the `GetPool`s the follower asks after battery's events.
-const SERVED: [(&str, &str, &str); 4] = [
+/// A histogram of `serve`'s `/metrics`: what it times, its name and its labels.
+type Series = (&'static str, &'static str, &'static str);
+
+/// The histograms a serial bind passes through, outermost first: the request (after TLS
+/// and HTTP/2: authentication, authorization, the body, the bind, the answer), the
+/// storage's bind inside it, and `serve`'s `ClaimVM` inside that. Each observes every bind.
+const NESTED: [Series; 3] = [
     (
         "serve's whole request",
         "battery_apiserver_request_duration_seconds",
@@ -221,15 +223,21 @@ const SERVED: [(&str, &str, &str); 4] = [
         "battery_apiserver_battery_call_duration_seconds",
         r#"method="ClaimVM",outcome="ok""#,
     ),
-    (
-        "serve's GetPool (the follower's)",
-        "battery_apiserver_battery_call_duration_seconds",
-        r#"method="GetPool",outcome="ok""#,
-    ),
 ];
 
-/// Each of [`SERVED`]'s histograms as `(sum in seconds, count)`, read from `/metrics`.
-async fn served(client: &Client) -> Result<Vec<(f64, f64)>> {
+/// The `GetPool`s the follower asks after battery's events: none, or fewer than one a
+/// bind, when it batches them.
+const FOLLOWER: Series = (
+    "serve's GetPool (the follower's)",
+    "battery_apiserver_battery_call_duration_seconds",
+    r#"method="GetPool",outcome="ok""#,
+);
+
+/// A histogram's `(sum in seconds, count)` so far.
+type Observed = (f64, f64);
+
+/// Each of [`NESTED`]'s histograms, then [`FOLLOWER`]'s, read from `/metrics`.
+async fn served(client: &Client) -> Result<Vec<Observed>> {
     let (status, body) = client
         .send(Method::GET, "/metrics", "text/plain", None)
         .await?;
@@ -247,8 +255,9 @@ async fn served(client: &Client) -> Result<Vec<(f64, f64)>> {
             .parse()
             .with_context(|| format!("/metrics: {line}"))
     };
-    SERVED
+    NESTED
         .iter()
+        .chain([&FOLLOWER])
         .map(|(_, name, labels)| {
             Ok((
                 value(format!("{name}_sum{{{labels}}} "))?,
@@ -263,8 +272,8 @@ async fn served(client: &Client) -> Result<Vec<(f64, f64)>> {
 /// rest of the bench's mean) what the connection costs: TLS, HTTP/2, the bench's client.
 fn where_the_time_goes(
     binds: &[Duration],
-    before: &[(f64, f64)],
-    after: &[(f64, f64)],
+    before: &[Observed],
+    after: &[Observed],
 ) -> Result<Vec<Row>> {
     let total: Duration = binds.iter().sum();
     let mut rows = vec![Row::millis(
@@ -272,30 +281,34 @@ fn where_the_time_goes(
         "POST -> 201 Bound mean",
         total / binds.len() as u32,
     )];
-    for (i, ((what, _, _), ((sum0, count0), (sum1, count1)))) in
-        SERVED.iter().zip(before.iter().zip(after)).enumerate()
-    {
+    let mean = |what: &str, (sum0, count0): Observed, (sum1, count1): Observed| {
         let count = count1 - count0;
-        let follower = i + 1 == SERVED.len();
-        if count >= 1.0 {
-            rows.push(Row::new(
+        let row = (count >= 1.0).then(|| {
+            Row::new(
                 LATENCY,
                 format!("{what} mean, from its /metrics"),
                 (sum1 - sum0) / count * 1000.0,
                 Unit::Millis,
-            ));
-        } else if !follower {
-            bail!("/metrics: {what} observed nothing during the binds");
-        }
-        if follower {
-            rows.push(Row::new(
-                LATENCY,
-                format!("{what} per bind"),
-                count / binds.len() as f64,
-                Unit::Times,
-            ));
-        }
+            )
+        });
+        (row, count)
+    };
+    for (i, (what, _, _)) in NESTED.iter().enumerate() {
+        let (row, _) = mean(what, before[i], after[i]);
+        rows.push(
+            row.with_context(|| format!("/metrics: {what} observed nothing during the binds"))?,
+        );
     }
+    let (what, _, _) = FOLLOWER;
+    let last = NESTED.len();
+    let (row, count) = mean(what, before[last], after[last]);
+    rows.extend(row);
+    rows.push(Row::new(
+        LATENCY,
+        format!("{what} per bind"),
+        count / binds.len() as f64,
+        Unit::Times,
+    ));
     Ok(rows)
 }
 

@@ -17,6 +17,7 @@ use battery_proto::flintlock::types::{
     MicroVm, MicroVmSpec, MicroVmStatus, NetworkInterfaceStatus,
 };
 use prost::Message as _;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -442,7 +443,7 @@ impl Registry {
     }
 
     fn record(&self, uid: &str) -> PathBuf {
-        self.records.join(uid).with_extension(RECORD_EXTENSION)
+        self.records.join(format!("{uid}.{RECORD_EXTENSION}"))
     }
 
     /// Makes `uid`'s record say what memory says now: written while the MicroVM
@@ -522,41 +523,8 @@ async fn write_atomically(path: &Path, bytes: Vec<u8>) -> Result<(), PersistErro
 /// What a write in progress is named until it replaces its record.
 const TEMPORARY_EXTENSION: &str = "json.tmp";
 
-/// Every record in `dir`, with the path it was read from; a write a crash cut short
-/// (a temporary file) is removed.
-async fn read_records(dir: &Path) -> Result<Vec<(PathBuf, StoredMicroVm)>, SimHostError> {
-    let read_error = |path: &Path| {
-        let path = path.to_owned();
-        move |source| SimHostError::ReadState { path, source }
-    };
-    let mut entries = tokio::fs::read_dir(dir).await.map_err(read_error(dir))?;
-    let mut records = Vec::new();
-    while let Some(entry) = entries.next_entry().await.map_err(read_error(dir))? {
-        let path = entry.path();
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.ends_with(TEMPORARY_EXTENSION) {
-            if let Err(error) = tokio::fs::remove_file(&path).await {
-                warn!(path = %path.display(), %error, "removing an unfinished record failed");
-            }
-            continue;
-        }
-        let bytes = tokio::fs::read(&path).await.map_err(read_error(&path))?;
-        let record = serde_json::from_slice::<StoredMicroVm>(&bytes).map_err(|source| {
-            SimHostError::ParseState {
-                path: path.clone(),
-                source,
-            }
-        })?;
-        records.push((path, record));
-    }
-    Ok(records)
-}
-
-/// The MicroVMs of the whole-list state file of earlier versions, if there is one.
-async fn read_legacy_state_file(
-    path: &Path,
-) -> Result<Option<Vec<(PathBuf, StoredMicroVm)>>, SimHostError> {
+/// The JSON file `path` read as a `T`, or `None` if there is no such file.
+async fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, SimHostError> {
     let bytes = match tokio::fs::read(path).await {
         Ok(bytes) => bytes,
         Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -567,17 +535,52 @@ async fn read_legacy_state_file(
             });
         }
     };
-    let file =
-        serde_json::from_slice::<StateFile>(&bytes).map_err(|source| SimHostError::ParseState {
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|source| SimHostError::ParseState {
             path: path.to_owned(),
             source,
-        })?;
-    Ok(Some(
+        })
+}
+
+/// Every record in `dir`, with the path it was read from; a write a crash cut short
+/// (a temporary file) is removed.
+async fn read_records(dir: &Path) -> Result<Vec<(PathBuf, StoredMicroVm)>, SimHostError> {
+    let read_error = |source| SimHostError::ReadState {
+        path: dir.to_owned(),
+        source,
+    };
+    let mut entries = tokio::fs::read_dir(dir).await.map_err(read_error)?;
+    let mut records = Vec::new();
+    while let Some(entry) = entries.next_entry().await.map_err(read_error)? {
+        let path = entry.path();
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .ends_with(TEMPORARY_EXTENSION)
+        {
+            if let Err(error) = tokio::fs::remove_file(&path).await {
+                warn!(path = %path.display(), %error, "removing an unfinished record failed");
+            }
+            continue;
+        }
+        if let Some(record) = read_json(&path).await? {
+            records.push((path, record));
+        }
+    }
+    Ok(records)
+}
+
+/// The MicroVMs of the whole-list state file of earlier versions, if there is one.
+async fn read_legacy_state_file(
+    path: &Path,
+) -> Result<Option<Vec<(PathBuf, StoredMicroVm)>>, SimHostError> {
+    Ok(read_json::<StateFile>(path).await?.map(|file| {
         file.microvms
             .into_iter()
             .map(|record| (path.to_owned(), record))
-            .collect(),
-    ))
+            .collect()
+    }))
 }
 
 fn validate_interfaces(spec: &MicroVmSpec) -> Result<(), RequestError> {
