@@ -240,10 +240,26 @@ async fn a_put_scales_with_resource_version_preconditions() {
     ready_pool(&h, "put", 1).await;
     let path = scale_path("put");
 
-    // HPA's write: the Scale it read, with a new spec.replicas.
-    let mut read = scale(&h, "put").await;
-    read["spec"]["replicas"] = json!(2);
-    let answer = send(&h, "PUT", &path, "application/json", read.clone()).await;
+    // HPA's write: the Scale it read, with a new spec.replicas. battery's late events
+    // for the new Pool move its resourceVersion too, so a write that loses that race is
+    // read and sent again, as HPA does on its next sync; each loss must be a real change.
+    let mut attempts = 0;
+    let (mut read, answer) = loop {
+        let mut read = scale(&h, "put").await;
+        read["spec"]["replicas"] = json!(2);
+        let answer = send(&h, "PUT", &path, "application/json", read.clone()).await;
+        if answer.0 != StatusCode::CONFLICT {
+            break (read, answer);
+        }
+        let now = scale(&h, "put").await;
+        assert_ne!(
+            now["metadata"]["resourceVersion"], read["metadata"]["resourceVersion"],
+            "a conflict on an unchanged Pool: {}",
+            answer.1
+        );
+        attempts += 1;
+        assert!(attempts < 20, "the Pool never settled: {}", answer.1);
+    };
     assert_scaled(&h, "put", answer, 2).await;
 
     // The same body again is stale: 409, as for a Deployment, and nothing changes.
