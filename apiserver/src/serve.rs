@@ -31,6 +31,8 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
+use crate::http::authn::PeerCertificates;
+
 /// HTTP/2 streams per connection (Go's aggregated-server recommendation).
 const MAX_CONCURRENT_STREAMS: u32 = 1000;
 /// Header bytes accepted, as Go's `MaxHeaderBytes` (1 MiB).
@@ -78,12 +80,6 @@ pub struct TlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
 }
-
-/// The client certificate chain a connection presented, whose key the client proved it
-/// holds; the chain itself is not verified yet (authentication does that). Every request
-/// on that connection carries it as an extension.
-#[derive(Debug, Clone)]
-pub struct PeerCertificates(pub Arc<Vec<CertificateDer<'static>>>);
 
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
@@ -322,7 +318,7 @@ pub async fn serve(
                 .get_ref()
                 .1
                 .peer_certificates()
-                .map(|c| PeerCertificates(Arc::new(c.to_vec())));
+                .map(PeerCertificates::new);
             let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
                 if let Some(certs) = &certs {
                     req.extensions_mut().insert(certs.clone());

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use http::HeaderMap;
-use rustls::pki_types::CertificateDer;
+use rustls::pki_types::{CertificateDer, UnixTime};
 
 use super::x509::{Verifier, common_name, verify};
 use crate::api::UserInfo;
@@ -27,15 +27,15 @@ pub struct FrontProxy {
 }
 
 impl FrontProxy {
-    /// The user the headers name when `chain` is a front proxy's: `Ok(None)` when the chain
-    /// is not the requestheader CA's or names nobody, so that the next authenticator runs;
-    /// an error when the chain is the CA's but its CN is not allowed.
-    pub(super) fn authenticate(
+    /// Whether `chain` is a front proxy's at `now`: it verifies against the requestheader
+    /// CA, and its CN is allowed. Only then do the identity headers count
+    /// ([`FrontProxy::user`]).
+    pub(super) fn vouches(
         &self,
         chain: &[CertificateDer<'static>],
-        headers: &HeaderMap,
-    ) -> Result<Option<UserInfo>, String> {
-        verify(&self.verifier, chain).map_err(|e| format!("front-proxy certificate: {e}"))?;
+        now: UnixTime,
+    ) -> Result<(), String> {
+        verify(&self.verifier, chain, now).map_err(|e| format!("front-proxy certificate: {e}"))?;
         let allowed = &self.names.allowed_names;
         let cn = chain
             .first()
@@ -46,7 +46,7 @@ impl FrontProxy {
                 "x509: subject with cn={cn} is not in the allowed list"
             ));
         }
-        Ok(self.user(headers))
+        Ok(())
     }
 
     /// The user the identity headers name, as Go's `requestheader.go` reads them: the

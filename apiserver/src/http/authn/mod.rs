@@ -16,17 +16,19 @@
 //! allowed, a token the cluster refuses) the answer is 401, never anonymous.
 //!
 //! The TLS layer asks for a client certificate and checks only that the client holds its
-//! key; the chain is verified here, per request, against the CAs trusted *now*
-//! ([`trust`]), so a rotated CA takes effect without a restart (ADR 0008). Identity
-//! headers are removed from every request, so nothing after this layer can read a
-//! forged one.
+//! key; the chain is verified here against the CAs trusted *now* ([`trust`]), so a
+//! rotated CA takes effect without a restart (ADR 0008), once per connection and trust
+//! until a certificate of it expires ([`peer`], ADR 0028). Identity headers are removed
+//! from every request, so nothing after this layer can read a forged one.
 
 mod front_proxy;
+mod peer;
 mod tokens;
 mod trust;
 mod x509;
 
 pub use front_proxy::{FrontProxy, RequestHeaderNames};
+pub use peer::PeerCertificates;
 pub use tokens::{TokenReviewer, bearer, clear_websocket_token};
 pub use trust::{
     CONFIG_MAP_NAME, CONFIG_MAP_NAMESPACE, RequestHeaderConfig, RequestHeaderFlags, Trust,
@@ -41,10 +43,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use battery_api_machinery::status::ApiError;
 use http::HeaderMap;
-use rustls::pki_types::CertificateDer;
+use rustls::pki_types::UnixTime;
 
 use crate::api::UserInfo;
-use crate::serve::PeerCertificates;
 
 /// The group of every authenticated user.
 pub const AUTHENTICATED: &str = "system:authenticated";
@@ -80,45 +81,42 @@ impl Authentication {
             .clone()
     }
 
-    /// Who `headers` and `chain` say the request comes from; then removes from `headers`
-    /// what vouched for it, judged by the same trust. A 401 says only "Unauthorized", as
-    /// Go's does: why is logged, not told to the caller.
+    /// Who `headers` and `peer`'s chain say the request comes from; then removes from
+    /// `headers` what vouched for it, judged by the same trust. A 401 says only
+    /// "Unauthorized", as Go's does: why is logged, not told to the caller.
     pub async fn authenticate(
         &self,
-        chain: Option<&[CertificateDer<'static>]>,
+        peer: Option<&PeerCertificates>,
         headers: &mut HeaderMap,
     ) -> Result<UserInfo, ApiError> {
         let trust = self.trust();
-        let user = self.identify(&trust, chain, headers).await;
+        let user = self.identify(&trust, peer, headers).await;
         clear(&trust, headers);
         user
     }
 
     async fn identify(
         &self,
-        trust: &Trust,
-        chain: Option<&[CertificateDer<'static>]>,
+        trust: &Arc<Trust>,
+        peer: Option<&PeerCertificates>,
         headers: &HeaderMap,
     ) -> Result<UserInfo, ApiError> {
-        let chain = chain.unwrap_or_default();
         let mut failures = Vec::new();
-        if !chain.is_empty() {
-            if let Some(front) = &trust.front_proxy {
-                match front.authenticate(chain, headers) {
-                    Ok(Some(user)) => return Ok(with_authenticated(user)),
-                    Ok(None) => {}
-                    Err(why) => failures.push(why),
-                }
-            }
-            if let Some(client_ca) = &trust.client_ca {
-                match x509::verify(client_ca, chain) {
+        if let Some(verdict) = peer.map(|peer| peer.verdict(trust, UnixTime::now())) {
+            if let (Some(front), Some(vouched)) = (&trust.front_proxy, &verdict.front_proxy) {
+                match vouched {
                     Ok(()) => {
-                        if let Some(user) = user_from_certificate(&chain[0]) {
+                        if let Some(user) = front.user(headers) {
                             return Ok(with_authenticated(user));
                         }
                     }
-                    Err(why) => failures.push(format!("client certificate: {why}")),
+                    Err(why) => failures.push(why.clone()),
                 }
+            }
+            match &verdict.client {
+                Some(Ok(Some(user))) => return Ok(with_authenticated(user.clone())),
+                Some(Err(why)) => failures.push(why.clone()),
+                Some(Ok(None)) | None => {}
             }
         }
         if let Some(tokens) = &self.tokens {
@@ -178,10 +176,7 @@ pub async fn authenticate(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let chain = request
-        .extensions()
-        .get::<PeerCertificates>()
-        .map(|certs| certs.0.clone());
+    let peer = request.extensions().get::<PeerCertificates>().cloned();
     let user = match request.extensions().get::<UserInfo>() {
         // Made inside this process (`dev` creating its Pool): no client can set an
         // extension, so it stands.
@@ -192,7 +187,7 @@ pub async fn authenticate(
         }
         None => {
             authentication
-                .authenticate(chain.as_deref().map(Vec::as_slice), request.headers_mut())
+                .authenticate(peer.as_ref(), request.headers_mut())
                 .await
         }
     };

@@ -73,15 +73,37 @@ pub fn verifier(pem: &[u8], what: &str) -> Result<Verifier, CaBundleError> {
     })
 }
 
-/// Whether `chain` (leaf first) verifies against `verifier` now.
-pub fn verify(verifier: &Verifier, chain: &[CertificateDer<'static>]) -> Result<(), String> {
+/// Whether `chain` (leaf first) verifies against `verifier` at `now`.
+pub fn verify(
+    verifier: &Verifier,
+    chain: &[CertificateDer<'static>],
+    now: UnixTime,
+) -> Result<(), String> {
     let (leaf, intermediates) = chain
         .split_first()
         .ok_or_else(|| "no certificate".to_owned())?;
     verifier
-        .verify_client_cert(leaf, intermediates, UnixTime::now())
+        .verify_client_cert(leaf, intermediates, now)
         .map(drop)
         .map_err(|e| e.to_string())
+}
+
+/// The first moment a certificate of `chain` is no longer valid; `None` when one cannot
+/// be read (or there is none), so nothing is concluded to last.
+pub fn expiry(chain: &[CertificateDer<'static>]) -> Option<UnixTime> {
+    chain
+        .iter()
+        .map(|der| {
+            let (_, cert) = X509Certificate::from_der(der).ok()?;
+            let not_after = u64::try_from(cert.validity().not_after.timestamp()).ok()?;
+            // Valid through its notAfter second, as webpki counts it.
+            Some(UnixTime::since_unix_epoch(std::time::Duration::from_secs(
+                not_after.saturating_add(1),
+            )))
+        })
+        .collect::<Option<Vec<_>>>()?
+        .into_iter()
+        .min()
 }
 
 /// The subject's common name. With several, the last counts, as in Go (`pkix.Name`
