@@ -20,6 +20,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// what a slow API server makes the agent hold.
 const STREAM_WINDOW_BYTES: u32 = 256 * 1024;
 
+/// The largest HTTP/2 frame flintlockd may send: a message of output in one frame, not
+/// HTTP/2's default 16 KiB pieces, each read and handled apart.
+const MAX_FRAME_BYTES: u32 = 1024 * 1024;
+
 /// How the agent authenticates flintlockd, and itself to it.
 #[derive(Debug)]
 pub enum FlintlockTls {
@@ -73,7 +77,8 @@ impl Flintlock {
             .endpoint
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
-            .initial_stream_window_size(STREAM_WINDOW_BYTES);
+            .initial_stream_window_size(STREAM_WINDOW_BYTES)
+            .max_frame_size(MAX_FRAME_BYTES);
         if let FlintlockTls::Mutual { ca, identity } = config.tls {
             endpoint = endpoint
                 .tls_config(ClientTlsConfig::new().ca_certificate(ca).identity(identity))?;

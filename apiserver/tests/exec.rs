@@ -47,16 +47,12 @@ async fn a_hand_written_client_keeps_stdout_and_stderr_apart_and_ends_stdin_with
     let exec = Exec::start().await;
     exec.claim("c").await;
 
-    let mut raw = exec
-        .raw(
-            DEV_USER,
-            "c",
+    let output = exec
+        .output(
             "command=sh&command=-c&command=echo%20out%3B%20echo%20err%20%3E%262&stdout=true&stderr=true",
             "v5.channel.k8s.io",
         )
-        .await
-        .unwrap();
-    let output = raw.read_all().await;
+        .await;
     assert_eq!(output.stdout, b"out\n");
     assert_eq!(output.stderr, b"err\n");
     assert_eq!(output.status, json!({"metadata": {}, "status": "Success"}));
@@ -92,17 +88,13 @@ async fn a_hand_written_client_keeps_stdout_and_stderr_apart_and_ends_stdin_with
         .await
         .unwrap();
     assert_eq!(raw.read_all().await.status["status"], "Success");
-    let mut raw = exec
-        .raw(
-            DEV_USER,
-            "c",
+    let output = exec
+        .output(
             "command=sh&command=-c&command=echo%20%24GREETING%3B%20basename%20%24PWD\
              &env=GREETING%3Dhi&env=GREETING%3Dhello%3Dthere&workingDir=%2Fwork&stdout=true",
             "v5.channel.k8s.io",
         )
-        .await
-        .unwrap();
-    let output = raw.read_all().await;
+        .await;
     assert_eq!(
         String::from_utf8_lossy(&output.stdout),
         "hello=there\nwork\n"
@@ -125,16 +117,9 @@ async fn a_hand_written_client_keeps_stdout_and_stderr_apart_and_ends_stdin_with
     );
 
     // v4 has no close; a command that does not read stdin needs none.
-    let mut raw = exec
-        .raw(
-            DEV_USER,
-            "c",
-            "&command=echo&command=v4&stdout=true",
-            "v4.channel.k8s.io",
-        )
-        .await
-        .unwrap();
-    let output = raw.read_all().await;
+    let output = exec
+        .output("&command=echo&command=v4&stdout=true", "v4.channel.k8s.io")
+        .await;
     assert_eq!(output.stdout, b"v4\n");
     assert_eq!(output.status["status"], "Success", "{}", output.status);
 
@@ -155,6 +140,42 @@ async fn a_hand_written_client_keeps_stdout_and_stderr_apart_and_ends_stdin_with
     let output = raw.read_all().await;
     assert_eq!(output.stdout, b"hi\n");
     assert_eq!(output.status["status"], "Success", "{}", output.status);
+}
+
+#[tokio::test]
+async fn bulk_output_on_both_streams_arrives_whole_in_order_and_in_bounded_frames() {
+    let exec = Exec::start().await;
+    exec.claim("c").await;
+
+    // Several MiB each way, switching streams mid-way: output already in is sent in
+    // frames joining many of the agent's messages, never across a change of stream.
+    let output = exec
+        .output(
+            "command=sh&command=-c\
+             &command=seq%201%20400000%3B%20seq%201%20300000%20%3E%262%3B%20seq%20400001%20700000\
+             &stdout=true&stderr=true",
+            "v5.channel.k8s.io",
+        )
+        .await;
+    let seq = |from: u32, to: u32| -> Vec<u8> {
+        (from..=to)
+            .flat_map(|n| format!("{n}\n").into_bytes())
+            .collect()
+    };
+    assert_eq!(output.status["status"], "Success", "{}", output.status);
+    assert!(
+        output.stdout == seq(1, 700_000),
+        "stdout was not seq 1 700000"
+    );
+    assert!(
+        output.stderr == seq(1, 300_000),
+        "stderr was not seq 1 300000"
+    );
+    assert!(
+        output.largest_frame <= 1024 * 1024,
+        "a frame carried {} bytes",
+        output.largest_frame
+    );
 }
 
 #[tokio::test]

@@ -46,6 +46,9 @@ const STREAM_WINDOW_BYTES: u32 = 256 * 1024;
 /// Output all of one agent's sessions may send ahead: the bound on what slow clients make
 /// the API server hold per Host.
 const CONNECTION_WINDOW_BYTES: u32 = 4 * 1024 * 1024;
+/// The largest HTTP/2 frame an agent may send: a message of output in one frame, not
+/// HTTP/2's default 16 KiB pieces, each read and handled apart.
+const MAX_FRAME_BYTES: u32 = 1024 * 1024;
 /// Channels kept, one per Host and address; a channel reconnects by itself, so a
 /// restarted agent is reached again through the same entry.
 const CHANNELS: u64 = 1024;
@@ -108,6 +111,7 @@ impl AgentRelay {
             .tcp_nodelay(true)
             .initial_stream_window_size(STREAM_WINDOW_BYTES)
             .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+            .max_frame_size(MAX_FRAME_BYTES)
             .connect_lazy();
         self.channels.insert(key, channel.clone());
         Ok(channel)

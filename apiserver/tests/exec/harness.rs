@@ -16,6 +16,7 @@ use battery_api_machinery::request_info::RequestInfo;
 use battery_api_machinery::status::ApiError;
 use battery_apiserver::agent_relay::AgentRelayTls;
 use battery_apiserver::api::UserInfo;
+use battery_apiserver::dev::pki::DEV_USER;
 use battery_apiserver::http::authz::{Authorizer, Decision};
 use battery_apiserver::server::Settings;
 use battery_types::MicroVMClaim;
@@ -342,6 +343,13 @@ impl Exec {
         Api::namespaced(self.kube(user), "default")
     }
 
+    /// Runs `query` on claim `c`'s exec as the dev user, offering `protocol`, with
+    /// nothing on stdin: all it printed and its Status.
+    pub async fn output(&self, query: &str, protocol: &str) -> Output {
+        let mut raw = self.raw(DEV_USER, "c", query, protocol).await.unwrap();
+        raw.read_all().await
+    }
+
     /// Opens `query` on the claim's exec with the hand-written client, offering
     /// `protocol`, as `user`.
     pub async fn raw(
@@ -384,6 +392,8 @@ pub struct Output {
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
     pub status: Value,
+    /// The most output one frame carried.
+    pub largest_frame: usize,
 }
 
 pub struct Raw {
@@ -415,6 +425,7 @@ impl Raw {
                 ),
                 _ => continue,
             };
+            output.largest_frame = output.largest_frame.max(payload.len());
             match channel {
                 1 => output.stdout.extend_from_slice(&payload),
                 2 => output.stderr.extend_from_slice(&payload),

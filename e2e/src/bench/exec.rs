@@ -1,7 +1,7 @@
 //! Exec: the first byte and the stdout throughput of a command run through the API
 //! server, the agent and the simulated Host, against the same command run here with its
-//! stdout on a local pipe, in the same run. The first byte is also timed from the
-//! agent's relay and from the simulated Host straight, so each hop's part is told apart.
+//! stdout on a local pipe, in the same run. Both are also measured from the agent's relay
+//! and from the simulated Host straight, so each hop's part is told apart.
 
 use std::time::{Duration, Instant};
 
@@ -44,10 +44,10 @@ struct Run {
     took: Duration,
 }
 
-/// `rounds` runs of `echo` for the first byte, then one `head -c bytes /dev/zero` for
-/// the throughput, each through a claim bound on `pool` and on a local pipe; the first
-/// byte also from the agent's relay, as the API server asks it, and straight from the
-/// simulated Host's `MicroVMExec`, as the agent asks it.
+/// `rounds` runs of `echo` for the first byte, then `head -c bytes /dev/zero` for the
+/// throughput, each through a claim bound on `pool` and on a local pipe, and also from
+/// the agent's relay, as the API server asks it, and straight from the simulated Host's
+/// `MicroVMExec`, as the agent asks it.
 pub async fn run(rig: &Rig, pool: &str, rounds: usize, bytes: usize) -> Result<Vec<Row>> {
     let client = rig.client().await?;
     let (_, claim) = bind(&client, "exec", pool).await?;
@@ -62,25 +62,28 @@ pub async fn run(rig: &Rig, pool: &str, rounds: usize, bytes: usize) -> Result<V
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         remote.push(through_server(&exec, "exec", &echo).await?.first_byte);
-        relayed.push(agent.first_byte(&echo).await?);
-        direct.push(host.first_byte(&echo).await?);
+        relayed.push(agent.run(&echo).await?.first_byte);
+        direct.push(host.run(&echo).await?.first_byte);
         local.push(on_a_pipe(&echo).await?.first_byte);
     }
     // Interleaved, and the median of each: this machine's speed drifts between runs
-    // more than the two differ.
-    let (mut through, mut piped) = (Vec::new(), Vec::new());
+    // more than they differ. The relay's and the Host's own rates tell each hop's part.
+    let mut rates = [const { Vec::new() }; 4];
     for _ in 0..THROUGHPUT_ROUNDS {
-        for (rates, run) in [
-            (&mut through, through_server(&exec, "exec", &head).await?),
-            (&mut piped, on_a_pipe(&head).await?),
-        ] {
+        let runs = [
+            through_server(&exec, "exec", &head).await?,
+            agent.run(&head).await?,
+            host.run(&head).await?,
+            on_a_pipe(&head).await?,
+        ];
+        for (rates, run) in rates.iter_mut().zip(runs) {
             if run.bytes != bytes {
                 bail!("head printed {} bytes, not {bytes}", run.bytes);
             }
             rates.push(run.bytes as f64 / MB / run.took.as_secs_f64());
         }
     }
-    let (through, piped) = (median(through), median(piped));
+    let [through, relayed_rate, direct_rate, piped] = rates.map(median);
     let [p50, _, p99] = percentiles(EXEC, "first byte through server+agent", &remote);
     let mut rows = vec![p50.at_most(5.0), p99];
     rows.push(Row::millis(
@@ -98,21 +101,22 @@ pub async fn run(rig: &Rig, pool: &str, rounds: usize, bytes: usize) -> Result<V
         "first byte on a local pipe p50",
         quantile(&local, 0.5),
     ));
-    rows.push(Row::new(
-        EXEC,
-        format!(
-            "stdout MB/s through server+agent ({} MB, median of {THROUGHPUT_ROUNDS})",
-            bytes / 1_000_000
-        ),
-        through,
-        Unit::MegabytesPerSecond,
-    ));
-    rows.push(Row::new(
-        EXEC,
-        format!("stdout MB/s on a local pipe (median of {THROUGHPUT_ROUNDS})"),
-        piped,
-        Unit::MegabytesPerSecond,
-    ));
+    for (path, rate) in [
+        ("through server+agent", through),
+        ("from the agent's relay", relayed_rate),
+        ("straight from the simulated Host", direct_rate),
+        ("on a local pipe", piped),
+    ] {
+        rows.push(Row::new(
+            EXEC,
+            format!(
+                "stdout MB/s {path} ({} MB, median of {THROUGHPUT_ROUNDS})",
+                bytes / 1_000_000
+            ),
+            rate,
+            Unit::MegabytesPerSecond,
+        ));
+    }
     rows.push(
         Row::new(
             EXEC,
@@ -251,8 +255,8 @@ pub(super) struct AgentExec {
 }
 
 impl AgentExec {
-    /// When the first stdout byte of `command` came, timed from before the stream opened.
-    async fn first_byte(&mut self, command: &[&str]) -> Result<Duration> {
+    /// `command`'s stdout, timed from before the stream opened.
+    async fn run(&mut self, command: &[&str]) -> Result<Run> {
         let started = Instant::now();
         let open = ExecRequest {
             payload: Some(exec_request::Payload::Open(ExecOpen {
@@ -268,12 +272,12 @@ impl AgentExec {
             .await
             .context("Exec on the agent's relay")?
             .into_inner();
-        first_stdout(started, stream, |message| match message.payload {
+        read_stdout(started, stream, |message| match message.payload {
             Some(exec_response::Payload::Stdout(bytes)) => bytes.len(),
             _ => 0,
         })
-        .await?
-        .context("the agent's exec printed nothing")
+        .await
+        .context("the agent's exec")
     }
 
     /// How long `command` took to exit, `stdin` given and closed, timed from before the
@@ -313,8 +317,8 @@ impl AgentExec {
 }
 
 impl HostExec {
-    /// When the first stdout byte of `command` came, timed from before the stream opened.
-    async fn first_byte(&mut self, command: &[&str]) -> Result<Duration> {
+    /// `command`'s stdout, timed from before the stream opened.
+    async fn run(&mut self, command: &[&str]) -> Result<Run> {
         let started = Instant::now();
         let start = ExecCommandRequest {
             payload: Some(exec_command_request::Payload::Start(ExecStart {
@@ -330,29 +334,35 @@ impl HostExec {
             .await
             .context("MicroVMExec on the simulated Host")?
             .into_inner();
-        first_stdout(started, stream, |message| match message.payload {
+        read_stdout(started, stream, |message| match message.payload {
             Some(exec_command_response::Payload::Stdout(bytes)) => bytes.len(),
             _ => 0,
         })
-        .await?
-        .context("the Host's exec printed nothing")
+        .await
+        .context("the Host's exec")
     }
 }
 
-/// How long after `started` the first stdout byte of `stream` came (`stdout` tells how
-/// many a message holds), read to its end; `None` if none came.
-async fn first_stdout<M: Send + 'static>(
+/// `stream` read to its end (`stdout` tells how many stdout bytes a message holds),
+/// timed from `started`.
+async fn read_stdout<M: Send + 'static>(
     started: Instant,
     mut stream: tonic::Streaming<M>,
     stdout: impl Fn(M) -> usize,
-) -> Result<Option<Duration>> {
-    let mut first_byte = None;
+) -> Result<Run> {
+    let (mut first_byte, mut bytes) = (None, 0);
     while let Some(message) = stream.message().await? {
-        if stdout(message) > 0 {
+        let printed = stdout(message);
+        if printed > 0 {
             first_byte.get_or_insert_with(|| started.elapsed());
         }
+        bytes += printed;
     }
-    Ok(first_byte)
+    Ok(Run {
+        first_byte: first_byte.context("the command printed nothing")?,
+        bytes,
+        took: started.elapsed(),
+    })
 }
 
 /// Runs `command` here with its stdout on a pipe read by the bench.

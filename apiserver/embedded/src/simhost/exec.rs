@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Component, Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -37,7 +38,10 @@ use super::registry::ExecTarget;
 const OUTPUT_BUFFER: usize = 16;
 /// The most output read into one response. tokio's default (4 KiB) made bulk output
 /// cost a gRPC message, and downstream a WebSocket frame, per page.
-const OUTPUT_CHUNK: usize = 64 * 1024;
+const OUTPUT_CHUNK: usize = 256 * 1024;
+/// What the command's stdout and stderr pipes hold (Linux's default is 64 KiB, which
+/// would cap each read, and so each response, at that).
+const OUTPUT_PIPE_BYTES: usize = 1024 * 1024;
 /// What timeout(1) exits with when it had to kill the command.
 const TIMED_OUT_EXIT_CODE: i32 = 124;
 /// What a shell exits with when the command cannot be executed.
@@ -274,8 +278,8 @@ async fn execute(
         Err(error) => return End::NotStarted(error),
     };
     let mut group = ProcessGroup::of(&child);
-    let mut stdout = (child.stdout.take()).map(|o| ReaderStream::with_capacity(o, OUTPUT_CHUNK));
-    let mut stderr = (child.stderr.take()).map(|e| ReaderStream::with_capacity(e, OUTPUT_CHUNK));
+    let mut stdout = (child.stdout.take()).map(output_stream);
+    let mut stderr = (child.stderr.take()).map(output_stream);
     let stdin = pump_stdin(requests, child.stdin.take());
     tokio::pin!(stdin);
     let mut stdin_done = false;
@@ -347,6 +351,15 @@ async fn execute(
         }
     }
     end
+}
+
+/// A command's stdout or stderr, read in chunks of up to `OUTPUT_CHUNK`.
+fn output_stream<R: AsyncRead + AsFd>(output: R) -> ReaderStream<R> {
+    // Best effort: a smaller pipe (beyond the system's limit) only means smaller reads.
+    if let Err(error) = rustix::pipe::fcntl_setpipe_size(&output, OUTPUT_PIPE_BYTES) {
+        debug!(%error, "enlarging a command's output pipe failed");
+    }
+    ReaderStream::with_capacity(output, OUTPUT_CHUNK)
 }
 
 /// The next chunk of a command's output; `None` once it has ended (or failed, which

@@ -36,6 +36,8 @@ const STDERR: u8 = 2;
 const ERROR: u8 = 3;
 /// v5: the payload's byte names a channel the client will write no more to.
 const CLOSE: u8 = 255;
+/// The most output one frame carries (the agent's messages are at most 1 MiB too).
+const FRAME_OUTPUT_BYTES: usize = 1024 * 1024;
 /// How long a client gets to answer our close before the connection is dropped.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
@@ -60,14 +62,22 @@ pub struct Session {
 /// A message on `channel`: binary, or in the base64 protocol a text frame whose first
 /// character is the channel's digit.
 fn frame(protocol: Protocol, channel: u8, payload: &[u8]) -> Message {
+    frame_of_parts(protocol, channel, &[payload])
+}
+
+/// `frame` of the payload `parts` make one after the other, copied once.
+fn frame_of_parts<P: AsRef<[u8]>>(protocol: Protocol, channel: u8, parts: &[P]) -> Message {
+    let size = parts.iter().map(|part| part.as_ref().len()).sum::<usize>();
+    let mut bytes = Vec::with_capacity(size + 1);
+    bytes.push(channel);
+    for part in parts {
+        bytes.extend_from_slice(part.as_ref());
+    }
     if protocol == Protocol::V4Base64 {
         let mut text = char::from(b'0' + channel).to_string();
-        BASE64.encode_string(payload, &mut text);
+        BASE64.encode_string(&bytes[1..], &mut text);
         return Message::Text(text.into());
     }
-    let mut bytes = Vec::with_capacity(payload.len() + 1);
-    bytes.push(channel);
-    bytes.extend_from_slice(payload);
     Message::Binary(bytes.into())
 }
 
@@ -173,6 +183,52 @@ impl Session {
     }
 }
 
+/// What one message from the agent is to the client.
+enum Output {
+    /// Output on a channel.
+    Chunk(u8, Bytes),
+    /// Nothing to send: a payload this server does not know.
+    Nothing,
+    /// The `Status` the session ends with.
+    End(Value),
+}
+
+impl Output {
+    fn of(next: Result<Option<ExecResponse>, tonic::Status>, command: &str) -> Self {
+        let message = match next {
+            Ok(Some(ExecResponse {
+                payload: Some(payload),
+            })) => payload,
+            Ok(Some(ExecResponse { payload: None })) => return Self::Nothing,
+            Ok(None) => {
+                return Self::End(failure(format!(
+                    "command {command} did not finish: the exec agent ended the session \
+                     without an exit status"
+                )));
+            }
+            Err(status) => {
+                return Self::End(failure(format!(
+                    "command {command} did not finish: the exec agent's stream failed: {}",
+                    describe(&status)
+                )));
+            }
+        };
+        match message {
+            exec_response::Payload::Stdout(bytes) => Self::Chunk(STDOUT, bytes),
+            exec_response::Payload::Stderr(bytes) => Self::Chunk(STDERR, bytes),
+            exec_response::Payload::Exit(ExitStatus { outcome }) => Self::End(match outcome {
+                Some(exit_status::Outcome::Code(code)) => exit_status(command, code),
+                Some(exit_status::Outcome::Error(error)) => {
+                    failure(format!("error executing command {command}: {error}"))
+                }
+                None => failure(format!(
+                    "command {command} did not finish: the exec agent sent an empty exit status"
+                )),
+            }),
+        }
+    }
+}
+
 /// Relays the agent's output to the client; the `Status` to end with, or `None` when
 /// the client went away.
 async fn from_agent<W>(
@@ -184,53 +240,56 @@ async fn from_agent<W>(
 where
     W: futures::Sink<Message> + Unpin,
 {
+    // A message read while filling a frame that could not join it.
+    let mut read_ahead = None;
     loop {
         // Output already in is queued behind what is being written; the WebSocket is
         // flushed only before waiting for more, so bulk output leaves in large writes.
-        let next = match responses.message().now_or_never() {
-            Some(next) => next,
+        let output = match read_ahead.take() {
+            Some(output) => output,
             None => {
-                if sink.flush().await.is_err() {
-                    return None;
-                }
-                responses.message().await
-            }
-        };
-        let message = match next {
-            Ok(Some(ExecResponse {
-                payload: Some(payload),
-            })) => payload,
-            Ok(Some(ExecResponse { payload: None })) => continue,
-            Ok(None) => {
-                return Some(failure(format!(
-                    "command {command} did not finish: the exec agent ended the session \
-                     without an exit status"
-                )));
-            }
-            Err(status) => {
-                return Some(failure(format!(
-                    "command {command} did not finish: the exec agent's stream failed: {}",
-                    describe(&status)
-                )));
-            }
-        };
-        let out = match message {
-            exec_response::Payload::Stdout(bytes) => frame(protocol, STDOUT, &bytes),
-            exec_response::Payload::Stderr(bytes) => frame(protocol, STDERR, &bytes),
-            exec_response::Payload::Exit(ExitStatus { outcome }) => {
-                return Some(match outcome {
-                    Some(exit_status::Outcome::Code(code)) => exit_status(command, code),
-                    Some(exit_status::Outcome::Error(error)) => {
-                        failure(format!("error executing command {command}: {error}"))
+                let next = match responses.message().now_or_never() {
+                    Some(next) => next,
+                    None => {
+                        if sink.flush().await.is_err() {
+                            return None;
+                        }
+                        responses.message().await
                     }
-                    None => failure(format!(
-                        "command {command} did not finish: the exec agent sent an empty exit status"
-                    )),
-                });
+                };
+                Output::of(next, command)
             }
         };
+        let (channel, first) = match output {
+            Output::Chunk(channel, bytes) => (channel, bytes),
+            Output::Nothing => continue,
+            Output::End(status) => return Some(status),
+        };
+        // Output of the same channel already in joins this frame: bulk output then costs
+        // a frame per batch, not per agent message, at both ends.
+        let mut size = first.len();
+        let mut parts = vec![first];
+        while let Some(next) = responses.message().now_or_never() {
+            match Output::of(next, command) {
+                Output::Chunk(next_channel, bytes)
+                    if next_channel == channel && size + bytes.len() <= FRAME_OUTPUT_BYTES =>
+                {
+                    size += bytes.len();
+                    parts.push(bytes);
+                }
+                Output::Nothing => {}
+                other => {
+                    read_ahead = Some(other);
+                    break;
+                }
+            }
+        }
         // Waits while the client is slow: the agent, then the command, wait with it.
-        if sink.feed(out).await.is_err() {
+        if sink
+            .feed(frame_of_parts(protocol, channel, &parts))
+            .await
+            .is_err()
+        {
             return None;
         }
     }
