@@ -321,9 +321,10 @@ async fn twenty_megabytes_through_cat_come_back_whole_and_buffers_stay_bounded()
     const CHUNK: usize = 64 * 1024;
     /// The most stdin the whole path may take while nobody reads stdout: the HTTP/2
     /// windows and bounded queues of each hop (the agent's 256 KiB windows and queues
-    /// of 4, the simulated Host's 1 MiB window) plus the pipes; an agent that buffered
-    /// without bound would take all of `TOTAL`.
-    const IN_FLIGHT_BOUND: usize = 4 * 1024 * 1024;
+    /// of 4 messages, the simulated Host's 1 MiB window and 1 MiB of output queued in
+    /// messages of up to 256 KiB, this client's 2 MiB window) plus the pipes (1 MiB
+    /// for stdout); an agent that buffered without bound would take all of `TOTAL`.
+    const IN_FLIGHT_BOUND: usize = 8 * 1024 * 1024;
 
     let fixture = Fixture::start().await;
     let mut client = fixture.trusted_client().await;

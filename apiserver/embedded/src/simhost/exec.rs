@@ -34,8 +34,9 @@ use super::Host;
 use super::error::RequestError;
 use super::registry::ExecTarget;
 
-/// Responses queued for a slow client before reading the command's output waits.
-const OUTPUT_BUFFER: usize = 16;
+/// Responses queued for a slow client before reading the command's output waits: with
+/// `OUTPUT_CHUNK`, at most 1 MiB of output per session.
+const OUTPUT_BUFFER: usize = 4;
 /// The most output read into one response. tokio's default (4 KiB) made bulk output
 /// cost a gRPC message, and downstream a WebSocket frame, per page.
 const OUTPUT_CHUNK: usize = 256 * 1024;
