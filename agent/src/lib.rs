@@ -47,6 +47,11 @@ use crate::relay::RelayService;
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// stdin the API server may send ahead of the agent reading it, per session.
 const STREAM_WINDOW_BYTES: u32 = 256 * 1024;
+/// The TLS a connection may hold encrypted and unsent: a session's output (messages of up
+/// to 1 MiB) is encrypted and handed to the socket in few large `writev`s, where rustls's
+/// default (64 KiB) made it a write, and a wake-up of the API server, every 64 KiB. Its
+/// clients are API servers, a few connections, so this bounds little memory.
+const TLS_BUFFER_BYTES: usize = 1024 * 1024;
 /// How long a client may take over its TLS handshake before it is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Handshaken connections waiting for the server to take them.
@@ -217,7 +222,8 @@ async fn accept(
             let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(tcp)).await;
             drop(permit);
             match handshake {
-                Ok(Ok(stream)) => {
+                Ok(Ok(mut stream)) => {
+                    stream.get_mut().1.set_buffer_limit(Some(TLS_BUFFER_BYTES));
                     let _ = connections.send(Ok(stream)).await;
                 }
                 Ok(Err(error)) => tracing::debug!(%error, %peer, "TLS handshake failed"),

@@ -11,7 +11,10 @@
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use axum::Router;
@@ -27,8 +30,10 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
 use tower::ServiceExt;
 
 use crate::http::authn::PeerCertificates;
@@ -45,6 +50,11 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
 /// How long open connections (watches, exec) get to finish after a shutdown signal.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// The TLS a connection upgraded for bulk output (exec) may hold encrypted and unsent: a
+/// whole WebSocket frame of output (up to 1 MiB) is then encrypted and handed to the
+/// socket in one `writev`, where rustls's default (64 KiB) made it 16 writes and as many
+/// wake-ups of the reader.
+const BULK_TLS_BUFFER_BYTES: usize = 1024 * 1024;
 
 /// Why TLS could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -319,11 +329,14 @@ pub async fn serve(
                 .1
                 .peer_certificates()
                 .map(PeerCertificates::new);
+            let stream = ServedStream::new(stream);
+            let bulk = stream.bulk.clone();
             let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
                 if let Some(certs) = &certs {
                     req.extensions_mut().insert(certs.clone());
                 }
                 req.extensions_mut().insert(RemoteAddr(peer));
+                req.extensions_mut().insert(bulk.clone());
                 app.clone().oneshot(req)
             });
             let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
@@ -344,3 +357,87 @@ pub async fn serve(
 /// The client's address, for logs and rate limits.
 #[derive(Debug, Clone, Copy)]
 pub struct RemoteAddr(pub SocketAddr);
+
+/// In a request's extensions: lets a request that upgrades its connection to bulk output
+/// (exec) have the connection's TLS hold more before it writes (`BULK_TLS_BUFFER_BYTES`).
+/// Other connections keep rustls's default, so the many that carry small answers
+/// (watches above all) hold no more for a slow reader.
+#[derive(Debug, Clone, Default)]
+pub struct BulkOutput(Arc<AtomicBool>);
+
+impl BulkOutput {
+    /// From the connection's next write on.
+    pub fn enable(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A connection as `serve` serves it: its TLS stream, whose send buffer grows once a
+/// request on it enables [`BulkOutput`].
+struct ServedStream {
+    tls: TlsStream<TcpStream>,
+    bulk: BulkOutput,
+    enlarged: bool,
+}
+
+impl ServedStream {
+    fn new(tls: TlsStream<TcpStream>) -> Self {
+        Self {
+            tls,
+            bulk: BulkOutput::default(),
+            enlarged: false,
+        }
+    }
+
+    /// The TLS stream, its buffer enlarged first if bulk output was enabled since.
+    fn writer(&mut self) -> Pin<&mut TlsStream<TcpStream>> {
+        if !self.enlarged && self.bulk.0.load(Ordering::Relaxed) {
+            self.tls
+                .get_mut()
+                .1
+                .set_buffer_limit(Some(BULK_TLS_BUFFER_BYTES));
+            self.enlarged = true;
+        }
+        Pin::new(&mut self.tls)
+    }
+}
+
+impl AsyncRead for ServedStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().tls).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ServedStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().writer().poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().writer().poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tls.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().writer().poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().writer().poll_shutdown(cx)
+    }
+}

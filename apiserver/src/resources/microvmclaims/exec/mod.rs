@@ -32,6 +32,7 @@ use super::lease::check_holder;
 use super::{Ask, ClaimRecord, ClaimStorage, info, key};
 use crate::agent_relay::AgentRelay;
 use crate::api::{Connect, RequestContext};
+use crate::serve::BulkOutput;
 use session::{Attached, Session};
 
 /// The largest WebSocket message read from a client: a stdin chunk, relayed as one
@@ -332,6 +333,7 @@ impl Connect for Arc<ClaimExec> {
                 .ok_or_else(|| {
                     ApiError::bad_request("this connection cannot be upgraded to a WebSocket")
                 })?;
+            let bulk = parts.extensions.remove::<BulkOutput>();
             let sessions = &exec.claims.exec_sessions;
             let permit = sessions.admit()?;
             let target = exec.target(&ctx, &name).await?;
@@ -372,6 +374,9 @@ impl Connect for Arc<ClaimExec> {
             tokio::spawn(async move {
                 match upgrade.await {
                     Ok(upgraded) => {
+                        if let Some(bulk) = bulk {
+                            bulk.enable();
+                        }
                         let config = WebSocketConfig::default()
                             .max_message_size(Some(MAX_MESSAGE_BYTES))
                             .max_frame_size(Some(MAX_MESSAGE_BYTES));
