@@ -99,7 +99,7 @@ impl Sizes {
     const FULL: Self = Self {
         serial_binds: 2000,
         config_binds: 100,
-        throughput: [(1, 100), (8, 300), (64, 600)],
+        throughput: [(1, 100), (8, 300), (64, 2000)],
         burst: 300,
         crd_binds: 500,
         exec_rounds: 20,
