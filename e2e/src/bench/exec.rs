@@ -34,9 +34,8 @@ pub const EXEC: &str = "exec";
 /// A session may stay quiet this long before the run fails.
 const QUIET_LIMIT: Duration = Duration::from_secs(60);
 const MB: f64 = 1_000_000.0;
-/// Throughput runs of each kind, interleaved. Five, not three: a local pipe's own rate
-/// moves by half between runs a second apart on this kind of machine (whether the writer
-/// and the reader share a core), and the ratio divides by its median.
+/// Throughput runs of each kind, interleaved; each rate is their median, so that one run
+/// slowed by the rest of this 2-core machine does not set it.
 const THROUGHPUT_ROUNDS: usize = 5;
 
 /// When the first stdout byte came, and how many came in all, and when the last did.
