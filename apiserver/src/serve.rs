@@ -441,3 +441,70 @@ impl AsyncWrite for ServedStream {
         self.get_mut().writer().poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+
+    use rustls::pki_types::ServerName;
+
+    use super::*;
+
+    /// A connection `serve` accepted, and the client's end of it (kept open).
+    async fn served_connection() -> (
+        ServedStream,
+        tokio_rustls::client::TlsStream<TcpStream>,
+        tempfile::TempDir,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = crate::dev::pki::write_dev_pki(dir.path()).unwrap();
+        let (tls, _reloader) = acceptor(&TlsFiles {
+            cert: pki.serving_cert.clone(),
+            key: pki.serving_key.clone(),
+        })
+        .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in certificates(&pki.ca_cert).unwrap() {
+            roots.add(cert).unwrap();
+        }
+        let client = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dialled = TcpStream::connect(listener.local_addr().unwrap());
+        let (accepted, dialled) = tokio::join!(listener.accept(), dialled);
+        let name = ServerName::try_from("localhost").unwrap();
+        let (server, client) = tokio::join!(
+            tls.accept(accepted.unwrap().0),
+            tokio_rustls::TlsConnector::from(Arc::new(client)).connect(name, dialled.unwrap()),
+        );
+        (ServedStream::new(server.unwrap()), client.unwrap(), dir)
+    }
+
+    /// How much plaintext the connection's TLS takes before anything reaches the socket.
+    fn taken_unsent(stream: &mut ServedStream) -> usize {
+        let tls = Pin::into_inner(stream.writer()).get_mut().1;
+        tls.writer()
+            .write(&vec![0; 4 * BULK_TLS_BUFFER_BYTES])
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_connection_holds_a_frame_of_output_only_once_bulk_output_is_enabled() {
+        let (mut plain, _client, _dir) = served_connection().await;
+        assert!(
+            taken_unsent(&mut plain) <= 64 * 1024,
+            "a connection without bulk output keeps rustls's default"
+        );
+
+        let (mut bulk, _client, _dir) = served_connection().await;
+        bulk.bulk.enable();
+        let taken = taken_unsent(&mut bulk);
+        assert!(
+            taken > BULK_TLS_BUFFER_BYTES * 9 / 10 && taken <= BULK_TLS_BUFFER_BYTES,
+            "took {taken} bytes"
+        );
+    }
+}
