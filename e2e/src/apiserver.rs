@@ -21,6 +21,7 @@
 //! the suite.
 
 pub(crate) mod agents;
+pub mod front;
 mod kubectl;
 
 use std::path::{Path, PathBuf};
@@ -30,8 +31,10 @@ use tempfile::TempDir;
 use tokio::process::Command;
 use tokio::sync::{Semaphore, SemaphorePermit};
 
+use crate::control_plane::Options;
 use crate::process::Process;
 use crate::stand_in::StandIn;
+pub use front::{Cluster, Front};
 
 pub use agents::{AgentSpec, SIMULATED_HOST_SKIPS};
 pub use kubectl::{Background, Invocation, Kubectl, Output, Stream, kubectl_paths};
@@ -73,9 +76,10 @@ pub struct ApiServer {
     /// `dev`; or the embedded battery and `serve` (last). Held so that dropping the
     /// server stops them, and their logs show when a test fails.
     processes: Vec<Process>,
-    /// The agents behind the stand-in, when started with them.
+    /// The agents, when started with them.
     agents: Option<tokio::sync::Mutex<agents::Agents>>,
-    stand_in: Option<StandIn>,
+    /// What is in front of `serve` (nothing in front of `dev`).
+    front: Option<Front>,
     /// battery-apiserver's own URL.
     backend: String,
     /// The embedded battery's gRPC address, where it runs in a process of its own.
@@ -92,7 +96,10 @@ impl ApiServer {
         let (dir, slot) = Self::prepare().await;
         let server = match route {
             Route::Direct => Self::start_dev(dir, slot).await,
-            Route::Aggregated => Self::start_aggregated(dir, slot, &[], None).await,
+            Route::Aggregated => {
+                Self::start_aggregated(dir, slot, Kind::Cluster(Options::default()), &[], None)
+                    .await
+            }
         };
         assert!(
             server.kubeconfig.is_file(),
@@ -113,7 +120,7 @@ impl ApiServer {
         Self {
             processes: vec![dev],
             agents: None,
-            stand_in: None,
+            front: None,
             backend: url,
             battery: None,
             kubeconfig: dir.path().join("dev").join("kubeconfig"),
@@ -125,14 +132,36 @@ impl ApiServer {
     /// [`Route::Aggregated`], with more flags for `battery-apiserver serve` (limits).
     pub async fn aggregated_with(serve_args: &[&str]) -> Self {
         let (dir, slot) = Self::prepare().await;
-        Self::start_aggregated(dir, slot, serve_args, None).await
+        let kind = Kind::Cluster(Options::default());
+        Self::start_aggregated(dir, slot, kind, serve_args, None).await
+    }
+
+    /// [`Route::Aggregated`] with kube-controller-manager beside kube-apiserver (the
+    /// namespace controller, the garbage collector, the quota controller).
+    pub async fn aggregated_with_controllers() -> Self {
+        let (dir, slot) = Self::prepare().await;
+        let kind = Kind::Cluster(Options { controllers: true });
+        Self::start_aggregated(dir, slot, kind, &[], None).await
+    }
+
+    /// `serve` behind the aggregator stand-in instead of a real control plane, with more
+    /// flags for it: for the attack table, which forges what a real kube-apiserver would
+    /// never send and edits the stand-in's policy.
+    pub async fn behind_stand_in(serve_args: &[&str]) -> Self {
+        let (dir, slot) = Self::prepare().await;
+        Self::start_aggregated(dir, slot, Kind::StandIn, serve_args, None).await
     }
 
     /// [`Route::Aggregated`] with the exec path of a cluster: `serve` with the relay's
     /// certificates and the agent signer, and one `battery-agent` process per Host, each
-    /// reaching the API through the stand-in as its Host's identity. Returns once every
+    /// reaching the API through kube-apiserver as its Host's identity. Returns once every
     /// Host reports Ready with its agent's address.
     pub async fn aggregated_with_agents() -> Self {
+        Self::aggregated_with_agents_and(Options::default()).await
+    }
+
+    /// [`Self::aggregated_with_agents`] with `options` for the control plane.
+    pub async fn aggregated_with_agents_and(options: Options) -> Self {
         let (dir, slot) = Self::prepare().await;
         let agents = agents::Agents::new(&dir.path().join("agents"));
         let args = agents.serve_args();
@@ -140,9 +169,8 @@ impl ApiServer {
             .iter()
             .map(|a| a.to_str().expect("UTF-8 paths"))
             .collect();
-        let mut server = Self::start_aggregated(dir, slot, &args, None).await;
-        let stand_in = server.stand_in.as_ref().expect("aggregated");
-        agents::Agents::grant(stand_in);
+        let mut server =
+            Self::start_aggregated(dir, slot, Kind::Cluster(options), &args, None).await;
         server.agents = Some(tokio::sync::Mutex::new(agents));
         let hosts: kube::Api<battery_types::Host> =
             kube::Api::all(crate::kube_client(&server.kubeconfig).await);
@@ -179,9 +207,9 @@ impl ApiServer {
     /// points at it and reports whatever it reports.
     pub async fn start_agent(&self, spec: AgentSpec) {
         let agents = self.agents.as_ref().expect("started with agents");
-        let stand_in = self.stand_in.as_ref().expect("aggregated");
+        let front = self.front.as_ref().expect("aggregated");
         let (host, listen) = (spec.host.clone(), spec.listen.to_string());
-        agents.lock().await.start(stand_in, spec).await;
+        agents.lock().await.start(front, spec).await;
         let hosts: kube::Api<battery_types::Host> =
             kube::Api::all(crate::kube_client(&self.kubeconfig).await);
         let what = format!("Host {host} to report through its agent at {listen}");
@@ -229,28 +257,41 @@ impl ApiServer {
     }
 
     /// A hand-written exec client ([`channel_exec`](crate::channel_exec)) for the
-    /// kubectl user, or for the user of `identity` (certificate and key of the stand-in's
-    /// client CA).
+    /// kubectl user, or for the user of `identity` (certificate and key of a client CA
+    /// the front accepts: [`Self::client_certificate`]).
     pub fn exec_client(&self, identity: Option<(PathBuf, PathBuf)>) -> crate::channel_exec::Client {
-        let (url, ca, (cert, key)) = match &self.stand_in {
-            Some(stand_in) => (
-                stand_in.url().to_owned(),
-                stand_in.serving_ca(),
-                identity.unwrap_or_else(|| stand_in.layout().kubectl()),
+        let (url, ca, identity) = match &self.front {
+            Some(front) => (
+                front.url().to_owned(),
+                front.ca(),
+                identity.map_or_else(
+                    || front.kubectl_identity(),
+                    |(cert, key)| crate::https::Identity::Cert(cert, key),
+                ),
             ),
             None => {
                 let dev = self.dir.path().join("dev");
-                let mine = (dev.join("dev.crt"), dev.join("dev.key"));
+                let (cert, key) = identity.unwrap_or((dev.join("dev.crt"), dev.join("dev.key")));
                 (
                     self.backend.clone(),
                     dev.join("ca.crt"),
-                    identity.unwrap_or(mine),
+                    crate::https::Identity::Cert(cert, key),
                 )
             }
         };
         crate::channel_exec::Client {
-            https: crate::https::Client::new(&url, &ca, crate::https::Identity::Cert(cert, key)),
+            https: crate::https::Client::new(&url, &ca, identity),
         }
+    }
+
+    /// A client certificate for the user `cn` in `groups` that the front accepts, and a
+    /// kubeconfig for it: (certificate, key, kubeconfig). Only in front of `serve`.
+    pub fn client_certificate(&self, cn: &str, groups: &[&str]) -> (PathBuf, PathBuf, PathBuf) {
+        let front = self.front.as_ref().expect("aggregated");
+        let (cert, key) = front.client_certificate(cn, groups);
+        let kubeconfig = cert.with_extension("kubeconfig");
+        front.write_kubeconfig(&kubeconfig, (&cert, &key));
+        (cert, key, kubeconfig)
     }
 
     /// The kubeconfig of the kubectl user (`system:serviceaccount:default:dev`).
@@ -275,7 +316,8 @@ impl ApiServer {
     /// there was no state yet, so a server started on a restored backup finds its own.
     pub async fn aggregated_on(data: &Path) -> Self {
         let (dir, slot) = Self::prepare().await;
-        Self::start_aggregated(dir, slot, &[], Some(data)).await
+        let kind = Kind::Cluster(Options::default());
+        Self::start_aggregated(dir, slot, kind, &[], Some(data)).await
     }
 
     /// The process ids of the embedded battery and of `serve`, on [`Route::Aggregated`].
@@ -292,11 +334,19 @@ impl ApiServer {
     async fn start_aggregated(
         dir: TempDir,
         slot: SemaphorePermit<'static>,
+        kind: Kind,
         serve_args: &[&str],
         data: Option<&Path>,
     ) -> Self {
         let fresh = data.is_none_or(|data| !data.join("apiserver").exists());
-        let stand_in = StandIn::start(&dir.path().join("stand-in"), None).await;
+        let front = match kind {
+            Kind::Cluster(options) => Front::Cluster(Box::new(
+                Cluster::start(dir.path(), binary(), options).await,
+            )),
+            Kind::StandIn => {
+                Front::StandIn(StandIn::start(&dir.path().join("stand-in"), None).await)
+            }
+        };
         let mut command = Command::new(binary());
         command.args([
             "embedded-battery",
@@ -314,7 +364,7 @@ impl ApiServer {
             BATTERY_SERVING_PREFIX,
         )
         .await;
-        let mut command = serve_command(binary(), &battery_address, &stand_in);
+        let mut command = serve_command(binary(), &battery_address, &front);
         command.args(serve_args);
         // mimalloc keeps what was freed for 10 ms before it returns it to the system, so
         // at a GB/s of exec the RSS holds tens of MB freed moments ago, more the faster the
@@ -329,12 +379,12 @@ impl ApiServer {
             SERVE_SERVING_PREFIX,
         )
         .await;
-        stand_in.set_backend(&url).await;
+        front.forward_to(&url).await;
         let server = Self {
             processes: vec![battery, serve],
             agents: None,
-            kubeconfig: stand_in.kubeconfig(),
-            stand_in: Some(stand_in),
+            kubeconfig: front.kubeconfig(),
+            front: Some(front),
             backend: url,
             battery: Some(battery_address),
             dir,
@@ -375,9 +425,25 @@ impl ApiServer {
         })
     }
 
-    /// The aggregator stand-in in front, on [`Route::Aggregated`].
+    /// What is in front of `serve`, on [`Route::Aggregated`].
+    pub fn front(&self) -> Option<&Front> {
+        self.front.as_ref()
+    }
+
+    /// The aggregator stand-in in front, for a server started [`Self::behind_stand_in`].
     pub fn stand_in(&self) -> Option<&StandIn> {
-        self.stand_in.as_ref()
+        match &self.front {
+            Some(Front::StandIn(stand_in)) => Some(stand_in),
+            _ => None,
+        }
+    }
+
+    /// The real control plane in front, on [`Route::Aggregated`].
+    pub fn cluster(&self) -> Option<&Cluster> {
+        match &self.front {
+            Some(Front::Cluster(cluster)) => Some(cluster),
+            _ => None,
+        }
     }
 
     /// The embedded battery's gRPC address (`host:port`) on [`Route::Aggregated`], for a
@@ -429,19 +495,21 @@ fn binary() -> &'static Path {
     BINARY_PATH.get_or_init(|| target_binary(BINARY, BINARY))
 }
 
-/// `binary serve` on loopback in front of the battery at `battery` (`host:port`), behind
-/// `stand_in`: its serving certificate, and the stand-in as its cluster.
-pub(crate) fn serve_command(binary: &Path, battery: &str, stand_in: &StandIn) -> Command {
+/// What stands in front of `serve`, before it runs.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Cluster(Options),
+    StandIn,
+}
+
+/// `binary serve` in front of the battery at `battery` (`host:port`), behind `front`:
+/// where it listens, its serving certificate, and the cluster it asks.
+pub(crate) fn serve_command(binary: &Path, battery: &str, front: &Front) -> Command {
     let mut command = Command::new(binary);
     command
-        .args(["serve", "--listen", "127.0.0.1:0", "--battery-address"])
+        .args(["serve", "--battery-address"])
         .arg(format!("http://{battery}"))
-        .arg("--tls-cert-file")
-        .arg(stand_in.apiserver_cert())
-        .arg("--tls-private-key-file")
-        .arg(stand_in.apiserver_key())
-        .arg("--kubeconfig")
-        .arg(stand_in.apiserver_kubeconfig());
+        .args(front.serve_args());
     command
 }
 

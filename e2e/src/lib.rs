@@ -29,6 +29,7 @@ pub mod apiserver;
 mod assert;
 pub mod bench;
 pub mod channel_exec;
+pub mod control_plane;
 mod env;
 mod events;
 pub mod flintlock;

@@ -37,7 +37,15 @@ impl Process {
     /// Spawns `command` (stdout piped and collected, stderr to `log`, stdin piped) and
     /// waits for a stdout line starting with `prefix`; returns the process and the rest
     /// of that line. Panics with the log if it exits first or takes too long.
-    pub async fn start(mut command: Command, log: &Path, prefix: &str) -> (Self, String) {
+    pub async fn start(command: Command, log: &Path, prefix: &str) -> (Self, String) {
+        let process = Self::spawn(command, log);
+        let rest = process.announced(prefix, 0).await;
+        (process, rest)
+    }
+
+    /// Spawns `command` like [`Self::start`], for a program that announces nothing on
+    /// stdout (etcd, kube-apiserver): the caller waits for it its own way.
+    pub fn spawn(mut command: Command, log: &Path) -> Self {
         let name = command
             .as_std()
             .get_program()
@@ -75,7 +83,7 @@ impl Process {
                 count.send_replace(all.len());
             }
         });
-        let process = Self {
+        Self {
             child,
             _tmp: tmp,
             stdin: tokio::sync::Mutex::new(stdin),
@@ -83,9 +91,19 @@ impl Process {
             log: log.to_owned(),
             lines,
             printed,
-        };
-        let rest = process.announced(prefix, 0).await;
-        (process, rest)
+        }
+    }
+
+    /// Panics with its log if it has exited: for a caller polling a program that
+    /// announces nothing.
+    pub fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!(
+                "{} exited ({status}); its log:\n{}",
+                self.name,
+                self.log_tail()
+            );
+        }
     }
 
     /// How many lines it has printed so far: pass it to [`Self::announced`] to wait for

@@ -1,9 +1,9 @@
-//! The exec path behind the stand-in, as a cluster runs it: the relay's two CAs and the
+//! The exec path, as a cluster runs it: the relay's two CAs and the
 //! `serve` flags for them, and one `battery-agent` process per Host. Each agent is its
 //! Host's identity (`system:battery-agent:<host>` in `battery:agents`, a client
-//! certificate of the stand-in's client CA), registers its Host, reports its readiness and
-//! gets its relay serving certificate from `hosts/<name>/certificate`, all through the
-//! stand-in.
+//! certificate of the cluster's CA), registers its Host, reports its readiness and
+//! gets its relay serving certificate from `hosts/<name>/certificate`, all through
+//! kube-apiserver.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use battery_types::agent_identity::{AGENT_GROUP, agent_username};
 use tokio::process::Command;
 
+use super::Front;
 use crate::process::Process;
-use crate::stand_in::StandIn;
-use crate::stand_in::pki::{self, Ca, Validity};
+use crate::stand_in::pki::{Ca, Validity};
 
 /// The checks a simulated Host cannot pass: it has no KVM device and no thin pool.
 pub const SIMULATED_HOST_SKIPS: &str = "kvm,thin-pool";
@@ -109,35 +109,15 @@ impl Agents {
         ]
     }
 
-    /// Lets the agent group do what an agent does, as the agent ClusterRole of a cluster
-    /// would: the Host rule in the API server narrows each to its own Host.
-    pub(crate) fn grant(stand_in: &StandIn) {
-        stand_in.edit_policy(|policy| {
-            policy["rules"]
-                .as_array_mut()
-                .expect("the policy has rules")
-                .push(serde_json::json!({
-                    "groups": [AGENT_GROUP],
-                    "verbs": ["get", "create", "update", "patch"],
-                    "apiGroups": [battery_types::GROUP],
-                    "resources": ["hosts", "hosts/status", "hosts/certificate"],
-                }));
-        });
-    }
-
-    /// Starts the agent `spec` describes, as its Host's identity through `stand_in`.
-    pub(crate) async fn start(&mut self, stand_in: &StandIn, spec: AgentSpec) {
-        let (cert, key) = stand_in.client_certificate(&agent_username(&spec.host), &[AGENT_GROUP]);
+    /// Starts the agent `spec` describes, as its Host's identity (a client certificate
+    /// of the cluster's CA, as `deploy/README.md` has a Host's agent get one) through
+    /// `front`. The binding `deploy/` ships for the agents' group lets it in.
+    pub(crate) async fn start(&mut self, front: &Front, spec: AgentSpec) {
+        let (cert, key) = front.client_certificate(&agent_username(&spec.host), &[AGENT_GROUP]);
         let dir = self.dir.join(format!("agent-{}", spec.host));
         std::fs::create_dir_all(&dir).expect("create the agent's directory");
         let kubeconfig = dir.join("kubeconfig");
-        pki::write_kubeconfig(
-            &kubeconfig,
-            stand_in.url(),
-            &stand_in.serving_ca(),
-            serde_json::json!({"client-certificate": cert, "client-key": key}),
-        )
-        .expect("write the agent's kubeconfig");
+        front.write_kubeconfig(&kubeconfig, (&cert, &key));
         let listen = spec.listen.to_string();
         let mut command = Command::new(super::target_binary("battery-agent", "battery-agent"));
         command

@@ -18,7 +18,7 @@ use super::client::{self, Client, GROUP_VERSION, NAMESPACE};
 use crate::api::PoolRef;
 use crate::api::lease_client::LeaseClient;
 use crate::apiserver::agents::Agents;
-use crate::apiserver::{AgentSpec, free_loopback_address};
+use crate::apiserver::{AgentSpec, Front, free_loopback_address};
 use crate::process::Process;
 use crate::stand_in::StandIn;
 use battery_proto::agent::v1alpha1::relay_client::RelayClient;
@@ -58,7 +58,8 @@ struct Processes {
     agents: Agents,
     serve: Process,
     battery: Process,
-    stand_in: StandIn,
+    /// The aggregator stand-in (issue 32 moves the rig onto the real control plane).
+    front: Front,
 }
 
 impl Rig {
@@ -69,7 +70,7 @@ impl Rig {
             .prefix("battery-bench-")
             .tempdir()
             .context("a temporary directory")?;
-        let stand_in = StandIn::start(&dir.path().join("stand-in"), None).await;
+        let front = Front::StandIn(StandIn::start(&dir.path().join("stand-in"), None).await);
         let mut command = Command::new(binary);
         command.args(["embedded-battery", "--listen", "127.0.0.1:0"]);
         let (battery_process, battery) = Process::start(
@@ -79,7 +80,7 @@ impl Rig {
         )
         .await;
         let agents = Agents::new(&dir.path().join("agents"));
-        let mut command = crate::apiserver::serve_command(binary, &battery, &stand_in);
+        let mut command = crate::apiserver::serve_command(binary, &battery, &front);
         // On disk, as deployed (`deploy/base/apiserver.yaml`): each commit is durable, so
         // a bind's figures include its store's fsyncs.
         command
@@ -93,18 +94,21 @@ impl Rig {
             SERVE_SERVING_PREFIX,
         )
         .await;
-        stand_in.set_backend(&url).await;
-        Agents::grant(&stand_in);
+        front.forward_to(&url).await;
+        let Front::StandIn(stand_in) = &front else {
+            unreachable!("the rig runs behind the stand-in")
+        };
+        let identity = stand_in.layout().kubectl();
         let mut rig = Self {
             url,
             battery,
-            ca: stand_in.serving_ca(),
-            identity: stand_in.layout().kubectl(),
+            ca: front.ca(),
+            identity,
             processes: Processes {
                 agents,
                 serve,
                 battery: battery_process,
-                stand_in,
+                front,
             },
             dir,
         };
@@ -140,7 +144,7 @@ impl Rig {
             self.processes
                 .agents
                 .start(
-                    &self.processes.stand_in,
+                    &self.processes.front,
                     AgentSpec {
                         host: host.clone(),
                         flintlock,
@@ -195,7 +199,7 @@ impl Rig {
     /// cluster (the stand-in), as the kubectl user.
     pub async fn create_secret(&self, name: &str, key: &str, value: &str) -> Result<()> {
         let cluster = Client::connect(
-            self.processes.stand_in.url(),
+            self.processes.front.url(),
             &self.ca,
             (&self.identity.0, &self.identity.1),
         )
@@ -333,13 +337,13 @@ impl Rig {
             agents,
             serve,
             battery,
-            stand_in,
+            front,
         } = self.processes;
         // Agents and the stand-in are killed when dropped; serve and battery are waited for.
         drop(agents);
         serve.kill().await;
         battery.kill().await;
-        drop(stand_in);
+        drop(front);
     }
 }
 

@@ -212,7 +212,7 @@ impl Ca {
         self.sign(params, cn)
     }
 
-    fn sign(&self, params: CertificateParams, cn: &str) -> Result<KeyedCert> {
+    pub fn sign(&self, params: CertificateParams, cn: &str) -> Result<KeyedCert> {
         let key = KeyPair::generate().context("generating a key")?;
         let cert = params
             .signed_by(&key, &self.issuer)

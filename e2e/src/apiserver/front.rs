@@ -1,0 +1,248 @@
+//! What stands in front of `battery-apiserver serve` on [`Route::Aggregated`](super::Route):
+//! a real control plane ([`Cluster`]), or, for the attack table alone, the aggregator
+//! stand-in (whose policy file and front-proxy rotation it drives; see `e2e/README.md`).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use kube::api::{Api, ObjectMeta, PostParams};
+
+use crate::control_plane::install::{self, Installation};
+use crate::control_plane::{ControlPlane, Options};
+use crate::stand_in::StandIn;
+
+/// The ServiceAccount the kubectl user is, as `dev`'s user is: claims name it as their
+/// Holder, so the same person may claim and then exec.
+pub const DEV_ACCOUNT: (&str, &str) = ("default", "dev");
+
+/// A real control plane with battery-apiserver installed into it from `deploy/`.
+pub struct Cluster {
+    pub plane: ControlPlane,
+    pub installation: Installation,
+    /// The kubectl user's kubeconfig: a token of [`DEV_ACCOUNT`].
+    kubeconfig: PathBuf,
+    token: String,
+}
+
+impl Cluster {
+    /// Starts a control plane in `dir`, installs battery-apiserver into it and makes the
+    /// kubectl user: the ServiceAccount `default/dev`, which the test's own binding lets
+    /// do everything (the stand-in's default policy did the same); tests of RBAC as
+    /// shipped make users of their own.
+    pub async fn start(dir: &Path, battery_apiserver: &Path, options: Options) -> Self {
+        let plane = ControlPlane::start(&dir.join("cluster"), options).await;
+        let installation = install::install(&plane, battery_apiserver, &dir.join("install")).await;
+        let (namespace, name) = DEV_ACCOUNT;
+        let token = plane.service_account_token(namespace, name).await;
+        let kubeconfig = dir.join("kubeconfig");
+        plane
+            .pki()
+            .write_kubeconfig(&kubeconfig, serde_json::json!({"token": token}), namespace)
+            .expect("write the kubectl user's kubeconfig");
+        let cluster = Self {
+            plane,
+            installation,
+            kubeconfig,
+            token,
+        };
+        cluster
+            .bind(
+                &format!("e2e:{name}"),
+                "cluster-admin",
+                service_account(namespace, name),
+            )
+            .await;
+        cluster
+    }
+
+    /// Binds the ClusterRole `role` to `subject` cluster-wide, as the admin.
+    pub async fn bind(&self, binding: &str, role: &str, subject: Subject) {
+        let bindings: Api<ClusterRoleBinding> = Api::all(self.plane.admin().await);
+        let object = ClusterRoleBinding {
+            metadata: ObjectMeta {
+                name: Some(binding.to_owned()),
+                ..Default::default()
+            },
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".to_owned(),
+                kind: "ClusterRole".to_owned(),
+                name: role.to_owned(),
+            },
+            subjects: Some(vec![subject]),
+        };
+        bindings
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap_or_else(|e| panic!("bind {role} as {binding}: {e}"));
+    }
+
+    /// Grants `subject` the `rules` cluster-wide: a ClusterRole `name` and its binding.
+    pub async fn grant(&self, name: &str, rules: Vec<PolicyRule>, subject: Subject) {
+        let roles: Api<ClusterRole> = Api::all(self.plane.admin().await);
+        let role = ClusterRole {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                ..Default::default()
+            },
+            rules: Some(rules),
+            ..Default::default()
+        };
+        roles
+            .create(&PostParams::default(), &role)
+            .await
+            .unwrap_or_else(|e| panic!("create the ClusterRole {name}: {e}"));
+        self.bind(name, name, subject).await;
+    }
+}
+
+/// The ServiceAccount `namespace/name` as an RBAC subject.
+pub fn service_account(namespace: &str, name: &str) -> Subject {
+    Subject {
+        kind: "ServiceAccount".to_owned(),
+        name: name.to_owned(),
+        namespace: Some(namespace.to_owned()),
+        ..Default::default()
+    }
+}
+
+/// A user (a client certificate's CN) as an RBAC subject.
+pub fn user(name: &str) -> Subject {
+    Subject {
+        kind: "User".to_owned(),
+        name: name.to_owned(),
+        api_group: Some("rbac.authorization.k8s.io".to_owned()),
+        ..Default::default()
+    }
+}
+
+/// What is in front of `serve`.
+pub enum Front {
+    Cluster(Box<Cluster>),
+    StandIn(StandIn),
+}
+
+impl Front {
+    /// The URL clients reach the API at.
+    pub fn url(&self) -> &str {
+        match self {
+            Self::Cluster(cluster) => cluster.plane.url(),
+            Self::StandIn(stand_in) => stand_in.url(),
+        }
+    }
+
+    /// The CA of the front's serving certificate.
+    pub fn ca(&self) -> PathBuf {
+        match self {
+            Self::Cluster(cluster) => cluster.plane.pki().ca(),
+            Self::StandIn(stand_in) => stand_in.serving_ca(),
+        }
+    }
+
+    /// The kubectl user's kubeconfig (`system:serviceaccount:default:dev`).
+    pub fn kubeconfig(&self) -> PathBuf {
+        match self {
+            Self::Cluster(cluster) => cluster.kubeconfig.clone(),
+            Self::StandIn(stand_in) => stand_in.kubeconfig(),
+        }
+    }
+
+    /// The kubectl user's credentials, for a hand-written client.
+    pub fn kubectl_identity(&self) -> crate::https::Identity {
+        match self {
+            Self::Cluster(cluster) => crate::https::Identity::Token(cluster.token.clone()),
+            Self::StandIn(stand_in) => {
+                let (cert, key) = stand_in.layout().kubectl();
+                crate::https::Identity::Cert(cert, key)
+            }
+        }
+    }
+
+    /// A client certificate the front accepts for the user `cn` in `groups`.
+    pub fn client_certificate(&self, cn: &str, groups: &[&str]) -> (PathBuf, PathBuf) {
+        match self {
+            Self::Cluster(cluster) => {
+                let file = format!("user-{}", uuid::Uuid::new_v4().simple());
+                cluster.plane.pki().client_certificate(&file, cn, groups)
+            }
+            Self::StandIn(stand_in) => stand_in.client_certificate(cn, groups),
+        }
+    }
+
+    /// Writes a kubeconfig at `path` for the user of a client certificate.
+    pub fn write_kubeconfig(&self, path: &Path, (cert, key): (&Path, &Path)) {
+        let user = serde_json::json!({"client-certificate": cert, "client-key": key});
+        match self {
+            Self::Cluster(cluster) => cluster
+                .plane
+                .pki()
+                .write_kubeconfig(path, user, "default")
+                .expect("write a kubeconfig"),
+            Self::StandIn(stand_in) => crate::stand_in::pki::write_kubeconfig(
+                path,
+                stand_in.url(),
+                &stand_in.serving_ca(),
+                user,
+            )
+            .expect("write a kubeconfig"),
+        }
+    }
+
+    /// `serve`'s flags for this front: where it listens, its serving certificate and the
+    /// cluster it asks (TokenReview, SubjectAccessReview, its CAs' ConfigMap).
+    pub fn serve_args(&self) -> Vec<OsString> {
+        let (listen, cert, key, kubeconfig) = match self {
+            Self::Cluster(cluster) => {
+                let installed = &cluster.installation;
+                (
+                    installed.address.to_string(),
+                    installed.serving_cert.clone(),
+                    installed.serving_key.clone(),
+                    installed.kubeconfig.clone(),
+                )
+            }
+            Self::StandIn(stand_in) => (
+                "127.0.0.1:0".to_owned(),
+                stand_in.apiserver_cert(),
+                stand_in.apiserver_key(),
+                stand_in.apiserver_kubeconfig(),
+            ),
+        };
+        vec![
+            "--listen".into(),
+            listen.into(),
+            "--tls-cert-file".into(),
+            cert.into(),
+            "--tls-private-key-file".into(),
+            key.into(),
+            "--kubeconfig".into(),
+            kubeconfig.into(),
+        ]
+    }
+
+    /// Waits until the front forwards to `serve` at `url`: the aggregator's own check
+    /// calls the APIService Available, or the stand-in is told the URL (and, as the
+    /// binding `deploy/` ships does in a cluster, lets the agents' group do what an
+    /// agent does: the Host rule in the API server narrows each to its own Host).
+    pub async fn forward_to(&self, url: &str) {
+        match self {
+            Self::Cluster(cluster) => {
+                install::wait_available(&cluster.plane, "True").await;
+            }
+            Self::StandIn(stand_in) => {
+                stand_in.set_backend(url).await;
+                stand_in.edit_policy(|policy| {
+                    policy["rules"]
+                        .as_array_mut()
+                        .expect("the policy has rules")
+                        .push(serde_json::json!({
+                            "groups": [battery_types::agent_identity::AGENT_GROUP],
+                            "verbs": ["get", "create", "update", "patch"],
+                            "apiGroups": [battery_types::GROUP],
+                            "resources": ["hosts", "hosts/status", "hosts/certificate"],
+                        }));
+                });
+            }
+        }
+    }
+}
