@@ -128,6 +128,24 @@ impl Cluster {
         Ok(phase)
     }
 
+    /// The `definitions` of kube-apiserver's own `/openapi/v2` (which the
+    /// `system:discovery` role lets every authenticated user read).
+    pub async fn openapi_v2_definitions(
+        &self,
+    ) -> Result<serde_json::Map<String, serde_json::Value>, kube::Error> {
+        let request = http::Request::get("/openapi/v2")
+            .header(http::header::ACCEPT, "application/json")
+            .body(Vec::new())
+            .map_err(kube::Error::HttpError)?;
+        let mut document: serde_json::Value = self.client.request(request).await?;
+        Ok(
+            match document.get_mut("definitions").map(serde_json::Value::take) {
+                Some(serde_json::Value::Object(definitions)) => definitions,
+                _ => serde_json::Map::new(),
+            },
+        )
+    }
+
     /// Go's NamespaceLifecycle admission: a create needs an existing namespace that is not
     /// being deleted (the namespace controller races against creates).
     pub async fn admit_create(&self, namespace: &str) -> Result<(), ApiError> {

@@ -17,7 +17,7 @@ use battery_types::{
     GROUP, HasResourceInfo, Host, HostCertificateRequest, MicroVMClaim, Pool, RESOURCES, VERSION,
 };
 use kube::CustomResourceExt;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 use tokio::task::JoinSet;
 use tower::ServiceBuilder;
 
@@ -28,7 +28,7 @@ use crate::cluster::Cluster;
 use crate::http::authn::{self, Authentication};
 use crate::http::authz::{self, Authorizer};
 use crate::http::metrics::{self, Metrics};
-use crate::http::{NonResource, nonresource_router};
+use crate::http::{NonResource, ServedOpenApi, nonresource_router};
 use crate::http::{recover, request_info};
 use crate::meta_store::MetaStore;
 use crate::resources::follow::Follower;
@@ -138,6 +138,46 @@ pub struct App {
     exec_sessions: Arc<ExecSessions>,
 }
 
+/// How often the cluster's OpenAPI definitions are read again (an upgraded kube-apiserver
+/// serves new ones); and again after a failed read.
+const CLUSTER_OPENAPI_INTERVAL: Duration = Duration::from_secs(600);
+const CLUSTER_OPENAPI_RETRY: Duration = Duration::from_secs(10);
+
+/// Serves `built` with its v2 document's Kubernetes definitions taken from the cluster's
+/// (`OpenApi::with_cluster_definitions`), read now and every
+/// [`CLUSTER_OPENAPI_INTERVAL`]. Until the first read answers, ours are served.
+async fn follow_cluster_openapi(
+    cluster: Arc<Cluster>,
+    built: OpenApi,
+    served: watch::Sender<ServedOpenApi>,
+) {
+    loop {
+        let wait = match cluster.openapi_v2_definitions().await {
+            Ok(definitions) => {
+                let (documents, adopted) = built.with_cluster_definitions(&definitions);
+                tracing::debug!(adopted, "took the cluster's OpenAPI v2 definitions");
+                served.send_if_modified(|current| {
+                    let changed =
+                        current.documents.v2_document().hash() != documents.v2_document().hash();
+                    if changed {
+                        current.documents = Arc::new(documents);
+                    }
+                    let settling = !current.settled;
+                    current.settled = true;
+                    changed || settling
+                });
+                CLUSTER_OPENAPI_INTERVAL
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "reading the cluster's OpenAPI v2 definitions; serving ours meanwhile");
+                served.send_if_modified(|current| !std::mem::replace(&mut current.settled, true));
+                CLUSTER_OPENAPI_RETRY
+            }
+        };
+        tokio::time::sleep(wait).await;
+    }
+}
+
 /// How long exec sessions get, once told the server shuts down, to pass that on.
 const EXEC_DRAIN: Duration = Duration::from_secs(5);
 
@@ -241,14 +281,19 @@ pub fn build(
         (&Host::INFO, schema::<Host>()),
     ];
     let started = Arc::new(AtomicBool::new(false));
+    let openapi = OpenApi::with_subresource_kinds(
+        GROUP,
+        VERSION,
+        &kinds,
+        &[("HostCertificateRequest", schema::<HostCertificateRequest>())],
+    )?;
+    let (openapi_sender, served_openapi) = watch::channel(ServedOpenApi {
+        documents: Arc::new(openapi.clone()),
+        settled: settings.cluster.is_none(),
+    });
     let nonresource = Arc::new(NonResource {
         discovery: Discovery::new(GROUP, VERSION, RESOURCES),
-        openapi: OpenApi::with_subresource_kinds(
-            GROUP,
-            VERSION,
-            &kinds,
-            &[("HostCertificateRequest", schema::<HostCertificateRequest>())],
-        )?,
+        openapi: served_openapi,
         battery: battery.clone(),
         metrics: metrics.clone(),
         started: started.clone(),
@@ -287,6 +332,9 @@ pub fn build(
         .layer(stack);
 
     let mut tasks = JoinSet::new();
+    if let Some(cluster) = settings.cluster.clone() {
+        tasks.spawn(follow_cluster_openapi(cluster, openapi, openapi_sender));
+    }
     tasks.spawn(claims.quotas().write_status());
     tasks.spawn(
         Follower {

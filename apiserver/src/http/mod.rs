@@ -52,7 +52,7 @@ mod nonresource;
 pub mod recover;
 pub mod request_info;
 
-pub use nonresource::{NonResource, router as nonresource_router};
+pub use nonresource::{NonResource, ServedOpenApi, router as nonresource_router};
 
 #[cfg(test)]
 mod tests {

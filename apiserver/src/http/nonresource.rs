@@ -1,9 +1,12 @@
 //! Paths that are not resources: health, version, metrics, discovery and OpenAPI.
 //! Discovery and OpenAPI are built once at start and answer even when battery is down,
-//! so the APIService stays Available and the cluster's discovery never breaks.
+//! so the APIService stays Available and the cluster's discovery never breaks. The v2
+//! document alone may change later, when its Kubernetes definitions are taken from the
+//! cluster's ([`ServedOpenApi`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Query, State};
@@ -15,14 +18,29 @@ use battery_api_machinery::negotiate;
 use battery_api_machinery::openapi::OpenApi;
 use battery_api_machinery::status::ApiError;
 use serde::Deserialize;
+use tokio::sync::watch;
 
 use super::metrics::Metrics;
 use crate::battery::BatteryClient;
 
+/// How long `/openapi/v2` waits for the cluster's definitions before it answers with
+/// ours: the aggregator downloads it once a minute, and a first answer with ours would
+/// leave renamed definitions in the cluster's document until the next.
+const OPENAPI_SETTLE_WAIT: Duration = Duration::from_secs(3);
+
+/// The OpenAPI documents served now.
+#[derive(Clone)]
+pub struct ServedOpenApi {
+    pub documents: Arc<OpenApi>,
+    /// Whether the v2 document's Kubernetes definitions are final: taken from the
+    /// cluster, or there is no cluster, or asking it failed (ours then, until it answers).
+    pub settled: bool,
+}
+
 /// What the non-resource paths serve.
 pub struct NonResource {
     pub discovery: Discovery,
-    pub openapi: OpenApi,
+    pub openapi: watch::Receiver<ServedOpenApi>,
     pub battery: BatteryClient,
     pub metrics: Arc<Metrics>,
     /// Set once the start-up work is done: battery's Hosts and Pools adopted and the
@@ -134,11 +152,16 @@ async fn resource_list(State(state): State<Arc<NonResource>>) -> Response {
 }
 
 async fn openapi_v2(State(state): State<Arc<NonResource>>, headers: HeaderMap) -> Response {
-    state.openapi.v2(&headers)
+    let mut served = state.openapi.clone();
+    // Past the wait (or with the sender gone) ours are served: never an error.
+    let _ = tokio::time::timeout(OPENAPI_SETTLE_WAIT, served.wait_for(|s| s.settled)).await;
+    let documents = served.borrow().documents.clone();
+    documents.v2(&headers)
 }
 
 async fn openapi_v3_root(State(state): State<Arc<NonResource>>, headers: HeaderMap) -> Response {
-    state.openapi.v3_root(&headers)
+    let documents = state.openapi.borrow().documents.clone();
+    documents.v3_root(&headers)
 }
 
 #[derive(Deserialize)]
@@ -151,9 +174,8 @@ async fn openapi_v3(
     Query(query): Query<HashQuery>,
     headers: HeaderMap,
 ) -> Response {
-    state
-        .openapi
-        .v3_group_version(query.hash.as_deref(), &headers)
+    let documents = state.openapi.borrow().documents.clone();
+    documents.v3_group_version(query.hash.as_deref(), &headers)
 }
 
 async fn not_found() -> ApiError {

@@ -4,13 +4,21 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
+use k8s_openapi::api::authorization::v1::{
+    NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 use kube::api::{Api, ObjectMeta, PostParams};
 
 use crate::control_plane::install::{self, Installation};
 use crate::control_plane::{ControlPlane, Options};
 use crate::stand_in::StandIn;
+
+/// How long kube-apiserver's authorizer may take to see a new binding: its informer
+/// hears of it through a watch, on a loaded 2-core machine.
+const GRANT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The ServiceAccount the kubectl user is, as `dev`'s user is: claims name it as their
 /// Holder, so the same person may claim and then exec.
@@ -78,8 +86,13 @@ impl Cluster {
     }
 
     /// Grants `subject` the `rules` cluster-wide: a ClusterRole `name` and its binding.
+    /// Returns once kube-apiserver allows `subject` the first rule (the role and its
+    /// binding reach RBAC's informers a moment after their creates answer), so that the
+    /// test's next request is judged with the grant.
     pub async fn grant(&self, name: &str, rules: Vec<PolicyRule>, subject: Subject) {
-        let roles: Api<ClusterRole> = Api::all(self.plane.admin().await);
+        let review = rules.first().map(|rule| access_review(rule, &subject));
+        let admin = self.plane.admin().await;
+        let roles: Api<ClusterRole> = Api::all(admin.clone());
         let role = ClusterRole {
             metadata: ObjectMeta {
                 name: Some(name.to_owned()),
@@ -93,6 +106,85 @@ impl Cluster {
             .await
             .unwrap_or_else(|e| panic!("create the ClusterRole {name}: {e}"));
         self.bind(name, name, subject).await;
+        let Some(review) = review else { return };
+        let reviews: Api<SubjectAccessReview> = Api::all(admin);
+        let what = format!("kube-apiserver to allow what the ClusterRole {name} grants");
+        crate::eventually(GRANT_TIMEOUT, &what, async || {
+            let answer = reviews
+                .create(&PostParams::default(), &review)
+                .await
+                .map_err(|e| e.to_string())?;
+            match answer.status {
+                Some(status) if status.allowed => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    }
+}
+
+/// A SubjectAccessReview of `subject` doing `rule`'s first verb on its first resource or
+/// URL (cluster-wide, as [`Cluster::grant`] binds): RBAC allows it once it sees the binding.
+fn access_review(rule: &PolicyRule, subject: &Subject) -> SubjectAccessReview {
+    let first = |list: Option<&Vec<String>>| list.and_then(|l| l.first()).cloned();
+    let verb = rule.verbs.first().cloned();
+    let (resource_attributes, non_resource_attributes) =
+        match first(rule.non_resource_urls.as_ref()) {
+            Some(path) => (
+                None,
+                Some(NonResourceAttributes {
+                    path: Some(path),
+                    verb,
+                }),
+            ),
+            None => {
+                let resource = first(rule.resources.as_ref()).unwrap_or_default();
+                let (resource, subresource) = match resource.split_once('/') {
+                    Some((resource, subresource)) => (resource, Some(subresource.to_owned())),
+                    None => (resource.as_str(), None),
+                };
+                let attributes = ResourceAttributes {
+                    verb,
+                    group: first(rule.api_groups.as_ref()),
+                    resource: Some(resource.to_owned()),
+                    subresource,
+                    name: first(rule.resource_names.as_ref()),
+                    ..Default::default()
+                };
+                (Some(attributes), None)
+            }
+        };
+    let (user, groups) = match (subject.kind.as_str(), &subject.namespace) {
+        ("ServiceAccount", Some(namespace)) => (
+            Some(battery_types::service_account_username(
+                namespace,
+                &subject.name,
+            )),
+            None,
+        ),
+        ("User", _) => (Some(subject.name.clone()), None),
+        _ => (None, Some(vec![subject.name.clone()])),
+    };
+    SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user,
+            groups,
+            resource_attributes,
+            non_resource_attributes,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// A rule on battery's API group: `verbs` on `resources` (subresources as `pools/scale`).
+pub fn battery_rule(resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    let strings = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect();
+    PolicyRule {
+        api_groups: Some(vec![battery_types::GROUP.to_owned()]),
+        resources: Some(strings(resources)),
+        verbs: strings(verbs),
+        ..Default::default()
     }
 }
 
@@ -221,13 +313,14 @@ impl Front {
     }
 
     /// Waits until the front forwards to `serve` at `url`: the aggregator's own check
-    /// calls the APIService Available, or the stand-in is told the URL (and, as the
+    /// calls the APIService Available and its discovery lists our resources, or the stand-in is told the URL (and, as the
     /// binding `deploy/` ships does in a cluster, lets the agents' group do what an
     /// agent does: the Host rule in the API server narrows each to its own Host).
     pub async fn forward_to(&self, url: &str) {
         match self {
             Self::Cluster(cluster) => {
                 install::wait_available(&cluster.plane, "True").await;
+                install::wait_discovered(&cluster.plane).await;
             }
             Self::StandIn(stand_in) => {
                 stand_in.set_backend(url).await;

@@ -136,6 +136,40 @@ pub async fn wait_available(plane: &ControlPlane, status: &str) -> APIService {
     .await
 }
 
+/// Waits until kube-apiserver's aggregated discovery (`/apis` as an
+/// `APIGroupDiscoveryList`, what kubectl reads) lists our resources. The aggregator
+/// fetches our discovery document on its own schedule after the APIService turns
+/// Available, and until then kubectl finds no kind of ours ("no matches for kind").
+pub async fn wait_discovered(plane: &ControlPlane) {
+    let client = plane.admin().await;
+    crate::eventually(
+        AVAILABLE_TIMEOUT,
+        "our resources in aggregated discovery",
+        async || {
+            let request = http::Request::get("/apis")
+                .header(
+                    http::header::ACCEPT,
+                    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+                )
+                .body(Vec::new())
+                .expect("a request");
+            let list: serde_json::Value =
+                client.request(request).await.map_err(|e| e.to_string())?;
+            let ours = list["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|group| group["metadata"]["name"] == battery_types::GROUP);
+            let resources = ours.and_then(|group| group["versions"][0]["resources"].as_array());
+            match resources {
+                Some(resources) if !resources.is_empty() => Ok(()),
+                _ => Err(format!("{ours:?}")),
+            }
+        },
+    )
+    .await;
+}
+
 /// The serving certificate, key and CA out of the Secret `certs` wrote for the Pod,
 /// written as files for `serve` and for tests that dial it.
 fn serving_files(certs: &Path) -> (PathBuf, PathBuf, PathBuf) {

@@ -428,3 +428,78 @@ fn strings(value: &Value) -> Vec<&str> {
     strings.sort_unstable();
     strings
 }
+
+/// Through kube-apiserver our `/openapi/v2` is merged into the cluster's: our kinds are
+/// there, no Kubernetes definition of ours was renamed `<name>_v2` (the aggregator renames
+/// one that differs from its own; `serve` takes them from the cluster), no `$ref` dangles,
+/// the protobuf form (what client-go asks for first) is served, and `kubectl explain`
+/// reads the merged v2 document as well as our v3 one.
+#[tokio::test]
+async fn openapi_v2_merges_into_the_clusters_without_renaming() {
+    let server = ApiServer::start(Route::Aggregated).await;
+    let kubectl = server.kubectls().last().expect("a kubectl release");
+    let v2 = raw(&kubectl, "/openapi/v2").await;
+    let definitions = v2["definitions"].as_object().expect("definitions");
+    for kind in KINDS {
+        let name = format!("dev.liquidmetal-x.battery.v1alpha1.{kind}");
+        assert!(definitions.contains_key(&name), "/openapi/v2 lacks {name}");
+    }
+    let renamed: Vec<&String> = definitions
+        .keys()
+        .filter(|name| {
+            name.rsplit_once("_v")
+                .is_some_and(|(_, n)| n.parse::<u32>().is_ok())
+        })
+        .collect();
+    assert!(renamed.is_empty(), "renamed in the merge: {renamed:?}");
+    let text = v2.to_string();
+    let dangling: BTreeSet<&str> = text
+        .split("\"$ref\":\"#/definitions/")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .filter(|name| !definitions.contains_key(*name))
+        .collect();
+    assert!(dangling.is_empty(), "dangling $refs: {dangling:?}");
+
+    let cluster = server.cluster().expect("a real control plane");
+    let request = http::Request::get("/openapi/v2")
+        .header(
+            http::header::ACCEPT,
+            "application/com.github.proto-openapi.spec.v2@v1.0+protobuf",
+        )
+        .body(kube::client::Body::empty())
+        .expect("a request");
+    let response = cluster
+        .plane
+        .admin()
+        .await
+        .send(request)
+        .await
+        .expect("GET /openapi/v2 as protobuf");
+    assert_eq!(response.status(), http::StatusCode::OK);
+    let body = response
+        .into_body()
+        .collect_bytes()
+        .await
+        .expect("the protobuf document");
+    let claim = b"dev.liquidmetal-x.battery.v1alpha1.MicroVMClaim";
+    assert!(
+        body.windows(claim.len()).any(|window| window == claim),
+        "the protobuf /openapi/v2 lacks the MicroVMClaim definition"
+    );
+
+    for kubectl in server.kubectls() {
+        let output = kubectl
+            .ok(&[
+                "explain",
+                "microvmclaims.spec",
+                "--output=plaintext-openapiv2",
+            ])
+            .await;
+        assert_contains_all(
+            &output,
+            &["KIND:     MicroVMClaim", "poolRef", "serviceAccountName"],
+            &format!("kubectl {} explain from /openapi/v2", kubectl.version()),
+        );
+    }
+}

@@ -23,7 +23,10 @@ mod paths;
 mod query;
 mod render;
 mod schemas;
+mod shared;
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use axum::body::{Body, Bytes};
@@ -31,7 +34,7 @@ use axum::response::{IntoResponse, Response};
 use battery_types::ResourceInfo;
 use http::header::{ACCEPT, CACHE_CONTROL, CONTENT_TYPE, ETAG, EXPIRES, LOCATION, VARY};
 use http::{HeaderMap, HeaderValue, StatusCode};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::etag;
 use crate::status::ApiError;
@@ -177,6 +180,10 @@ pub struct OpenApi {
     v3: Document,
     v2: Document,
     v3_path: String,
+    /// The v2 document as built here, and the definitions of our own kinds in it: what
+    /// [`OpenApi::with_cluster_definitions`] starts from.
+    v2_built: Arc<Value>,
+    own: Arc<BTreeSet<String>>,
 }
 
 impl OpenApi {
@@ -200,7 +207,8 @@ impl OpenApi {
     ) -> Result<Self, OpenApiError> {
         let built = Built::new(group, version, kinds, subresource_kinds)?;
         let v3 = Document::new(&built.v3());
-        let v2 = Document::new(&built.v2());
+        let v2_built = built.v2();
+        let v2 = Document::new(&v2_built);
         let key = format!("apis/{group}/{version}");
         let v3_path = format!("/openapi/v3/{key}");
         let v3_root = Document::new(&render::v3_root(&key, &hashed_url(&v3_path, v3.hash())));
@@ -209,7 +217,24 @@ impl OpenApi {
             v3,
             v2,
             v3_path,
+            v2_built: Arc::new(v2_built),
+            own: Arc::new(built.components.own),
         })
+    }
+
+    /// These documents with the v2 document's Kubernetes definitions (`ObjectMeta`,
+    /// `Status`, `Lease`, `Scale`, ...) taken from `cluster`, the `definitions` of
+    /// kube-apiserver's own `/openapi/v2`, so that its aggregator merges ours into its own
+    /// without renaming any (see `shared`). Returns it and how many definitions were taken.
+    /// The v3 documents stay: the aggregator serves each group-version's as it is.
+    pub fn with_cluster_definitions(&self, cluster: &Map<String, Value>) -> (Self, usize) {
+        let mut v2 = (*self.v2_built).clone();
+        let adopted = shared::adopt(&mut v2, &self.own, cluster);
+        let documents = Self {
+            v2: Document::new(&v2),
+            ..self.clone()
+        };
+        (documents, adopted)
     }
 
     /// The path of the v3 group-version document, `/openapi/v3/apis/<g>/<v>`.

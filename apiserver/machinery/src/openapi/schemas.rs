@@ -8,7 +8,7 @@
 //! them under `#/components/schemas/` and wrap a described `$ref` in `allOf`, as
 //! kube-apiserver's v3 documents do.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use battery_types::ResourceInfo;
 use k8s_openapi::api::autoscaling::v1::Scale;
@@ -63,6 +63,9 @@ impl Gvk {
 pub(super) struct Components {
     pub(super) schemas: Map<String, Value>,
     names: BTreeMap<Gvk, String>,
+    /// The schemas of this group-version's own kinds and lists; the rest are Kubernetes'
+    /// (meta types, `Lease`, `Scale`).
+    pub(super) own: BTreeSet<String>,
 }
 
 impl Components {
@@ -181,21 +184,26 @@ pub(super) fn build(
             schema.insert(GVK_EXTENSION.to_owned(), json!([gvk.to_json()]));
         }
     }
+    let mut own = BTreeSet::new();
     for (info, schema) in kinds {
         let name = rest_friendly_name(group, version, info.kind);
         let list_name = rest_friendly_name(group, version, &format!("{}List", info.kind));
         let gvk = Gvk::new(group, version, info.kind);
         schemas.insert(name.clone(), kind_schema(&gvk, schema)?);
-        schemas.insert(list_name, list_schema(info, &name));
+        schemas.insert(list_name.clone(), list_schema(info, &name));
+        own.extend([name, list_name]);
     }
     for (kind, schema) in subresource_kinds {
         let gvk = Gvk::new(group, version, kind);
-        schemas.insert(
-            rest_friendly_name(group, version, kind),
-            kind_schema(&gvk, schema)?,
-        );
+        let name = rest_friendly_name(group, version, kind);
+        schemas.insert(name.clone(), kind_schema(&gvk, schema)?);
+        own.insert(name);
     }
-    Ok(Components { schemas, names })
+    Ok(Components {
+        schemas,
+        names,
+        own,
+    })
 }
 
 /// Adds the schema of a foreign kind that a subresource may return, and names it.
