@@ -76,6 +76,10 @@ pub struct ApiServer {
     /// `dev`; or the embedded battery and `serve` (last). Held so that dropping the
     /// server stops them, and their logs show when a test fails.
     processes: Vec<Process>,
+    /// `serve`'s arguments, to start it again ([`Self::start_serve`]).
+    serve_args: Vec<std::ffi::OsString>,
+    /// How often `serve` was started again, for its logs' names.
+    serve_starts: usize,
     /// The agents, when started with them.
     agents: Option<tokio::sync::Mutex<agents::Agents>>,
     /// What is in front of `serve` (nothing in front of `dev`).
@@ -119,6 +123,8 @@ impl ApiServer {
             Process::start(command, &dir.path().join("server.log"), DEV_SERVING_PREFIX).await;
         Self {
             processes: vec![dev],
+            serve_args: Vec::new(),
+            serve_starts: 0,
             agents: None,
             front: None,
             backend: url,
@@ -320,6 +326,28 @@ impl ApiServer {
         Self::start_aggregated(dir, slot, kind, &[], Some(data)).await
     }
 
+    /// Stops `serve` (SIGKILL, as a crash or a lost node ends it), leaving battery and the
+    /// control plane running.
+    pub async fn stop_serve(&mut self) {
+        assert_eq!(self.processes.len(), 2, "`serve` runs");
+        let serve = self.processes.pop().expect("`serve` runs");
+        serve.kill().await;
+    }
+
+    /// Starts `serve` again as it was started, on the same store, and waits until it
+    /// serves (not until the aggregator calls it Available: a test waits for what it
+    /// checks).
+    pub async fn start_serve(&mut self) {
+        assert_eq!(self.processes.len(), 1, "`serve` is stopped");
+        self.serve_starts += 1;
+        let log = self
+            .dir
+            .path()
+            .join(format!("server-{}.log", self.serve_starts));
+        let (serve, _) = start_serve(&self.serve_args, &log).await;
+        self.processes.push(serve);
+    }
+
     /// The process ids of the embedded battery and of `serve`, on [`Route::Aggregated`].
     pub fn battery_and_serve_pids(&self) -> (u32, u32) {
         let [battery, serve] = self.processes.as_slice() else {
@@ -343,9 +371,9 @@ impl ApiServer {
             Kind::Cluster(options) => Front::Cluster(Box::new(
                 Cluster::start(dir.path(), binary(), options).await,
             )),
-            Kind::StandIn => {
-                Front::StandIn(StandIn::start(&dir.path().join("stand-in"), None).await)
-            }
+            Kind::StandIn => Front::StandIn(Box::new(
+                StandIn::start(&dir.path().join("stand-in"), None).await,
+            )),
         };
         let mut command = Command::new(binary());
         command.args([
@@ -366,22 +394,17 @@ impl ApiServer {
         .await;
         let mut command = serve_command(binary(), &battery_address, &front);
         command.args(serve_args);
-        // mimalloc keeps what was freed for 10 ms before it returns it to the system, so
-        // at a GB/s of exec the RSS holds tens of MB freed moments ago, more the faster the
-        // machine: the tests' bounds on RSS are bounds on what the server still holds.
-        command.env("MIMALLOC_PURGE_DELAY", "0");
-        if let Some(data) = data {
-            command.arg("--data-dir").arg(data.join("apiserver"));
-        }
-        let (serve, url) = Process::start(
-            command,
-            &dir.path().join("server.log"),
-            SERVE_SERVING_PREFIX,
-        )
-        .await;
+        // On disk, as on its volume in a cluster: a test may stop `serve` and start it again.
+        let store = data.map_or_else(|| dir.path().join("apiserver"), |d| d.join("apiserver"));
+        command.arg("--data-dir").arg(store);
+        let serve_args: Vec<std::ffi::OsString> =
+            command.as_std().get_args().map(ToOwned::to_owned).collect();
+        let (serve, url) = start_serve(&serve_args, &dir.path().join("server.log")).await;
         front.forward_to(&url).await;
         let server = Self {
             processes: vec![battery, serve],
+            serve_args,
+            serve_starts: 0,
             agents: None,
             kubeconfig: front.kubeconfig(),
             front: Some(front),
@@ -493,6 +516,18 @@ pub fn free_loopback_address() -> std::net::SocketAddr {
 fn binary() -> &'static Path {
     static BINARY_PATH: OnceLock<PathBuf> = OnceLock::new();
     BINARY_PATH.get_or_init(|| target_binary(BINARY, BINARY))
+}
+
+/// Starts `battery-apiserver` with `args` (`serve ...`) logging to `log`, and returns it
+/// with its URL once it serves.
+async fn start_serve(args: &[std::ffi::OsString], log: &Path) -> (Process, String) {
+    let mut command = Command::new(binary());
+    command.args(args);
+    // mimalloc keeps what was freed for 10 ms before it returns it to the system, so
+    // at a GB/s of exec the RSS holds tens of MB freed moments ago, more the faster the
+    // machine: the tests' bounds on RSS are bounds on what the server still holds.
+    command.env("MIMALLOC_PURGE_DELAY", "0");
+    Process::start(command, log, SERVE_SERVING_PREFIX).await
 }
 
 /// What stands in front of `serve`, before it runs.

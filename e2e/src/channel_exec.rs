@@ -1,6 +1,7 @@
 //! A second exec client, independent of kube-rs: the WebSocket channel protocol
 //! (`v5.channel.k8s.io`, `v4.channel.k8s.io`) spoken by hand over tokio-tungstenite, on a
-//! TLS connection of [`crate::https`] with a client certificate.
+//! TLS connection of [`crate::https`] as its identity (a client certificate or a bearer
+//! token).
 
 use std::time::Duration;
 
@@ -61,6 +62,12 @@ impl Client {
             "sec-websocket-protocol",
             protocols.parse().expect("a header value"),
         );
+        if let Some(authorization) = self.https.authorization() {
+            request.headers_mut().insert(
+                http::header::AUTHORIZATION,
+                authorization.parse().expect("a header value"),
+            );
+        }
         match tokio_tungstenite::client_async(request, tls).await {
             Ok((ws, response)) => Ok(Session {
                 protocol: response

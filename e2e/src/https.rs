@@ -67,6 +67,14 @@ impl Client {
         self.url.trim_start_matches("https://")
     }
 
+    /// The `Authorization` header a bearer token identity sends on every request.
+    pub(crate) fn authorization(&self) -> Option<String> {
+        match &self.identity {
+            Identity::Token(token) => Some(format!("Bearer {token}")),
+            _ => None,
+        }
+    }
+
     fn request(
         &self,
         method: &str,
@@ -78,8 +86,8 @@ impl Client {
             .method(method)
             .uri(path)
             .header(http::header::HOST, self.authority());
-        if let Identity::Token(token) = &self.identity {
-            request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+        if let Some(authorization) = self.authorization() {
+            request = request.header(http::header::AUTHORIZATION, authorization);
         }
         for (name, value) in headers {
             request = request.header(*name, *value);

@@ -1,6 +1,8 @@
 //! Per-claim configuration end to end (issue 14): a claim's `env` and `files` from a
-//! Secret and a ConfigMap, through the aggregator stand-in, as in a cluster (`serve`, the
-//! embedded battery in its own process, one `battery-agent` per simulated Host).
+//! Secret and a ConfigMap, through a real kube-apiserver, as in a cluster (`serve`, the
+//! embedded battery in its own process, one `battery-agent` per simulated Host): the
+//! Secret and the ConfigMap are kube-apiserver's objects, and the SubjectAccessReviews
+//! `serve` makes are RBAC's answers.
 //!
 //! The simulated Hosts run a session's commands as local processes rooted in the
 //! MicroVM's directory, so the files are looked at relative to the working directory `/`
@@ -9,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use battery_e2e::apiserver::ApiServer;
+use battery_e2e::apiserver::{ApiServer, front};
 use battery_e2e::channel_exec;
 use battery_e2e::https::{Client, Identity};
 use battery_e2e::kube_client;
@@ -21,8 +23,8 @@ use serde_json::{Value, json};
 const NAMESPACE: &str = "default";
 const SECRET: &str = "ci-token";
 const CONFIG_MAP: &str = "settings";
-/// Who may create and read claims, but not read Secrets.
-const CREATOR: &str = "system:serviceaccount:default:creator";
+/// The ServiceAccount that may create and read claims, but not read Secrets.
+const CREATOR: &str = "creator";
 
 fn claim_json(name: &str, env: Value, files: Value) -> Value {
     json!({
@@ -78,7 +80,6 @@ fn files_under(dir: &Path, found: &mut Vec<std::path::PathBuf>) {
 #[tokio::test]
 async fn env_and_files_from_a_secret_reach_the_microvm_and_nowhere_else() {
     let server = ApiServer::aggregated_with_agents().await;
-    let stand_in = server.stand_in().expect("aggregated");
     let client = kube_client(server.kubeconfig()).await;
     let token = format!("tok-{}", uuid::Uuid::new_v4().simple());
     let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
@@ -178,20 +179,14 @@ async fn env_and_files_from_a_secret_reach_the_microvm_and_nowhere_else() {
 
     // Someone who may create claims but not get the Secret: 403 naming it, no lease.
     let before = leased(&server).await;
-    stand_in.edit_policy(|policy| {
-        policy["rules"].as_array_mut().unwrap().push(json!({
-            "users": [CREATOR],
-            "verbs": ["get", "create"],
-            "apiGroups": [battery_types::GROUP],
-            "resources": ["microvmclaims"],
-        }));
-    });
-    let (cert, key) = stand_in.client_certificate(CREATOR, &["system:serviceaccounts"]);
-    let creator = Client::new(
-        stand_in.url(),
-        &stand_in.serving_ca(),
-        Identity::Cert(cert, key),
-    );
+    let rules = vec![front::battery_rule(&["microvmclaims"], &["get", "create"])];
+    let account = front::service_account(NAMESPACE, CREATOR);
+    let cluster = server.cluster().expect("aggregated");
+    cluster.grant("e2e:creator", rules, account).await;
+    let user = battery_types::service_account_username(NAMESPACE, CREATOR);
+    let (cert, key, _) = server.client_certificate(&user, &["system:serviceaccounts"]);
+    let front = server.front().expect("aggregated");
+    let creator = Client::new(front.url(), &front.ca(), Identity::Cert(cert, key));
     let collection = format!(
         "/apis/{}/namespaces/{NAMESPACE}/microvmclaims",
         battery_types::API_VERSION
@@ -208,7 +203,7 @@ async fn env_and_files_from_a_secret_reach_the_microvm_and_nowhere_else() {
     assert_eq!(
         body["message"],
         format!(
-            "secrets \"{SECRET}\" is forbidden: User \"{CREATOR}\" cannot get resource \"secrets\" in API group \"\" in the namespace \"{NAMESPACE}\""
+            "secrets \"{SECRET}\" is forbidden: User \"{user}\" cannot get resource \"secrets\" in API group \"\" in the namespace \"{NAMESPACE}\""
         ),
         "{body}"
     );

@@ -211,7 +211,7 @@ pub fn user(name: &str) -> Subject {
 /// What is in front of `serve`.
 pub enum Front {
     Cluster(Box<Cluster>),
-    StandIn(StandIn),
+    StandIn(Box<StandIn>),
 }
 
 impl Front {

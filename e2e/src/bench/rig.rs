@@ -70,7 +70,8 @@ impl Rig {
             .prefix("battery-bench-")
             .tempdir()
             .context("a temporary directory")?;
-        let front = Front::StandIn(StandIn::start(&dir.path().join("stand-in"), None).await);
+        let stand_in = StandIn::start(&dir.path().join("stand-in"), None).await;
+        let front = Front::StandIn(Box::new(stand_in));
         let mut command = Command::new(binary);
         command.args(["embedded-battery", "--listen", "127.0.0.1:0"]);
         let (battery_process, battery) = Process::start(

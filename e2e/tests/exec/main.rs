@@ -1,15 +1,15 @@
 //! Exec end to end (issue 10): the real binaries, with kube-rs's WebSocket exec client and
 //! a second one written from the channel protocol ([`battery_e2e::channel_exec`]).
 //!
-//! Through the aggregator stand-in, as in a cluster: `serve` with the relay's
-//! certificates, the embedded battery in its own process, and one `battery-agent` process
-//! per simulated Host, each its Host's identity, getting its serving certificate from the
-//! API server. The basic session also runs straight against `battery-apiserver dev`, whose
-//! agents run in-process.
+//! Through a real kube-apiserver, as in a cluster: `serve` with the relay's certificates,
+//! the embedded battery in its own process, and one `battery-agent` process per simulated
+//! Host, each its Host's identity, getting its serving certificate from the API server.
+//! The basic session also runs straight against `battery-apiserver dev`, whose agents run
+//! in-process.
 
 use std::time::Duration;
 
-use battery_e2e::apiserver::{ApiServer, Route};
+use battery_e2e::apiserver::{ApiServer, Route, front};
 use battery_e2e::channel_exec::{self, STDIN};
 use battery_e2e::{eventually, kube_client};
 use battery_types::conditions::{HOST_READY, READY};
@@ -249,37 +249,50 @@ async fn a_hundred_megabytes_round_trip_through_cat_in_bounded_memory() {
 #[tokio::test]
 async fn only_the_holder_with_rbac_may_exec() {
     let server = ApiServer::aggregated_with_agents().await;
-    let stand_in = server.stand_in().expect("aggregated");
     let claims: Api<MicroVMClaim> =
         Api::namespaced(kube_client(server.kubeconfig()).await, NAMESPACE);
     claim(&claims, "mine").await;
     // Someone allowed to exec into claims, but not this claim's Holder.
-    stand_in.edit_policy(|policy| {
-        policy["rules"].as_array_mut().unwrap().push(json!({
-            "users": ["system:serviceaccount:default:other"],
-            "verbs": ["get", "create"],
-            "apiGroups": [battery_types::GROUP],
-            "resources": ["microvmclaims", "microvmclaims/exec"],
-        }));
-    });
+    let rules = vec![front::battery_rule(
+        &["microvmclaims", "microvmclaims/exec"],
+        &["get", "create"],
+    )];
+    let account = front::service_account(NAMESPACE, "other");
+    let cluster = server.cluster().expect("aggregated");
+    cluster.grant("e2e:exec", rules, account).await;
     let path = format!(
         "{}?{}",
         channel_exec::exec_path(NAMESPACE, "mine"),
         channel_exec::query(&["echo", "hi"], false)
     );
-    for (user, why) in [
-        ("system:serviceaccount:default:other", "not the Holder"),
-        ("system:serviceaccount:default:nobody", "no RBAC"),
+    // The Holder rule is ours; without RBAC, kube-apiserver itself refuses the upgrade,
+    // a GET, as `get` on `microvmclaims/exec`, in its own words.
+    for (account, why, refusal) in [
+        ("other", "not the Holder", "only its Holder"),
+        (
+            "nobody",
+            "no RBAC",
+            "cannot get resource \"microvmclaims/exec\"",
+        ),
     ] {
-        let identity = stand_in.client_certificate(user, &["system:serviceaccounts"]);
+        let user = battery_types::service_account_username(NAMESPACE, account);
+        let (cert, key, _) = server.client_certificate(&user, &["system:serviceaccounts"]);
         let refused = server
-            .exec_client(Some(identity))
+            .exec_client(Some((cert, key)))
             .open(&path, "v5.channel.k8s.io")
             .await
             .err()
             .unwrap_or_else(|| panic!("{user} ({why}) may not exec"));
         assert_eq!(refused.0, 403, "{why}: {}", refused.1);
         assert_eq!(refused.1["reason"], "Forbidden", "{why}: {}", refused.1);
+        assert!(
+            refused.1["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(refusal),
+            "{why}: {}",
+            refused.1
+        );
     }
 }
 
@@ -405,7 +418,6 @@ async fn a_host_its_agent_reports_not_ready_shows_on_claims_and_gets_no_new_micr
 #[tokio::test]
 async fn an_agent_cannot_write_another_hosts_status() {
     let server = ApiServer::aggregated_with_agents().await;
-    let stand_in = server.stand_in().expect("aggregated");
     let client = kube_client(server.kubeconfig()).await;
     let names: Vec<String> = Api::<Host>::all(client)
         .list(&Default::default())
@@ -417,32 +429,31 @@ async fn an_agent_cannot_write_another_hosts_status() {
     let [mine, theirs, ..] = names.as_slice() else {
         panic!("two Hosts at least: {names:?}");
     };
-    let (cert, key) = stand_in.client_certificate(
+    let (_, _, kubeconfig) = server.client_certificate(
         &battery_types::agent_identity::agent_username(mine),
         &[battery_types::agent_identity::AGENT_GROUP],
     );
-    let kubeconfig = server.scratch().join("agent-kubeconfig");
-    battery_e2e::stand_in::pki::write_kubeconfig(
-        &kubeconfig,
-        stand_in.url(),
-        &stand_in.serving_ca(),
-        json!({"client-certificate": cert, "client-key": key}),
-    )
-    .unwrap();
     let hosts: Api<Host> = Api::all(kube_client(&kubeconfig).await);
     let patch = json!({"status": {"conditions": [{
         "type": "Ready", "status": "False", "reason": "KVMUnavailable",
         "message": "forged", "lastTransitionTime": "2026-12-01T00:00:00Z"
     }]}});
     let params = kube::api::PatchParams::default();
-    let error = hosts
-        .patch_status(theirs, &params, &kube::api::Patch::Merge(&patch))
-        .await
-        .expect_err("another Host's status is not this agent's to write");
-    let kube::Error::Api(status) = error else {
-        panic!("{error}")
+    // The binding `deploy/` ships for the agents' group lets the agent through
+    // kube-apiserver; our Host rule is what refuses it, naming the exec agent.
+    let refused_by_the_host_rule = |error: kube::Error| {
+        let kube::Error::Api(status) = error else {
+            panic!("{error}")
+        };
+        assert_eq!(status.code, 403, "{status:?}");
+        assert!(status.message.contains("exec agent"), "{status:?}");
     };
-    assert_eq!(status.code, 403, "{status:?}");
+    refused_by_the_host_rule(
+        hosts
+            .patch_status(theirs, &params, &kube::api::Patch::Merge(&patch))
+            .await
+            .expect_err("another Host's status is not this agent's to write"),
+    );
     let certificate = json!({
         "apiVersion": battery_types::API_VERSION, "kind": "HostCertificateRequest",
         "metadata": {}, "spec": {"request": "not even a CSR"}
@@ -454,15 +465,13 @@ async fn an_agent_cannot_write_another_hosts_status() {
     .header("content-type", "application/json")
     .body(serde_json::to_vec(&certificate).unwrap())
     .unwrap();
-    let error = kube_client(&kubeconfig)
-        .await
-        .request::<Value>(request)
-        .await
-        .expect_err("no certificate for another Host");
-    let kube::Error::Api(status) = error else {
-        panic!("{error}")
-    };
-    assert_eq!(status.code, 403, "{status:?}");
+    refused_by_the_host_rule(
+        kube_client(&kubeconfig)
+            .await
+            .request::<Value>(request)
+            .await
+            .expect_err("no certificate for another Host"),
+    );
 }
 
 #[tokio::test]

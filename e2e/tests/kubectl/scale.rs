@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use battery_api_machinery::selectors::LabelSelector;
-use battery_e2e::apiserver::{ApiServer, Kubectl, Route};
+use battery_e2e::apiserver::{ApiServer, Kubectl, Route, front};
 use battery_e2e::eventually;
 use battery_e2e::https::{Client, Identity};
 use battery_types::{POOL_UID_LABEL, Pool};
@@ -422,32 +422,24 @@ async fn discovery_and_openapi_list_the_scale(route: Route) {
     }
 }
 
-/// RBAC on `pools/scale` as the aggregator's SubjectAccessReview sees it: reading the
-/// Pool is not scaling it, and `update`/`patch` on `pools/scale` are what let one scale.
+/// RBAC on `pools/scale` as a real cluster's RBAC sees it: reading the Pool is not
+/// scaling it, and `update`/`patch` on `pools/scale` are what let one scale. The writes
+/// without them never reach us: kube-apiserver refuses them itself, in its own words.
 #[tokio::test]
 async fn rbac_names_pools_scale() {
     const SCALER: &str = "scaler";
     let server = ApiServer::start(Route::Aggregated).await;
-    let stand_in = server
-        .stand_in()
-        .expect("the aggregated route has a stand-in");
-    let grant = |resources: &'static [&'static str], verbs: &'static [&'static str]| {
-        move |policy: &mut Value| {
-            policy["rules"].as_array_mut().unwrap().push(json!({
-                "users": [SCALER],
-                "verbs": verbs,
-                "apiGroups": [GROUP],
-                "resources": resources,
-            }));
-        }
+    let cluster = server
+        .cluster()
+        .expect("the aggregated route has a control plane");
+    let grant = async |role: &str, resources: &[&str], verbs: &[&str]| {
+        let rules = vec![front::battery_rule(resources, verbs)];
+        cluster.grant(role, rules, front::user(SCALER)).await;
     };
-    stand_in.edit_policy(grant(&["pools", "pools/scale"], &["get"]));
-    let (cert, key) = stand_in.client_certificate(SCALER, &[]);
-    let scaler = Client::new(
-        stand_in.url(),
-        &stand_in.serving_ca(),
-        Identity::Cert(cert, key),
-    );
+    grant("e2e:scaler-read", &["pools", "pools/scale"], &["get"]).await;
+    let (cert, key, _) = server.client_certificate(SCALER, &[]);
+    let front = server.front().expect("aggregated");
+    let scaler = Client::new(front.url(), &front.ca(), Identity::Cert(cert, key));
     let (code, read) = scaler.get(SCALE_PATH).await;
     assert_eq!(code, 200, "{read}");
     let size = read["spec"]["replicas"].as_i64().unwrap();
@@ -473,7 +465,7 @@ async fn rbac_names_pools_scale() {
         Some(i32::try_from(size).unwrap())
     );
 
-    stand_in.edit_policy(grant(&["pools/scale"], &["update", "patch"]));
+    grant("e2e:scaler-scale", &["pools/scale"], &["update", "patch"]).await;
     let (code, scaled) = scaler.call("PATCH", SCALE_PATH, &merge, Some(patch)).await;
     assert_eq!(code, 200, "{scaled}");
     assert_eq!(

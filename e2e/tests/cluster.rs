@@ -1,0 +1,269 @@
+//! What only a real control plane shows: kube-controller-manager's namespace controller
+//! and garbage collector acting on our resources through our API, and kube-apiserver's
+//! aggregator noticing `serve` go and come back. Each test starts its own cluster
+//! (`battery_e2e::control_plane`) with `serve` installed from `deploy/` behind it.
+
+use std::time::Duration;
+
+use battery_e2e::apiserver::ApiServer;
+use battery_e2e::control_plane::install::{self, API_SERVICE};
+use battery_e2e::eventually;
+use battery_types::{ClaimPhase, MicroVMClaim, Pool};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use serde_json::json;
+
+/// The size of each test's Pool: room for every claim it makes.
+const POOL_SIZE: i32 = 2;
+/// How long the namespace controller and the garbage collector may take to finish what
+/// they were asked: both requeue with backoff, and the namespace controller first waits
+/// for discovery and lists every resource of the cluster.
+const CONTROLLER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Makes the namespace `namespace` as the admin, a Pool of [`POOL_SIZE`] in it, waits
+/// until its MicroVMs are available, and claims `claims` of them (each Bound on create).
+async fn claims_in(server: &ApiServer, namespace: &str, claims: &[&str]) {
+    let cluster = server.cluster().expect("a real control plane");
+    let admin = cluster.plane.admin().await;
+    let namespaces: Api<Namespace> = Api::all(admin);
+    let object = Namespace {
+        metadata: ObjectMeta {
+            name: Some(namespace.to_owned()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    namespaces
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap_or_else(|e| panic!("create the namespace {namespace}: {e}"));
+    let client = battery_e2e::kube_client(server.kubeconfig()).await;
+    let pools: Api<Pool> = Api::namespaced(client.clone(), namespace);
+    let mut pool: Pool = serde_json::from_value(battery_apiserver::dev::dev_pool(POOL_SIZE))
+        .expect("the dev Pool is a Pool");
+    pool.metadata.namespace = Some(namespace.to_owned());
+    pools
+        .create(&PostParams::default(), &pool)
+        .await
+        .expect("create the Pool");
+    eventually(CONTROLLER_TIMEOUT, "the Pool's MicroVMs", async || {
+        let pool = pools.get("dev").await.map_err(|e| e.to_string())?;
+        match pool.status.as_ref().map(|s| s.available) {
+            Some(available) if available >= POOL_SIZE => Ok(()),
+            other => Err(format!("available {other:?}")),
+        }
+    })
+    .await;
+    let api: Api<MicroVMClaim> = Api::namespaced(client, namespace);
+    for name in claims {
+        let claim = claim(name, None);
+        let created = api
+            .create(&PostParams::default(), &claim)
+            .await
+            .unwrap_or_else(|e| panic!("create the claim {name}: {e}"));
+        assert_eq!(
+            created.status.and_then(|s| s.phase),
+            Some(ClaimPhase::Bound)
+        );
+    }
+}
+
+/// A claim on the Pool `dev`, held by the kubectl user's ServiceAccount, owned by `owner`
+/// (`ownerReferences` JSON) when given.
+fn claim(name: &str, owner: Option<serde_json::Value>) -> MicroVMClaim {
+    let mut metadata = json!({"name": name});
+    if let Some(owner) = owner {
+        metadata["ownerReferences"] = json!([owner]);
+    }
+    serde_json::from_value(json!({
+        "apiVersion": battery_types::API_VERSION,
+        "kind": "MicroVMClaim",
+        "metadata": metadata,
+        "spec": {"poolRef": {"name": "dev"}, "serviceAccountName": "dev"},
+    }))
+    .expect("a MicroVMClaim")
+}
+
+/// Waits until battery holds exactly `count` leases.
+async fn wait_leases(server: &ApiServer, count: usize, what: &str) {
+    eventually(CONTROLLER_TIMEOUT, what, async || {
+        let leases = server.battery_leases().await;
+        if leases.len() == count {
+            Ok(())
+        } else {
+            Err(format!("{} leases", leases.len()))
+        }
+    })
+    .await;
+}
+
+/// Waits until the namespace `name` is gone, as the namespace controller finishes.
+async fn wait_namespace_gone(namespaces: &Api<Namespace>, name: &str) {
+    eventually(
+        CONTROLLER_TIMEOUT,
+        &format!("namespace {name} to go"),
+        async || match namespaces.get_opt(name).await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(namespace) => Err(format!("{:?}", namespace.status)),
+        },
+    )
+    .await;
+}
+
+/// The namespace controller deletes a namespace's claims and Pools through our API (it
+/// discovers our resources and deletes their collections), battery releases the leases,
+/// and the namespace goes; without our `deletecollection` and the lists it re-checks, the
+/// namespace would stay Terminating for ever.
+#[tokio::test]
+async fn deleting_a_namespace_deletes_its_claims_and_releases_their_leases() {
+    let server = ApiServer::aggregated_with_controllers().await;
+    claims_in(&server, "doomed", &["one", "two"]).await;
+    wait_leases(&server, 2, "two leases").await;
+
+    let admin = server.cluster().expect("a cluster").plane.admin().await;
+    let namespaces: Api<Namespace> = Api::all(admin);
+    namespaces
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .expect("delete the namespace");
+    wait_namespace_gone(&namespaces, "doomed").await;
+    wait_leases(&server, 0, "every lease released").await;
+}
+
+/// While `serve` is down the namespace controller cannot discover our group, so it keeps
+/// the namespace Terminating (condition `NamespaceDeletionDiscoveryFailure`) instead of
+/// finishing without deleting our objects; once `serve` is back it deletes them and
+/// finishes, and no lease is left.
+#[tokio::test]
+async fn a_namespace_deletion_waits_for_serve_and_finishes_once_it_is_back() {
+    let mut server = ApiServer::aggregated_with_controllers().await;
+    claims_in(&server, "doomed", &["one"]).await;
+    wait_leases(&server, 1, "one lease").await;
+
+    server.stop_serve().await;
+    let admin = server.cluster().expect("a cluster").plane.admin().await;
+    let namespaces: Api<Namespace> = Api::all(admin);
+    namespaces
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .expect("delete the namespace");
+    eventually(
+        CONTROLLER_TIMEOUT,
+        "the namespace controller to report our group undiscoverable",
+        async || {
+            let namespace = namespaces.get("doomed").await.map_err(|e| e.to_string())?;
+            let failed = namespace
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .into_iter()
+                .flatten()
+                .any(|c| c.type_ == "NamespaceDeletionDiscoveryFailure" && c.status == "True");
+            if failed {
+                Ok(())
+            } else {
+                Err(format!("{:?}", namespace.status))
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        server.battery_leases().await.len(),
+        1,
+        "the claim's lease is untouched while serve is down"
+    );
+
+    server.start_serve().await;
+    wait_namespace_gone(&namespaces, "doomed").await;
+    wait_leases(&server, 0, "the lease released").await;
+}
+
+/// The garbage collector watches our claims as metadata only and deletes one whose owner
+/// (here a ConfigMap) is gone; deleting the claim releases its lease.
+#[tokio::test]
+async fn the_garbage_collector_deletes_a_claim_whose_owner_goes() {
+    let server = ApiServer::aggregated_with_controllers().await;
+    claims_in(&server, "owned", &[]).await;
+    let client = battery_e2e::kube_client(server.kubeconfig()).await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), "owned");
+    let owner = config_maps
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("owner".to_owned()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("create the owner");
+    let owner_reference = json!({
+        "apiVersion": "v1", "kind": "ConfigMap", "name": "owner",
+        "uid": owner.metadata.uid.expect("a uid"),
+    });
+    let claims: Api<MicroVMClaim> = Api::namespaced(client, "owned");
+    claims
+        .create(
+            &PostParams::default(),
+            &claim("owned", Some(owner_reference)),
+        )
+        .await
+        .expect("create the owned claim");
+    claims
+        .create(&PostParams::default(), &claim("free", None))
+        .await
+        .expect("create a claim with no owner");
+    wait_leases(&server, 2, "two leases").await;
+
+    config_maps
+        .delete("owner", &DeleteParams::default())
+        .await
+        .expect("delete the owner");
+    eventually(
+        CONTROLLER_TIMEOUT,
+        "the owned claim to go",
+        async || match claims.get_opt("owned").await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(claim) => Err(format!("{:?}", claim.metadata)),
+        },
+    )
+    .await;
+    wait_leases(&server, 1, "the owned claim's lease released").await;
+    claims
+        .get("free")
+        .await
+        .expect("the claim with no owner stays");
+}
+
+/// The aggregator's own availability check follows `serve`: stopped, the APIService turns
+/// `Available=False` and requests for our group get its 503; started again, it turns
+/// `Available=True` and a claim made right after is Bound.
+#[tokio::test]
+async fn the_apiservice_follows_serve_down_and_back() {
+    let mut server = ApiServer::aggregated_with(&[]).await;
+    let client = battery_e2e::kube_client(server.kubeconfig()).await;
+    let claims: Api<MicroVMClaim> = Api::namespaced(client, "default");
+
+    server.stop_serve().await;
+    let cluster = server.cluster().expect("a cluster");
+    let service = install::wait_available(&cluster.plane, "False").await;
+    eprintln!("{API_SERVICE} while serve is down: {:?}", service.status);
+    match claims.list(&Default::default()).await {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 503, "{status:?}"),
+        other => panic!("a list while serve is down answered {other:?}"),
+    }
+
+    server.start_serve().await;
+    let cluster = server.cluster().expect("a cluster");
+    install::wait_available(&cluster.plane, "True").await;
+    let created = claims
+        .create(&PostParams::default(), &claim("after", None))
+        .await
+        .expect("a claim right after the APIService is Available again");
+    assert_eq!(
+        created.status.and_then(|s| s.phase),
+        Some(ClaimPhase::Bound)
+    );
+}
