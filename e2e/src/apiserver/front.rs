@@ -9,7 +9,9 @@ use std::time::Duration;
 use k8s_openapi::api::authorization::v1::{
     NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, RoleBinding, RoleRef, Subject,
+};
 use kube::api::{Api, ObjectMeta, PostParams};
 
 use crate::control_plane::install::{self, Installation};
@@ -90,7 +92,9 @@ impl Cluster {
     /// binding reach RBAC's informers a moment after their creates answer), so that the
     /// test's next request is judged with the grant.
     pub async fn grant(&self, name: &str, rules: Vec<PolicyRule>, subject: Subject) {
-        let review = rules.first().map(|rule| access_review(rule, &subject));
+        let review = rules
+            .first()
+            .map(|rule| access_review(rule, &subject, None));
         let admin = self.plane.admin().await;
         let roles: Api<ClusterRole> = Api::all(admin.clone());
         let role = ClusterRole {
@@ -106,10 +110,51 @@ impl Cluster {
             .await
             .unwrap_or_else(|e| panic!("create the ClusterRole {name}: {e}"));
         self.bind(name, name, subject).await;
-        let Some(review) = review else { return };
-        let reviews: Api<SubjectAccessReview> = Api::all(admin);
-        let what = format!("kube-apiserver to allow what the ClusterRole {name} grants");
-        crate::eventually(GRANT_TIMEOUT, &what, async || {
+        if let Some(review) = review {
+            let what = format!("kube-apiserver to allow what the ClusterRole {name} grants");
+            self.wait_allowed(review, &what).await;
+        }
+    }
+
+    /// Binds the ClusterRole `role` to `subject` in `namespace` (a RoleBinding), as a
+    /// namespace's admin does, and returns once kube-apiserver allows `subject` there the
+    /// first verb of `expected` on its first resource.
+    pub async fn bind_in(
+        &self,
+        namespace: &str,
+        role: &str,
+        subject: Subject,
+        expected: &PolicyRule,
+    ) {
+        let review = access_review(expected, &subject, Some(namespace));
+        let bindings: Api<RoleBinding> = Api::namespaced(self.plane.admin().await, namespace);
+        let binding = format!("e2e:{role}:{}", subject.name);
+        let object = RoleBinding {
+            metadata: ObjectMeta {
+                name: Some(binding.clone()),
+                ..Default::default()
+            },
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".to_owned(),
+                kind: "ClusterRole".to_owned(),
+                name: role.to_owned(),
+            },
+            subjects: Some(vec![subject]),
+        };
+        bindings
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap_or_else(|e| panic!("bind {role} in {namespace} as {binding}: {e}"));
+        let what = format!("kube-apiserver to allow what {role} grants in {namespace}");
+        self.wait_allowed(review, &what).await;
+    }
+
+    /// Returns once kube-apiserver allows `review` (new roles and bindings reach RBAC's
+    /// informers a moment after their creates answer; aggregated roles once the
+    /// aggregation controller has run), so that a test's next request is judged with them.
+    async fn wait_allowed(&self, review: SubjectAccessReview, what: &str) {
+        let reviews: Api<SubjectAccessReview> = Api::all(self.plane.admin().await);
+        crate::eventually(GRANT_TIMEOUT, what, async || {
             let answer = reviews
                 .create(&PostParams::default(), &review)
                 .await
@@ -124,8 +169,12 @@ impl Cluster {
 }
 
 /// A SubjectAccessReview of `subject` doing `rule`'s first verb on its first resource or
-/// URL (cluster-wide, as [`Cluster::grant`] binds): RBAC allows it once it sees the binding.
-fn access_review(rule: &PolicyRule, subject: &Subject) -> SubjectAccessReview {
+/// URL, in `namespace` or cluster-wide: RBAC allows it once it sees the binding.
+fn access_review(
+    rule: &PolicyRule,
+    subject: &Subject,
+    namespace: Option<&str>,
+) -> SubjectAccessReview {
     let first = |list: Option<&Vec<String>>| list.and_then(|l| l.first()).cloned();
     let verb = rule.verbs.first().cloned();
     let (resource_attributes, non_resource_attributes) =
@@ -149,6 +198,7 @@ fn access_review(rule: &PolicyRule, subject: &Subject) -> SubjectAccessReview {
                     resource: Some(resource.to_owned()),
                     subresource,
                     name: first(rule.resource_names.as_ref()),
+                    namespace: namespace.map(str::to_owned),
                     ..Default::default()
                 };
                 (Some(attributes), None)
