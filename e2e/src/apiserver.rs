@@ -3,12 +3,15 @@
 //!
 //! - [`Route::Direct`]: one `battery-apiserver dev` (loopback, the embedded battery with
 //!   the Pool `default/dev`, self-made certificates, dev's local policy);
-//! - [`Route::Aggregated`]: as in a cluster. The [`StandIn`] for kube-apiserver's
-//!   aggregator sits in front; behind it run `battery-apiserver serve` and, in its own
-//!   process, `battery-apiserver embedded-battery`. `serve` reads its CAs from the stand-in's
-//!   ConfigMap and asks it TokenReviews and SubjectAccessReviews. kubectl reaches `serve`
-//!   only through the stand-in, which adds the front-proxy certificate and the `X-Remote-*`
-//!   headers. The same Pool `default/dev` is made through it.
+//! - [`Route::Aggregated`]: as in a cluster. A real control plane of the test's own
+//!   ([`crate::control_plane`]) sits in front, with battery-apiserver installed from
+//!   `deploy/`; behind its APIService run `battery-apiserver serve` and, in its own
+//!   process, `battery-apiserver embedded-battery`. `serve` reads its CAs from
+//!   kube-apiserver's ConfigMap and asks it TokenReviews and SubjectAccessReviews. kubectl
+//!   reaches `serve` only through kube-apiserver's aggregator, which adds the front-proxy
+//!   certificate and the `X-Remote-*` headers. The same Pool `default/dev` is made through
+//!   it. ([`ApiServer::behind_stand_in`] puts the aggregator stand-in there instead, for
+//!   the attack table.)
 //!
 //! Each [`ApiServer`] is one of these, in its own temporary directory, killed when
 //! dropped. Every test starts its own, so tests never see each other's objects.
@@ -66,7 +69,7 @@ static SERVERS: Semaphore = Semaphore::const_new(MAX_SERVERS);
 pub enum Route {
     /// Straight to `battery-apiserver dev`.
     Direct,
-    /// Through the aggregator stand-in to `battery-apiserver serve`, as in a cluster.
+    /// Through a real kube-apiserver to `battery-apiserver serve`, as in a cluster.
     Aggregated,
 }
 
@@ -209,7 +212,7 @@ impl ApiServer {
         server
     }
 
-    /// Starts (or starts again) an agent behind the stand-in and waits until its Host
+    /// Starts (or starts again) an agent behind the front and waits until its Host
     /// points at it and reports whatever it reports.
     pub async fn start_agent(&self, spec: AgentSpec) {
         let agents = self.agents.as_ref().expect("started with agents");
@@ -419,7 +422,7 @@ impl ApiServer {
         server
     }
 
-    /// Makes the Pool `default/dev` through the stand-in, as `dev` makes it at start.
+    /// Makes the Pool `default/dev` through the front, as `dev` makes it at start.
     async fn create_dev_pool(&self) {
         let kubectl = self.kubectls_quietly().next().expect("a kubectl release");
         kubectl

@@ -1,10 +1,12 @@
 //! The end-to-end suites' shared harness.
 //!
 //! - [`apiserver`]: the real `battery-apiserver` reached by the real kubectl, straight
-//!   (`dev`) or through the aggregator stand-in (`serve`), for `tests/kubectl/` and
-//!   `tests/attacks/`;
+//!   (`dev`) or through a real kube-apiserver (`serve` behind its APIService);
+//! - [`control_plane`]: that kube-apiserver, with etcd and kube-controller-manager, built
+//!   from their Go modules, and battery-apiserver installed into it from `deploy/`;
 //! - [`stand_in`]: `aggregator-stand-in`, a test stand-in for kube-apiserver's aggregator
-//!   and its authentication/authorization webhooks;
+//!   and its authentication/authorization webhooks, which only the attack table and
+//!   `bench`'s rig still use;
 //! - [`https`]: a client that sends exactly the certificate and headers a test chooses;
 //! - [`channel_exec`]: an exec client written from the WebSocket channel protocol, the
 //!   second client beside kube-rs's;

@@ -31,7 +31,7 @@ async fn start() -> (ApiServer, kube::Client, Client) {
     start_on(Route::Direct).await
 }
 
-/// As [`start`], by `route`; through the aggregator stand-in with exec agents.
+/// As [`start`], by `route`; through a real kube-apiserver with exec agents.
 async fn start_on(route: Route) -> (ApiServer, kube::Client, Client) {
     let server = match route {
         Route::Direct => ApiServer::start(route).await,
@@ -234,7 +234,7 @@ async fn lost_reports_a_lease_that_battery_ended() {
     use battery_proto::poolmgr::v1alpha1::ReleaseVmRequest;
     use battery_proto::poolmgr::v1alpha1::lease_client::LeaseClient;
 
-    // Through the stand-in, with battery in its own process, to reach it behind our back.
+    // Through kube-apiserver, with battery in its own process, to reach it behind our back.
     let server = ApiServer::start(Route::Aggregated).await;
     let kube = kube_client(server.kubeconfig()).await;
     let client = Client::from_config(config(&server).await).unwrap();
