@@ -1,5 +1,6 @@
-//! The real kubectl runs the plugin against a fresh `battery-apiserver dev`: kubectl
-//! finds `kubectl-microvm` on PATH and hands it everything after `microvm`.
+//! The real kubectl runs the plugin against a fresh `battery-apiserver dev` (and exec
+//! through a real kube-apiserver too): kubectl finds `kubectl-microvm` on PATH and hands
+//! it everything after `microvm`.
 
 mod common;
 
@@ -27,7 +28,17 @@ async fn run_claims_runs_and_releases_on_a_fresh_dev() {
 
 #[tokio::test]
 async fn exec_streams_passes_stdin_and_exits_with_the_commands_code() {
-    let server = ApiServer::start(Route::Direct).await;
+    exec_streams_passes_stdin_and_exits(ApiServer::start(Route::Direct).await).await;
+}
+
+/// The same through a real kube-apiserver, with an agent per simulated Host: the plugin
+/// is one more exec client through the aggregator.
+#[tokio::test]
+async fn exec_through_kube_apiserver_streams_and_exits_with_the_commands_code() {
+    exec_streams_passes_stdin_and_exits(ApiServer::aggregated_with_agents().await).await;
+}
+
+async fn exec_streams_passes_stdin_and_exits(server: ApiServer) {
     let kubectl = kubectl(&server);
     let claimed = microvm(&kubectl, &["claim", "dev", "--name", "c", "-o", "name"]).await;
     assert!(claimed.success, "{claimed}");
