@@ -16,9 +16,10 @@ use serde_json::json;
 /// The size of each test's Pool: room for every claim it makes.
 const POOL_SIZE: i32 = 2;
 /// How long the namespace controller and the garbage collector may take to finish what
-/// they were asked: both requeue with backoff, and the namespace controller first waits
-/// for discovery and lists every resource of the cluster.
-const CONTROLLER_TIMEOUT: Duration = Duration::from_secs(60);
+/// they were asked on a loaded machine: both requeue failures with a backoff that grows
+/// to a minute (so after `serve` was down a while, the next try may be a minute away),
+/// and the namespace controller first rediscovers and lists every resource of the cluster.
+const CONTROLLER_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// Makes the namespace `namespace` as the admin, a Pool of [`POOL_SIZE`] in it, waits
 /// until its MicroVMs are available, and claims `claims` of them (each Bound on create).

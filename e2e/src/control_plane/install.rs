@@ -38,9 +38,10 @@ pub const SERVICE: &str = "battery-apiserver";
 const SERVICE_PORT: u16 = 443;
 /// The Secret of the serving certificate `certs` writes.
 const SERVING_SECRET: &str = "battery-apiserver-serving";
-/// How long the aggregator may take to call the APIService Available: it checks every
-/// few seconds, and each check may wait 5 s for an answer.
-pub const AVAILABLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long the aggregator may take to change the APIService's `Available`: a change of
+/// its Service is seen at once, but a server that stops answering only at its next
+/// periodic check (half a minute apart), each of which may wait 5 s for an answer.
+pub const AVAILABLE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// What the installation leaves for `serve`.
 pub struct Installation {
