@@ -98,14 +98,27 @@ async fn wait_leases(server: &ApiServer, count: usize, what: &str) {
     .await;
 }
 
-/// Waits until the namespace `name` is gone, as the namespace controller finishes.
-async fn wait_namespace_gone(namespaces: &Api<Namespace>, name: &str) {
+/// Deletes `name` through `api` as the caller of `api`.
+async fn delete<K>(api: &Api<K>, name: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.delete(name, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("delete {name}: {e}"));
+}
+
+/// Waits until `name` is gone from `api`, as a controller finishes deleting it.
+async fn wait_gone<K>(api: &Api<K>, name: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     eventually(
         CONTROLLER_TIMEOUT,
-        &format!("namespace {name} to go"),
-        async || match namespaces.get_opt(name).await.map_err(|e| e.to_string())? {
+        &format!("{name} to go"),
+        async || match api.get_opt(name).await.map_err(|e| e.to_string())? {
             None => Ok(()),
-            Some(namespace) => Err(format!("{:?}", namespace.status)),
+            Some(object) => Err(format!("{object:?}")),
         },
     )
     .await;
@@ -123,11 +136,8 @@ async fn deleting_a_namespace_deletes_its_claims_and_releases_their_leases() {
 
     let admin = server.cluster().expect("a cluster").plane.admin().await;
     let namespaces: Api<Namespace> = Api::all(admin);
-    namespaces
-        .delete("doomed", &DeleteParams::default())
-        .await
-        .expect("delete the namespace");
-    wait_namespace_gone(&namespaces, "doomed").await;
+    delete(&namespaces, "doomed").await;
+    wait_gone(&namespaces, "doomed").await;
     wait_leases(&server, 0, "every lease released").await;
 }
 
@@ -144,10 +154,7 @@ async fn a_namespace_deletion_waits_for_serve_and_finishes_once_it_is_back() {
     server.stop_serve().await;
     let admin = server.cluster().expect("a cluster").plane.admin().await;
     let namespaces: Api<Namespace> = Api::all(admin);
-    namespaces
-        .delete("doomed", &DeleteParams::default())
-        .await
-        .expect("delete the namespace");
+    delete(&namespaces, "doomed").await;
     eventually(
         CONTROLLER_TIMEOUT,
         "the namespace controller to report our group undiscoverable",
@@ -175,7 +182,7 @@ async fn a_namespace_deletion_waits_for_serve_and_finishes_once_it_is_back() {
     );
 
     server.start_serve().await;
-    wait_namespace_gone(&namespaces, "doomed").await;
+    wait_gone(&namespaces, "doomed").await;
     wait_leases(&server, 0, "the lease released").await;
 }
 
@@ -218,19 +225,8 @@ async fn the_garbage_collector_deletes_a_claim_whose_owner_goes() {
         .expect("create a claim with no owner");
     wait_leases(&server, 2, "two leases").await;
 
-    config_maps
-        .delete("owner", &DeleteParams::default())
-        .await
-        .expect("delete the owner");
-    eventually(
-        CONTROLLER_TIMEOUT,
-        "the owned claim to go",
-        async || match claims.get_opt("owned").await.map_err(|e| e.to_string())? {
-            None => Ok(()),
-            Some(claim) => Err(format!("{:?}", claim.metadata)),
-        },
-    )
-    .await;
+    delete(&config_maps, "owner").await;
+    wait_gone(&claims, "owned").await;
     wait_leases(&server, 1, "the owned claim's lease released").await;
     claims
         .get("free")

@@ -70,15 +70,8 @@ impl Cluster {
     pub async fn bind(&self, binding: &str, role: &str, subject: Subject) {
         let bindings: Api<ClusterRoleBinding> = Api::all(self.plane.admin().await);
         let object = ClusterRoleBinding {
-            metadata: ObjectMeta {
-                name: Some(binding.to_owned()),
-                ..Default::default()
-            },
-            role_ref: RoleRef {
-                api_group: "rbac.authorization.k8s.io".to_owned(),
-                kind: "ClusterRole".to_owned(),
-                name: role.to_owned(),
-            },
+            metadata: named(binding),
+            role_ref: cluster_role(role),
             subjects: Some(vec![subject]),
         };
         bindings
@@ -98,10 +91,7 @@ impl Cluster {
         let admin = self.plane.admin().await;
         let roles: Api<ClusterRole> = Api::all(admin.clone());
         let role = ClusterRole {
-            metadata: ObjectMeta {
-                name: Some(name.to_owned()),
-                ..Default::default()
-            },
+            metadata: named(name),
             rules: Some(rules),
             ..Default::default()
         };
@@ -130,15 +120,8 @@ impl Cluster {
         let bindings: Api<RoleBinding> = Api::namespaced(self.plane.admin().await, namespace);
         let binding = format!("e2e:{role}:{}", subject.name);
         let object = RoleBinding {
-            metadata: ObjectMeta {
-                name: Some(binding.clone()),
-                ..Default::default()
-            },
-            role_ref: RoleRef {
-                api_group: "rbac.authorization.k8s.io".to_owned(),
-                kind: "ClusterRole".to_owned(),
-                name: role.to_owned(),
-            },
+            metadata: named(&binding),
+            role_ref: cluster_role(role),
             subjects: Some(vec![subject]),
         };
         bindings
@@ -235,6 +218,23 @@ pub fn battery_rule(resources: &[&str], verbs: &[&str]) -> PolicyRule {
         resources: Some(strings(resources)),
         verbs: strings(verbs),
         ..Default::default()
+    }
+}
+
+/// Metadata naming an object `name`.
+fn named(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        ..Default::default()
+    }
+}
+
+/// A binding's reference to the ClusterRole `role`.
+fn cluster_role(role: &str) -> RoleRef {
+    RoleRef {
+        api_group: "rbac.authorization.k8s.io".to_owned(),
+        kind: "ClusterRole".to_owned(),
+        name: role.to_owned(),
     }
 }
 
