@@ -10,8 +10,7 @@
 //!   kube-apiserver's ConfigMap and asks it TokenReviews and SubjectAccessReviews. kubectl
 //!   reaches `serve` only through kube-apiserver's aggregator, which adds the front-proxy
 //!   certificate and the `X-Remote-*` headers. The same Pool `default/dev` is made through
-//!   it. ([`ApiServer::behind_stand_in`] puts the aggregator stand-in there instead, for
-//!   the attack table.)
+//!   it.
 //!
 //! Each [`ApiServer`] is one of these, in its own temporary directory, killed when
 //! dropped. Every test starts its own, so tests never see each other's objects.
@@ -36,7 +35,6 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::control_plane::Options;
 use crate::process::Process;
-use crate::stand_in::StandIn;
 pub use front::{Cluster, Front};
 
 pub use agents::{AgentSpec, SIMULATED_HOST_SKIPS};
@@ -104,8 +102,7 @@ impl ApiServer {
         let server = match route {
             Route::Direct => Self::start_dev(dir, slot).await,
             Route::Aggregated => {
-                Self::start_aggregated(dir, slot, Kind::Cluster(Options::default()), &[], None)
-                    .await
+                Self::start_aggregated(dir, slot, Options::default(), &[], None).await
             }
         };
         assert!(
@@ -141,24 +138,15 @@ impl ApiServer {
     /// [`Route::Aggregated`], with more flags for `battery-apiserver serve` (limits).
     pub async fn aggregated_with(serve_args: &[&str]) -> Self {
         let (dir, slot) = Self::prepare().await;
-        let kind = Kind::Cluster(Options::default());
-        Self::start_aggregated(dir, slot, kind, serve_args, None).await
+        Self::start_aggregated(dir, slot, Options::default(), serve_args, None).await
     }
 
     /// [`Route::Aggregated`] with kube-controller-manager beside kube-apiserver (the
     /// namespace controller, the garbage collector, the quota controller).
     pub async fn aggregated_with_controllers() -> Self {
         let (dir, slot) = Self::prepare().await;
-        let kind = Kind::Cluster(Options { controllers: true });
-        Self::start_aggregated(dir, slot, kind, &[], None).await
-    }
-
-    /// `serve` behind the aggregator stand-in instead of a real control plane, with more
-    /// flags for it: for the attack table, which forges what a real kube-apiserver would
-    /// never send and edits the stand-in's policy.
-    pub async fn behind_stand_in(serve_args: &[&str]) -> Self {
-        let (dir, slot) = Self::prepare().await;
-        Self::start_aggregated(dir, slot, Kind::StandIn, serve_args, None).await
+        let options = Options { controllers: true };
+        Self::start_aggregated(dir, slot, options, &[], None).await
     }
 
     /// [`Route::Aggregated`] with the exec path of a cluster: `serve` with the relay's
@@ -178,8 +166,7 @@ impl ApiServer {
             .iter()
             .map(|a| a.to_str().expect("UTF-8 paths"))
             .collect();
-        let mut server =
-            Self::start_aggregated(dir, slot, Kind::Cluster(options), &args, None).await;
+        let mut server = Self::start_aggregated(dir, slot, options, &args, None).await;
         server.agents = Some(tokio::sync::Mutex::new(agents));
         let hosts: kube::Api<battery_types::Host> =
             kube::Api::all(crate::kube_client(&server.kubeconfig).await);
@@ -325,8 +312,7 @@ impl ApiServer {
     /// there was no state yet, so a server started on a restored backup finds its own.
     pub async fn aggregated_on(data: &Path) -> Self {
         let (dir, slot) = Self::prepare().await;
-        let kind = Kind::Cluster(Options::default());
-        Self::start_aggregated(dir, slot, kind, &[], Some(data)).await
+        Self::start_aggregated(dir, slot, Options::default(), &[], Some(data)).await
     }
 
     /// Stops `serve` (SIGKILL, as a crash or a lost node ends it), leaving battery and the
@@ -365,19 +351,14 @@ impl ApiServer {
     async fn start_aggregated(
         dir: TempDir,
         slot: SemaphorePermit<'static>,
-        kind: Kind,
+        options: Options,
         serve_args: &[&str],
         data: Option<&Path>,
     ) -> Self {
         let fresh = data.is_none_or(|data| !data.join("apiserver").exists());
-        let front = match kind {
-            Kind::Cluster(options) => Front::Cluster(Box::new(
-                Cluster::start(dir.path(), binary(), options).await,
-            )),
-            Kind::StandIn => Front::StandIn(Box::new(
-                StandIn::start(&dir.path().join("stand-in"), None).await,
-            )),
-        };
+        let front = Front::Cluster(Box::new(
+            Cluster::start(dir.path(), binary(), options).await,
+        ));
         let mut command = Command::new(binary());
         command.args([
             "embedded-battery",
@@ -456,14 +437,6 @@ impl ApiServer {
         self.front.as_ref()
     }
 
-    /// The aggregator stand-in in front, for a server started [`Self::behind_stand_in`].
-    pub fn stand_in(&self) -> Option<&StandIn> {
-        match &self.front {
-            Some(Front::StandIn(stand_in)) => Some(stand_in),
-            _ => None,
-        }
-    }
-
     /// The real control plane in front, on [`Route::Aggregated`].
     pub fn cluster(&self) -> Option<&Cluster> {
         match &self.front {
@@ -496,7 +469,7 @@ impl ApiServer {
             .leases
     }
 
-    /// battery-apiserver's own URL, not the stand-in's.
+    /// battery-apiserver's own URL, not kube-apiserver's.
     pub fn backend(&self) -> &str {
         &self.backend
     }
@@ -531,13 +504,6 @@ async fn start_serve(args: &[std::ffi::OsString], log: &Path) -> (Process, Strin
     // machine: the tests' bounds on RSS are bounds on what the server still holds.
     command.env("MIMALLOC_PURGE_DELAY", "0");
     Process::start(command, log, SERVE_SERVING_PREFIX).await
-}
-
-/// What stands in front of `serve`, before it runs.
-#[derive(Clone, Copy, Debug)]
-enum Kind {
-    Cluster(Options),
-    StandIn,
 }
 
 /// `binary serve` in front of the battery at `battery` (`host:port`), behind `front`:

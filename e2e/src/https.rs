@@ -33,15 +33,27 @@ pub struct Client {
     url: String,
     ca: PathBuf,
     identity: Identity,
+    /// The name the server's certificate must hold.
+    server_name: String,
 }
 
 impl Client {
+    /// A client of a server whose certificate holds 127.0.0.1.
     pub fn new(url: &str, ca: &Path, identity: Identity) -> Self {
         Self {
             url: url.to_owned(),
             ca: ca.to_owned(),
             identity,
+            server_name: "127.0.0.1".to_owned(),
         }
+    }
+
+    /// The same client, verifying that the server's certificate holds `name` instead: for
+    /// a server dialed by address whose certificate names its Service, as a client on the
+    /// pod network reaches battery-apiserver.
+    pub fn with_server_name(mut self, name: &str) -> Self {
+        name.clone_into(&mut self.server_name);
+        self
     }
 
     /// A TLS connection to the server offering `alpn`, as this client's identity.
@@ -58,7 +70,7 @@ impl Client {
         let tcp = tokio::net::TcpStream::connect(authority).await.unwrap();
         tcp.set_nodelay(true).unwrap();
         tokio_rustls::TlsConnector::from(Arc::new(config))
-            .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+            .connect(ServerName::try_from(self.server_name.clone()).unwrap(), tcp)
             .await
             .unwrap()
     }

@@ -5,8 +5,7 @@
 //! - [`control_plane`]: that kube-apiserver, with etcd and kube-controller-manager, built
 //!   from their Go modules, and battery-apiserver installed into it from `deploy/`;
 //! - [`stand_in`]: `aggregator-stand-in`, a test stand-in for kube-apiserver's aggregator
-//!   and its authentication/authorization webhooks, which only the attack table and
-//!   `bench`'s rig still use;
+//!   and its authentication/authorization webhooks, which only `bench`'s rig still uses;
 //! - [`https`]: a client that sends exactly the certificate and headers a test chooses;
 //! - [`channel_exec`]: an exec client written from the WebSocket channel protocol, the
 //!   second client beside kube-rs's;
@@ -56,7 +55,7 @@ pub use spec::{PoolBuilder, TEMPLATE_INTERFACE, default_template, proto_duration
 pub use suite::{HostRef, Options, Suite, Timing, skip};
 pub use wait::{consistently, eventually};
 
-/// A kube-rs client for the user of `kubeconfig` (a stand-in's or `dev`'s).
+/// A kube-rs client for the user of `kubeconfig`.
 pub async fn kube_client(kubeconfig: &std::path::Path) -> kube::Client {
     let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig)
         .unwrap_or_else(|e| panic!("read {}: {e}", kubeconfig.display()));

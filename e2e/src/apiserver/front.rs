@@ -1,6 +1,6 @@
 //! What stands in front of `battery-apiserver serve` on [`Route::Aggregated`](super::Route):
-//! a real control plane ([`Cluster`]), or, for the attack table alone, the aggregator
-//! stand-in (whose policy file and front-proxy rotation it drives; see `e2e/README.md`).
+//! a real control plane ([`Cluster`]), or, for `bench`'s rig alone, the aggregator
+//! stand-in.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

@@ -49,16 +49,12 @@ impl ClusterPki {
             .write(&pki.file("admin.crt"), &pki.file("admin.key"))?;
 
         let front_proxy = Ca::new("e2e front-proxy CA")?;
-        front_proxy.write(
-            &pki.file("front-proxy-ca.crt"),
-            &pki.file("front-proxy-ca.key"),
-        )?;
+        let (cert, key) = pki.front_proxy_ca();
+        front_proxy.write(&cert, &key)?;
+        let (cert, key) = pki.front_proxy_client();
         front_proxy
             .client(FRONT_PROXY_CN, &[], Validity::Current)?
-            .write(
-                &pki.file("front-proxy-client.crt"),
-                &pki.file("front-proxy-client.key"),
-            )?;
+            .write(&cert, &key)?;
 
         let service_accounts = KeyPair::generate().context("generating the ServiceAccount key")?;
         write_file(
@@ -90,6 +86,58 @@ impl ClusterPki {
     /// it) and the client certificates kube-apiserver accepts.
     pub fn ca(&self) -> PathBuf {
         self.file("ca.crt")
+    }
+
+    /// The front-proxy CA's certificate (kube-apiserver's `--requestheader-client-ca-file`,
+    /// which it publishes in the ConfigMap `kube-system/extension-apiserver-authentication`)
+    /// and key, to sign certificates an aggregated server must refuse.
+    pub fn front_proxy_ca(&self) -> (PathBuf, PathBuf) {
+        (
+            self.file("front-proxy-ca.crt"),
+            self.file("front-proxy-ca.key"),
+        )
+    }
+
+    /// The certificate and key kube-apiserver's aggregator presents to aggregated servers
+    /// (`--proxy-client-cert-file`, `--proxy-client-key-file`).
+    pub fn front_proxy_client(&self) -> (PathBuf, PathBuf) {
+        (
+            self.file("front-proxy-client.crt"),
+            self.file("front-proxy-client.key"),
+        )
+    }
+
+    /// Starts rotating the front-proxy CA as an operator must for no request to fail.
+    /// kube-apiserver reloads its front-proxy files when they change and publishes the CA
+    /// in the ConfigMap `kube-system/extension-apiserver-authentication`, which aggregated
+    /// servers (ours) follow; so they must trust the new CA before kube-apiserver presents
+    /// a certificate of it. The steps, the later two on the rotation returned:
+    ///
+    /// 1. here: a new CA, trusted beside the old one (the CA file holds both), and a client
+    ///    certificate of it beside the one in use (`next_client`); then wait until the
+    ///    ConfigMap names both and the aggregated servers took it;
+    /// 2. `switch_client`: kube-apiserver presents the new certificate;
+    /// 3. `drop_old_ca`: the CA file holds the new CA alone.
+    ///
+    /// kube-apiserver only ever adds to the ConfigMap (it merges its CAs into what is
+    /// there), so the old CA leaves it, and aggregated servers stop trusting it, only once
+    /// the ConfigMap is deleted and kube-apiserver writes it again.
+    pub fn rotate_front_proxy(&self) -> Result<FrontProxyRotation<'_>> {
+        let rotation = FrontProxyRotation {
+            pki: self,
+            ca: Ca::new("e2e front-proxy CA (rotated)")?,
+        };
+        let (cert, key) = rotation.next_client();
+        rotation
+            .ca
+            .client(FRONT_PROXY_CN, &[], Validity::Current)?
+            .write(&cert, &key)?;
+        let (ca, _) = self.front_proxy_ca();
+        let old =
+            std::fs::read_to_string(&ca).with_context(|| format!("reading {}", ca.display()))?;
+        let both = format!("{}\n{}", old.trim_end(), rotation.ca.pem());
+        write_file(&ca, both.as_bytes(), false)?;
+        Ok(rotation)
     }
 
     fn admin_certificate(&self) -> (PathBuf, PathBuf) {
@@ -175,5 +223,45 @@ impl ClusterPki {
             "--root-ca-file".into(),
             self.ca().into_os_string(),
         ]
+    }
+}
+
+/// A rotation of the front-proxy CA under way, begun by [`ClusterPki::rotate_front_proxy`].
+pub struct FrontProxyRotation<'a> {
+    pki: &'a ClusterPki,
+    ca: Ca,
+}
+
+impl FrontProxyRotation<'_> {
+    /// The new CA, PEM.
+    pub fn ca_pem(&self) -> &str {
+        self.ca.pem()
+    }
+
+    /// The new CA's client certificate and key, until [`Self::switch_client`] moves them
+    /// into kube-apiserver's files.
+    pub fn next_client(&self) -> (PathBuf, PathBuf) {
+        (
+            self.pki.file("front-proxy-client.next.crt"),
+            self.pki.file("front-proxy-client.next.key"),
+        )
+    }
+
+    /// Makes kube-apiserver present the new CA's certificate: each file is replaced whole
+    /// (a rename), and kube-apiserver keeps the old pair until the two match again.
+    pub fn switch_client(&self) -> Result<()> {
+        let (next_cert, next_key) = self.next_client();
+        let (cert, key) = self.pki.front_proxy_client();
+        for (from, to) in [(next_cert, cert), (next_key, key)] {
+            std::fs::rename(&from, &to)
+                .with_context(|| format!("renaming {} to {}", from.display(), to.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Leaves the new CA alone in kube-apiserver's CA file (and its key beside it).
+    pub fn drop_old_ca(&self) -> Result<()> {
+        let (cert, key) = self.pki.front_proxy_ca();
+        self.ca.write(&cert, &key)
     }
 }

@@ -1,91 +1,128 @@
 //! The attack table: requests that must not get anything from battery-apiserver, sent
-//! as a cluster would carry them (through the aggregator stand-in) or straight to the
-//! server, bypassing the aggregator as an attacker on the pod network could. Each row
-//! states what it proves, must be refused with the right `Status`, and must change
+//! as a cluster carries them (through a real kube-apiserver, whose own authentication and
+//! RBAC refuse some before they reach us) or straight to the server, bypassing the
+//! aggregator as an attacker on the pod network could. Each row states what it proves and
+//! which layer refuses it, must be refused with the right `Status`, and must change
 //! nothing: no claim made, no MicroVM leased, no lease renewed.
 //!
 //! Then the rows that need time or state: a token whose ServiceAccount is deleted, the
-//! watch limit, and a rotation of the front proxy's CA, which battery-apiserver must
-//! take from the watched ConfigMap without a restart.
-//!
-//! These alone still run behind the aggregator stand-in, not a real kube-apiserver
-//! (ADR 30): the rows sent "as a cluster would carry them" are judged by the stand-in's
-//! policy file, and the rotation goes through its endpoint. On the real control plane the
-//! aggregator refuses some of them before they reach us, so each row must be judged again
-//! for what it then proves; that move is open work.
+//! watch limit, and a rotation of the front proxy's CA, which kube-apiserver takes from its
+//! files and battery-apiserver from the ConfigMap kube-apiserver publishes, neither
+//! restarted.
 
 use std::time::Duration;
 
-use battery_e2e::apiserver::ApiServer;
+use battery_e2e::apiserver::front::{self, Cluster};
+use battery_e2e::apiserver::{ApiServer, Route};
+use battery_e2e::control_plane::install::{NAMESPACE, SERVICE};
 use battery_e2e::eventually;
 use battery_e2e::https::{Client, Identity};
 use battery_e2e::stand_in::pki::{Ca, Validity};
-use battery_e2e::stand_in::{StandIn, write_client};
+use battery_e2e::stand_in::write_client;
 use http::StatusCode;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, Subject};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject as _;
 use serde_json::{Value, json};
 
+/// The namespace of the claims and of the table's ServiceAccounts.
+const DEFAULT: &str = "default";
 const CLAIMS: &str = "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/default/microvmclaims";
 const DEV_POOL: &str = "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/default/pools/dev";
-/// The claim every row attacks; its Holder is the kubectl user, `default:dev`.
+/// The claim every row attacks; its Holder is the kubectl user, [`HOLDER`].
 const HELD: &str = "held";
+const HOLDER: &str = "system:serviceaccount:default:dev";
 /// Watches battery-apiserver allows at once in this test.
 const MAX_WATCHES: &str = "2";
-/// battery-apiserver keeps a TokenReview answer this long (Go's default).
+/// How long battery-apiserver keeps a TokenReview answer (Go's default), and
+/// kube-apiserver its own authentication of a token.
 const TOKEN_CACHE: Duration = Duration::from_secs(10);
+/// How long kube-apiserver may take to reload a file of its PKI: it watches them, and
+/// reads them again every minute anyway.
+const RELOAD_TIMEOUT: Duration = Duration::from_secs(90);
+/// The ConfigMap of `kube-system` kube-apiserver publishes its CAs in.
+const AUTHENTICATION: &str = "extension-apiserver-authentication";
 const MERGE_PATCH: (&str, &str) = ("content-type", "application/merge-patch+json");
 
-/// Users the policy adds for the table, each with a bearer token of the same name.
-fn attack_policy(policy: &mut Value) {
-    let sa = |name: &str| {
-        json!({
-            "username": format!("system:serviceaccount:default:{name}"),
-            "groups": ["system:serviceaccounts", "system:serviceaccounts:default"],
-        })
-    };
-    let tokens = policy["tokens"]
-        .as_array_mut()
-        .expect("the policy has tokens");
-    tokens.extend([
-        json!({"token": "nobody", "user": sa("nobody")}),
-        json!({"token": "mate", "user": sa("mate")}),
-        json!({"token": "alice", "user": {"username": "alice", "groups": ["lease-editors"]}}),
-        json!({"token": "deleted", "user": sa("deleted")}),
-    ]);
-    let rules = policy["rules"]
-        .as_array_mut()
-        .expect("the policy has rules");
-    rules.extend([
-        // The Holder's namespace mate and alice may renew any claim's lease as far as
-        // RBAC goes: only the Holder rule stands between them and the lease.
-        json!({
-            "users": ["system:serviceaccount:default:mate"],
-            "groups": ["lease-editors"],
-            "verbs": ["get", "list", "create", "update", "patch"],
-            "apiGroups": ["battery.liquidmetal-x.dev"],
-            "resources": ["microvmclaims", "microvmclaims/lease"],
-            "namespaces": ["default"],
-        }),
-        json!({
-            "users": ["system:serviceaccount:default:deleted"],
-            "verbs": ["get", "list"],
-            "apiGroups": ["battery.liquidmetal-x.dev"],
-            "resources": ["microvmclaims"],
-            "namespaces": ["default"],
-        }),
-        json!({
-            "groups": ["system:authenticated"],
-            "verbs": ["get"],
-            "nonResourceURLs": ["/apis", "/apis/*"],
-        }),
-        // What anonymous must not gain by being passed on by a front proxy.
-        json!({
-            "groups": ["system:authenticated"],
-            "verbs": ["list"],
-            "apiGroups": ["battery.liquidmetal-x.dev"],
-            "resources": ["microvmclaims"],
-            "namespaces": ["default"],
-        }),
-    ]);
+/// A client of kube-apiserver: a request as a cluster carries it to us.
+fn through(server: &ApiServer, identity: Identity) -> Client {
+    let front = server.front().expect("an aggregated server");
+    Client::new(front.url(), &front.ca(), identity)
+}
+
+/// A client of battery-apiserver itself, on the pod network: it dials the address and
+/// verifies the Service's name, which serve's certificate holds.
+fn straight(server: &ApiServer, identity: Identity) -> Client {
+    let cluster = server.cluster().expect("a real control plane");
+    Client::new(server.backend(), &cluster.installation.serving_ca, identity)
+        .with_server_name(&format!("{SERVICE}.{NAMESPACE}.svc"))
+}
+
+/// The kubectl user ([`HOLDER`], whom the harness lets do everything) through kube-apiserver.
+fn kubectl_user(server: &ApiServer) -> Client {
+    let front = server.front().expect("an aggregated server");
+    through(server, front.kubectl_identity())
+}
+
+/// A group as an RBAC subject.
+fn group(name: &str) -> Subject {
+    Subject {
+        kind: "Group".to_owned(),
+        name: name.to_owned(),
+        api_group: Some("rbac.authorization.k8s.io".to_owned()),
+        ..Default::default()
+    }
+}
+
+/// The table's RBAC, each role bound in `default` alone: the Holder's namespace mate and
+/// the group `lease-editors` may renew any claim's lease as far as RBAC goes (only the
+/// Holder rule stands between them and the lease); `deleted` reads claims; every
+/// authenticated user lists them, which anonymous must not gain by being passed on by a
+/// front proxy.
+async fn grant_table(cluster: &Cluster) {
+    let roles: Api<ClusterRole> = Api::all(cluster.plane.admin().await);
+    let grants = [
+        (
+            "e2e:lease-editor",
+            front::battery_rule(
+                &["microvmclaims", "microvmclaims/lease"],
+                &["get", "list", "create", "update", "patch"],
+            ),
+            vec![
+                front::service_account(DEFAULT, "mate"),
+                group("lease-editors"),
+            ],
+        ),
+        (
+            "e2e:claim-reader",
+            front::battery_rule(&["microvmclaims"], &["get", "list"]),
+            vec![front::service_account(DEFAULT, "deleted")],
+        ),
+        (
+            "e2e:claim-lister",
+            front::battery_rule(&["microvmclaims"], &["list"]),
+            vec![group("system:authenticated")],
+        ),
+    ];
+    for (name, rule, subjects) in grants {
+        let role = ClusterRole {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                ..Default::default()
+            },
+            rules: Some(vec![rule.clone()]),
+            ..Default::default()
+        };
+        roles
+            .create(&PostParams::default(), &role)
+            .await
+            .unwrap_or_else(|e| panic!("create the ClusterRole {name}: {e}"));
+        for subject in subjects {
+            cluster.bind_in(DEFAULT, name, subject, &rule).await;
+        }
+    }
 }
 
 /// What an attack must not change.
@@ -131,7 +168,7 @@ fn claim(name: &str) -> Value {
 
 /// One row: what it proves, who sends it where, and the refusal it must get.
 struct Row {
-    proves: &'static str,
+    proves: String,
     client: Client,
     method: &'static str,
     path: String,
@@ -140,7 +177,7 @@ struct Row {
     code: StatusCode,
     reason: &'static str,
     /// What the Status message must say, to show the refusal's cause.
-    says: &'static str,
+    says: String,
 }
 
 /// `X-Remote-*` headers claiming the cluster's most powerful identity.
@@ -150,67 +187,77 @@ const FORGED: [(&str, &str); 3] = [
     ("X-Remote-Extra-Scopes", "all"),
 ];
 
-/// A client certificate of `ca`, in `dir`.
-fn cert(ca: &Ca, stand_in: &StandIn, cn: &str, validity: Validity) -> Identity {
-    let (cert, key) = write_client(ca, stand_in.dir(), cn, &[], validity);
-    Identity::Cert(cert, key)
-}
-
 #[tokio::test]
 async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
-    let server = ApiServer::behind_stand_in(&["--max-watches", MAX_WATCHES]).await;
-    let stand_in = server.stand_in().expect("an aggregated server");
-    stand_in.edit_policy(attack_policy);
-    let layout = stand_in.layout();
-    let ca = stand_in.serving_ca();
-    let through = |identity: Identity| Client::new(stand_in.url(), &ca, identity);
-    let straight = |identity: Identity| Client::new(server.backend(), &ca, identity);
-    let admin = kubectl_user(stand_in);
+    let server = ApiServer::aggregated_with(&["--max-watches", MAX_WATCHES]).await;
+    let cluster = server.cluster().expect("a real control plane");
+    grant_table(cluster).await;
+    let plane = &cluster.plane;
+    let nobody = plane.service_account_token(DEFAULT, "nobody").await;
+    let mate = plane.service_account_token(DEFAULT, "mate").await;
+    let (cert, key, _) = server.client_certificate("alice", &["lease-editors"]);
+    let alice = Identity::Cert(cert, key);
+    let admin = kubectl_user(&server);
 
     let (status, held) = admin.call("POST", CLAIMS, &[], Some(claim(HELD))).await;
     assert_eq!(status, StatusCode::CREATED, "the Holder's claim: {held}");
     let before = world(&admin).await;
 
-    let front_proxy_ca = Ca::load(&layout.front_proxy_ca(), &layout.front_proxy_ca_key())
-        .expect("the stand-in's front-proxy CA");
-    let (front_cert, front_key) = stand_in.front_proxy_client();
+    let (ca, ca_key) = plane.pki().front_proxy_ca();
+    let front_proxy_ca = Ca::load(&ca, &ca_key).expect("the cluster's front-proxy CA");
+    let (front_cert, front_key) = plane.pki().front_proxy_client();
+    let vouched = Identity::Cert(front_cert, front_key);
     let stranger_ca = Ca::new("someone-else").expect("a CA");
     let lease = format!("{CLAIMS}/{HELD}/lease");
-    let create =
-        |proves, client, headers: &[(&'static str, &'static str)], code, reason, says| Row {
-            proves,
-            client,
-            method: "POST",
-            path: CLAIMS.to_owned(),
-            headers: headers.to_vec(),
-            body: Some(claim("stolen")),
-            code,
-            reason,
-            says,
-        };
-    let renew = |proves, client| Row {
-        proves,
+    let create = |proves: &str,
+                  client,
+                  headers: &[(&'static str, &'static str)],
+                  code,
+                  reason,
+                  says: &str| Row {
+        proves: proves.to_owned(),
+        client,
+        method: "POST",
+        path: CLAIMS.to_owned(),
+        headers: headers.to_vec(),
+        body: Some(claim("stolen")),
+        code,
+        reason,
+        says: says.to_owned(),
+    };
+    let renew = |proves: &str, client, user: &str, headers: &[(&'static str, &'static str)]| Row {
+        proves: proves.to_owned(),
         client,
         method: "PATCH",
         path: lease.clone(),
-        headers: vec![MERGE_PATCH],
+        headers: [&[MERGE_PATCH], headers].concat(),
         body: Some(json!({})),
         code: StatusCode::FORBIDDEN,
         reason: "Forbidden",
-        says: "only its Holder system:serviceaccount:default:dev may",
+        says: format!(
+            r#"User "{user}" cannot renew the lease of this claim: only its Holder {HOLDER} may"#
+        ),
     };
     let mut rows = vec![
         create(
-            "identity headers without a client certificate are ignored: the caller is anonymous, and anonymous may not create",
-            straight(Identity::Anonymous),
+            "identity headers without a client certificate are ignored: the caller is anonymous, and battery-apiserver refuses anonymous",
+            straight(&server, Identity::Anonymous),
             &FORGED,
             StatusCode::FORBIDDEN,
             "Forbidden",
             r#"User "system:anonymous""#,
         ),
         create(
-            "anonymous is refused by the cluster",
-            through(Identity::Anonymous),
+            "identity headers sent to kube-apiserver are ignored there too: the caller stays anonymous, refused by kube-apiserver's RBAC before it reaches us",
+            through(&server, Identity::Anonymous),
+            &FORGED,
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            r#"User "system:anonymous""#,
+        ),
+        create(
+            "anonymous is refused by kube-apiserver's RBAC",
+            through(&server, Identity::Anonymous),
             &[],
             StatusCode::FORBIDDEN,
             "Forbidden",
@@ -218,23 +265,23 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
         ),
         create(
             "anonymous is refused by battery-apiserver itself",
-            straight(Identity::Anonymous),
+            straight(&server, Identity::Anonymous),
             &[],
             StatusCode::FORBIDDEN,
             "Forbidden",
             r#"User "system:anonymous""#,
         ),
         create(
-            "a user without RBAC is refused by the cluster",
-            through(Identity::Token("nobody".to_owned())),
+            "a ServiceAccount without RBAC is refused by kube-apiserver's RBAC",
+            through(&server, Identity::Token(nobody)),
             &[],
             StatusCode::FORBIDDEN,
             "Forbidden",
             r#"User "system:serviceaccount:default:nobody""#,
         ),
         create(
-            "battery-apiserver authorizes again: a user without RBAC, vouched for by the real front proxy, is refused",
-            straight(Identity::Cert(front_cert.clone(), front_key.clone())),
+            "battery-apiserver authorizes again: a user without RBAC, vouched for by kube-apiserver's own front-proxy certificate, is refused by battery-apiserver",
+            straight(&server, vouched.clone()),
             &[
                 ("X-Remote-User", "system:serviceaccount:default:nobody"),
                 ("X-Remote-Group", "system:authenticated"),
@@ -244,8 +291,8 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
             r#"User "system:serviceaccount:default:nobody""#,
         ),
         Row {
-            proves: "anonymous forwarded by the real front proxy does not become system:authenticated, so gets nothing granted to it",
-            client: straight(Identity::Cert(front_cert.clone(), front_key.clone())),
+            proves: "anonymous forwarded by the real front proxy does not become system:authenticated, so gets nothing granted to it: battery-apiserver refuses it".to_owned(),
+            client: straight(&server, vouched.clone()),
             method: "GET",
             path: CLAIMS.to_owned(),
             headers: vec![
@@ -255,32 +302,44 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
             body: None,
             code: StatusCode::FORBIDDEN,
             reason: "Forbidden",
-            says: r#"User "system:anonymous" cannot list"#,
+            says: r#"User "system:anonymous" cannot list"#.to_owned(),
         },
         renew(
-            "the Holder's namespace mate, with RBAC on microvmclaims/lease, may not renew",
-            through(Identity::Token("mate".to_owned())),
+            "the Holder's namespace mate, whom RBAC lets write microvmclaims/lease (at kube-apiserver and in our SubjectAccessReview), is refused by battery-apiserver's Holder rule",
+            through(&server, Identity::Token(mate)),
+            "system:serviceaccount:default:mate",
+            &[],
         ),
         renew(
-            "a non-Holder with RBAC on microvmclaims/lease may not renew",
-            through(Identity::Token("alice".to_owned())),
+            "a non-Holder (a client certificate of the cluster CA, in a group RBAC lets write microvmclaims/lease) is refused by battery-apiserver's Holder rule",
+            through(&server, alice.clone()),
+            "alice",
+            &[],
+        ),
+        renew(
+            "identity headers a user sends to kube-apiserver never reach us: its aggregator replaces them, so alice naming the Holder is still alice to battery-apiserver's Holder rule",
+            through(&server, alice),
+            "alice",
+            &[("X-Remote-User", HOLDER), ("X-Remote-Group", "system:masters")],
         ),
         Row {
-            proves: "a body over the limit is refused, through the aggregator, even for a user who may create",
-            client: kubectl_user(stand_in),
+            proves: "a body over the limit is refused by battery-apiserver, through kube-apiserver, even for a user who may create".to_owned(),
+            client: kubectl_user(&server),
             method: "POST",
             path: CLAIMS.to_owned(),
             headers: Vec::new(),
             body: Some(json!({"metadata": {"name": "big"}, "padding": "x".repeat(4 << 20)})),
             code: StatusCode::PAYLOAD_TOO_LARGE,
             reason: "RequestEntityTooLarge",
-            says: "too large",
+            // Our wording: kube-apiserver passes the body on.
+            says: "the request body is larger than".to_owned(),
         },
     ];
-    // Certificates that must not vouch for the forged headers, nor fall back to anonymous.
+    // Certificates that must not vouch for the forged headers, nor fall back to anonymous,
+    // at either server.
     let refused_certificates = [
         (
-            "a certificate of a CA the server does not trust cannot vouch for headers",
+            "a certificate of a CA nobody trusts cannot vouch for headers",
             &stranger_ca,
             "front-proxy-client",
             Validity::Current,
@@ -298,20 +357,23 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
             Validity::Expired,
         ),
     ];
-    rows.extend(
-        refused_certificates
-            .into_iter()
-            .map(|(proves, ca, cn, validity)| {
-                create(
-                    proves,
-                    straight(cert(ca, stand_in, cn, validity)),
-                    &FORGED,
-                    StatusCode::UNAUTHORIZED,
-                    "Unauthorized",
-                    "Unauthorized",
-                )
-            }),
-    );
+    for (what, ca, cn, validity) in refused_certificates {
+        let (cert, key) = write_client(ca, server.scratch(), cn, &[], validity);
+        let identity = Identity::Cert(cert, key);
+        for (client, who) in [
+            (through(&server, identity.clone()), "kube-apiserver"),
+            (straight(&server, identity), "battery-apiserver"),
+        ] {
+            rows.push(create(
+                &format!("{what}: refused by {who}"),
+                client,
+                &FORGED,
+                StatusCode::UNAUTHORIZED,
+                "Unauthorized",
+                "Unauthorized",
+            ));
+        }
+    }
     for row in rows {
         let (code, status) = row
             .client
@@ -329,7 +391,7 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
         assert!(
             status["message"]
                 .as_str()
-                .is_some_and(|m| m.contains(row.says)),
+                .is_some_and(|m| m.contains(&row.says)),
             "{}: the message should say {:?}: {status}",
             row.proves,
             row.says
@@ -348,8 +410,7 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
 
     // The controls. A user the front proxy names, in no group, lists claims: battery-apiserver
     // adds system:authenticated, so anonymous was refused for being anonymous.
-    let vouched = straight(Identity::Cert(front_cert, front_key));
-    let (code, list) = vouched
+    let (code, list) = straight(&server, vouched)
         .call(
             "GET",
             CLAIMS,
@@ -375,29 +436,21 @@ async fn every_attack_is_refused_with_a_status_and_changes_nothing() {
     );
 }
 
-/// The kubectl user (`default:dev`, who may do everything) through the stand-in.
-fn kubectl_user(stand_in: &StandIn) -> Client {
-    let (cert, key) = stand_in.layout().kubectl();
-    Client::new(
-        stand_in.url(),
-        &stand_in.serving_ca(),
-        Identity::Cert(cert, key),
-    )
-}
-
 /// A ServiceAccount's token works until the account is deleted; then it is a 401 both
-/// through the cluster and straight to battery-apiserver, once its TokenReview cache
-/// (10 s, as Go's) has let go of the old answer.
+/// through kube-apiserver and straight to battery-apiserver, once their caches (10 s
+/// each: kube-apiserver's of its authentication, ours of the TokenReview we ask it) have
+/// let go of the old answer.
 async fn deleted_service_account_token(server: &ApiServer, admin: &Client, before: &World) {
-    let stand_in = server.stand_in().expect("an aggregated server");
-    let ca = stand_in.serving_ca();
-    let token = || Identity::Token("deleted".to_owned());
-    let straight = Client::new(server.backend(), &ca, token());
-    let through = Client::new(stand_in.url(), &ca, token());
-    for (route, client) in [
-        ("straight", &straight),
-        ("through the aggregator", &through),
-    ] {
+    let plane = &server.cluster().expect("a real control plane").plane;
+    let token = plane.service_account_token(DEFAULT, "deleted").await;
+    let routes = [
+        (
+            "through kube-apiserver",
+            through(server, Identity::Token(token.clone())),
+        ),
+        ("straight", straight(server, Identity::Token(token))),
+    ];
+    for (route, client) in &routes {
         let (code, list) = client.get(CLAIMS).await;
         assert_eq!(
             code,
@@ -405,32 +458,24 @@ async fn deleted_service_account_token(server: &ApiServer, admin: &Client, befor
             "{route}: the token works while its account exists: {list}"
         );
     }
-    stand_in.edit_policy(|policy| {
-        policy["tokens"]
-            .as_array_mut()
-            .expect("the policy has tokens")
-            .retain(|t| t["token"] != "deleted");
-    });
-    let (code, status) = through.get(CLAIMS).await;
-    assert_eq!(
-        code,
-        StatusCode::UNAUTHORIZED,
-        "through the aggregator: {status}"
-    );
-    let refused = eventually(
-        TOKEN_CACHE * 3,
-        "battery-apiserver to refuse the deleted account's token",
-        async || {
-            let (code, status) = straight.get(CLAIMS).await;
+    let accounts: Api<ServiceAccount> = Api::namespaced(plane.admin().await, DEFAULT);
+    accounts
+        .delete("deleted", &DeleteParams::default())
+        .await
+        .expect("delete the ServiceAccount");
+    for (route, client) in &routes {
+        let what = format!("{route}: the deleted account's token to be refused");
+        let refused = eventually(TOKEN_CACHE * 3, &what, async || {
+            let (code, status) = client.get(CLAIMS).await;
             if code == StatusCode::UNAUTHORIZED {
                 Ok(status)
             } else {
                 Err(format!("{code}: {status}"))
             }
-        },
-    )
-    .await;
-    assert_eq!(refused["reason"], "Unauthorized", "{refused}");
+        })
+        .await;
+        assert_eq!(refused["reason"], "Unauthorized", "{route}: {refused}");
+    }
     assert_eq!(
         &world(admin).await,
         before,
@@ -495,61 +540,128 @@ async fn too_many_watches(admin: &Client, before: &World) {
     assert_eq!(&world(admin).await, before, "the watches changed something");
 }
 
-/// kube-apiserver rotates the front proxy's CA and publishes it in the ConfigMap:
-/// battery-apiserver, watching it, trusts the new certificate and refuses the old one,
-/// without a restart.
-#[tokio::test]
-async fn a_rotated_front_proxy_ca_takes_effect_without_a_restart() {
-    let server = ApiServer::behind_stand_in(&[]).await;
-    let stand_in = server.stand_in().expect("an aggregated server");
-    let admin = kubectl_user(stand_in);
-    let (status, list) = admin.get(CLAIMS).await;
-    assert_eq!(status, StatusCode::OK, "before the rotation: {list}");
+/// The certificates in a PEM bundle, in a set's order.
+fn certificates(pem: &str) -> Vec<Vec<u8>> {
+    let mut ders: Vec<Vec<u8>> = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .map(|der| der.expect("a PEM certificate").to_vec())
+        .collect();
+    ders.sort();
+    ders
+}
 
-    // Keep the old front-proxy certificate: the rotation overwrites the files.
-    let old = tempfile::tempdir().expect("a temporary directory");
-    let (cert, key) = stand_in.front_proxy_client();
-    let old_cert = old.path().join("front-proxy-client.crt");
-    let old_key = old.path().join("front-proxy-client.key");
-    std::fs::copy(cert, &old_cert).expect("copy the old certificate");
-    std::fs::copy(key, &old_key).expect("copy the old key");
-    let as_aggregator = [("X-Remote-User", "system:serviceaccount:default:dev")];
-    let straight_with_old = Client::new(
-        server.backend(),
-        &stand_in.serving_ca(),
-        Identity::Cert(old_cert, old_key),
-    );
-    let (status, _) = straight_with_old
-        .call("GET", CLAIMS, &as_aggregator, None)
-        .await;
-    assert_eq!(
-        status,
-        StatusCode::OK,
-        "the old certificate works before the rotation"
-    );
-
-    let config_map = stand_in.rotate_front_proxy().await;
-    assert!(
-        config_map["data"]["requestheader-client-ca-file"]
-            .as_str()
-            .is_some_and(|pem| pem.contains("BEGIN CERTIFICATE")),
-        "{config_map:#}"
-    );
+/// Waits until kube-apiserver's ConfigMap names exactly the front-proxy CAs `pems`.
+async fn published(config_maps: &Api<ConfigMap>, pems: &[&str]) {
+    let expected = certificates(&pems.join("\n"));
     eventually(
-        Duration::from_secs(30),
-        "battery-apiserver to trust the new front-proxy certificate",
-        async || match admin.get(CLAIMS).await {
-            (StatusCode::OK, _) => Ok(()),
-            (code, status) => Err(format!("{code}: {status}")),
+        RELOAD_TIMEOUT,
+        "the ConfigMap to name the front-proxy CAs",
+        async || {
+            let config_map = config_maps
+                .get(AUTHENTICATION)
+                .await
+                .map_err(|e| e.to_string())?;
+            let bundle = config_map
+                .data
+                .and_then(|mut data| data.remove("requestheader-client-ca-file"))
+                .unwrap_or_default();
+            if certificates(&bundle) == expected {
+                Ok(())
+            } else {
+                Err(bundle)
+            }
         },
     )
     .await;
-    let (status, refused) = straight_with_old
-        .call("GET", CLAIMS, &as_aggregator, None)
-        .await;
-    assert_eq!(
-        status,
-        StatusCode::UNAUTHORIZED,
-        "the old certificate after the rotation: {refused}"
+}
+
+/// An operator rotates the front proxy's CA in the steps that let no request fail
+/// (`ClusterPki::rotate_front_proxy`): kube-apiserver reloads its files and publishes the
+/// CAs in the ConfigMap, and battery-apiserver, watching it, trusts the new certificate
+/// before kube-apiserver presents it, and refuses the old one once the old CA is gone,
+/// neither restarted. Requests through kube-apiserver work at every step.
+#[tokio::test]
+async fn a_rotated_front_proxy_ca_takes_effect_without_a_restart() {
+    let server = ApiServer::start(Route::Aggregated).await;
+    let plane = &server.cluster().expect("a real control plane").plane;
+    let pki = plane.pki();
+    let admin = kubectl_user(&server);
+    let works = async |step: &str| {
+        let (code, list) = admin.get(CLAIMS).await;
+        assert_eq!(
+            code,
+            StatusCode::OK,
+            "through kube-apiserver {step}: {list}"
+        );
+    };
+    works("before the rotation").await;
+
+    // Keep the old certificate: the rotation replaces its files.
+    let (cert, key) = pki.front_proxy_client();
+    let old = (
+        server.scratch().join("old-front-proxy-client.crt"),
+        server.scratch().join("old-front-proxy-client.key"),
     );
+    std::fs::copy(cert, &old.0).expect("copy the old certificate");
+    std::fs::copy(key, &old.1).expect("copy the old key");
+    let as_holder = [("X-Remote-User", HOLDER)];
+    let old_to_serve = straight(&server, Identity::Cert(old.0.clone(), old.1.clone()));
+    let old_to_cluster = through(&server, Identity::Cert(old.0, old.1));
+    let answer = async |client: &Client, expected: StatusCode| match client
+        .call("GET", CLAIMS, &as_holder, None)
+        .await
+    {
+        (code, _) if code == expected => Ok(()),
+        (code, status) => Err(format!("{code}: {status}")),
+    };
+    answer(&old_to_serve, StatusCode::OK)
+        .await
+        .expect("the old certificate works before the rotation");
+
+    let config_maps: Api<ConfigMap> = Api::namespaced(plane.admin().await, "kube-system");
+    let old_ca = std::fs::read_to_string(pki.front_proxy_ca().0).expect("the old CA");
+    let rotation = pki.rotate_front_proxy().expect("a new front-proxy CA");
+    published(&config_maps, &[&old_ca, rotation.ca_pem()]).await;
+    let (cert, key) = rotation.next_client();
+    let new_to_serve = straight(&server, Identity::Cert(cert, key));
+    eventually(
+        RELOAD_TIMEOUT,
+        "battery-apiserver to trust the new CA beside the old",
+        async || answer(&new_to_serve, StatusCode::OK).await,
+    )
+    .await;
+    works("while both CAs are trusted").await;
+
+    rotation
+        .switch_client()
+        .expect("give kube-apiserver the new certificate");
+    works("after the switch").await;
+
+    // Nothing shows when kube-apiserver took the new certificate, but its CA file, written
+    // after it and watched the same way, shows when reloaded: kube-apiserver itself
+    // refuses the old certificate.
+    rotation.drop_old_ca().expect("drop the old CA");
+    eventually(
+        RELOAD_TIMEOUT,
+        "kube-apiserver to refuse the old certificate",
+        async || answer(&old_to_cluster, StatusCode::UNAUTHORIZED).await,
+    )
+    .await;
+    // kube-apiserver only adds to the ConfigMap, so battery-apiserver, as every aggregated
+    // server, still trusts the old CA: the operator deletes the ConfigMap, and
+    // kube-apiserver writes it again with what it trusts now.
+    answer(&old_to_serve, StatusCode::OK)
+        .await
+        .expect("battery-apiserver trusts the old CA while the ConfigMap names it");
+    config_maps
+        .delete(AUTHENTICATION, &DeleteParams::default())
+        .await
+        .expect("delete the ConfigMap");
+    published(&config_maps, &[rotation.ca_pem()]).await;
+    eventually(
+        RELOAD_TIMEOUT,
+        "battery-apiserver to refuse the old certificate",
+        async || answer(&old_to_serve, StatusCode::UNAUTHORIZED).await,
+    )
+    .await;
+    works("after the old CA is gone").await;
 }
