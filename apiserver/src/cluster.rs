@@ -31,6 +31,10 @@ const NAMESPACE_CACHE_ENTRIES: u64 = 4096;
 const QUOTA_TTL: Duration = Duration::from_secs(2);
 /// Namespaces whose quotas are kept at most, as for phases.
 const QUOTA_CACHE_ENTRIES: u64 = 4096;
+/// The field manager `managedFields` record our writes of a quota's status under; without
+/// one kube-apiserver takes it from the User-Agent, which kube's client does not send, and
+/// records `unknown`.
+const QUOTA_FIELD_MANAGER: &str = "battery-apiserver";
 /// The `source.component` of our Events.
 const COMPONENT: &str = "battery-apiserver";
 /// Idle connections to kube-apiserver kept for reuse. kube's default client keeps every
@@ -292,8 +296,9 @@ impl Cluster {
         Ok(quotas)
     }
 
-    /// Merges `patch` into a ResourceQuota's status subresource; the cached quotas of
-    /// its namespace are read again next time, so they show the write.
+    /// Merges `patch` into a ResourceQuota's status subresource, as the field manager
+    /// [`QUOTA_FIELD_MANAGER`]; the cached quotas of its namespace are read again next
+    /// time, so they show the write.
     pub async fn patch_resource_quota_status(
         &self,
         namespace: &str,
@@ -301,7 +306,11 @@ impl Cluster {
         patch: serde_json::Value,
     ) -> Result<(), ApiError> {
         let api: Api<ResourceQuota> = Api::namespaced(self.client.clone(), namespace);
-        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        let params = PatchParams {
+            field_manager: Some(QUOTA_FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        api.patch_status(name, &params, &Patch::Merge(&patch))
             .await
             .map_err(|err| {
                 ApiError::service_unavailable(format!(

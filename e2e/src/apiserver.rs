@@ -35,7 +35,7 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::control_plane::Options;
 use crate::process::Process;
-pub use front::{Cluster, Front};
+pub use front::Cluster;
 
 pub use agents::{AgentSpec, SIMULATED_HOST_SKIPS};
 pub use kubectl::{Background, Invocation, Kubectl, Output, Stream, kubectl_paths};
@@ -83,8 +83,8 @@ pub struct ApiServer {
     serve_starts: usize,
     /// The agents, when started with them.
     agents: Option<tokio::sync::Mutex<agents::Agents>>,
-    /// What is in front of `serve` (nothing in front of `dev`).
-    front: Option<Front>,
+    /// The control plane in front of `serve` (nothing is in front of `dev`).
+    cluster: Option<Box<Cluster>>,
     /// battery-apiserver's own URL.
     backend: String,
     /// The embedded battery's gRPC address, where it runs in a process of its own.
@@ -126,7 +126,7 @@ impl ApiServer {
             serve_args: Vec::new(),
             serve_starts: 0,
             agents: None,
-            front: None,
+            cluster: None,
             backend: url,
             battery: None,
             kubeconfig: dir.path().join("dev").join("kubeconfig"),
@@ -199,13 +199,13 @@ impl ApiServer {
         server
     }
 
-    /// Starts (or starts again) an agent behind the front and waits until its Host
+    /// Starts (or starts again) an agent behind kube-apiserver and waits until its Host
     /// points at it and reports whatever it reports.
     pub async fn start_agent(&self, spec: AgentSpec) {
         let agents = self.agents.as_ref().expect("started with agents");
-        let front = self.front.as_ref().expect("aggregated");
+        let cluster = self.cluster.as_deref().expect("aggregated");
         let (host, listen) = (spec.host.clone(), spec.listen.to_string());
-        agents.lock().await.start(front, spec).await;
+        agents.lock().await.start(cluster, spec).await;
         let hosts: kube::Api<battery_types::Host> =
             kube::Api::all(crate::kube_client(&self.kubeconfig).await);
         let what = format!("Host {host} to report through its agent at {listen}");
@@ -254,14 +254,14 @@ impl ApiServer {
 
     /// A hand-written exec client ([`channel_exec`](crate::channel_exec)) for the
     /// kubectl user, or for the user of `identity` (certificate and key of a client CA
-    /// the front accepts: [`Self::client_certificate`]).
+    /// the cluster accepts: [`Self::client_certificate`]).
     pub fn exec_client(&self, identity: Option<(PathBuf, PathBuf)>) -> crate::channel_exec::Client {
-        let (url, ca, identity) = match &self.front {
-            Some(front) => (
-                front.url().to_owned(),
-                front.ca(),
+        let (url, ca, identity) = match &self.cluster {
+            Some(cluster) => (
+                cluster.url().to_owned(),
+                cluster.ca(),
                 identity.map_or_else(
-                    || front.kubectl_identity(),
+                    || cluster.kubectl_identity(),
                     |(cert, key)| crate::https::Identity::Cert(cert, key),
                 ),
             ),
@@ -280,13 +280,13 @@ impl ApiServer {
         }
     }
 
-    /// A client certificate for the user `cn` in `groups` that the front accepts, and a
+    /// A client certificate for the user `cn` in `groups` that the cluster accepts, and a
     /// kubeconfig for it: (certificate, key, kubeconfig). Only in front of `serve`.
     pub fn client_certificate(&self, cn: &str, groups: &[&str]) -> (PathBuf, PathBuf, PathBuf) {
-        let front = self.front.as_ref().expect("aggregated");
-        let (cert, key) = front.client_certificate(cn, groups);
+        let cluster = self.cluster.as_deref().expect("aggregated");
+        let (cert, key) = cluster.client_certificate(cn, groups);
         let kubeconfig = cert.with_extension("kubeconfig");
-        front.write_kubeconfig(&kubeconfig, (&cert, &key));
+        cluster.write_kubeconfig(&kubeconfig, (&cert, &key));
         (cert, key, kubeconfig)
     }
 
@@ -356,9 +356,7 @@ impl ApiServer {
         data: Option<&Path>,
     ) -> Self {
         let fresh = data.is_none_or(|data| !data.join("apiserver").exists());
-        let front = Front::Cluster(Box::new(
-            Cluster::start(dir.path(), binary(), options).await,
-        ));
+        let cluster = Box::new(Cluster::start(dir.path(), binary(), options).await);
         let mut command = Command::new(binary());
         command.args([
             "embedded-battery",
@@ -376,7 +374,7 @@ impl ApiServer {
             BATTERY_SERVING_PREFIX,
         )
         .await;
-        let mut command = serve_command(binary(), &battery_address, &front);
+        let mut command = serve_command(binary(), &battery_address, &cluster);
         command.args(serve_args);
         // On disk, as on its volume in a cluster: a test may stop `serve` and start it again.
         let store = data.map_or_else(|| dir.path().join("apiserver"), |d| d.join("apiserver"));
@@ -384,14 +382,14 @@ impl ApiServer {
         let serve_args: Vec<std::ffi::OsString> =
             command.as_std().get_args().map(ToOwned::to_owned).collect();
         let (serve, url) = start_serve(&serve_args, &dir.path().join("server.log")).await;
-        front.forward_to(&url).await;
+        cluster.wait_serving().await;
         let server = Self {
             processes: vec![battery, serve],
             serve_args,
             serve_starts: 0,
             agents: None,
-            kubeconfig: front.kubeconfig(),
-            front: Some(front),
+            kubeconfig: cluster.kubeconfig().to_owned(),
+            cluster: Some(cluster),
             backend: url,
             battery: Some(battery_address),
             dir,
@@ -403,7 +401,7 @@ impl ApiServer {
         server
     }
 
-    /// Makes the Pool `default/dev` through the front, as `dev` makes it at start.
+    /// Makes the Pool `default/dev` through kube-apiserver, as `dev` makes it at start.
     async fn create_dev_pool(&self) {
         let kubectl = self.kubectls_quietly().next().expect("a kubectl release");
         kubectl
@@ -432,17 +430,9 @@ impl ApiServer {
         })
     }
 
-    /// What is in front of `serve`, on [`Route::Aggregated`].
-    pub fn front(&self) -> Option<&Front> {
-        self.front.as_ref()
-    }
-
-    /// The real control plane in front, on [`Route::Aggregated`].
+    /// The real control plane in front of `serve`, on [`Route::Aggregated`].
     pub fn cluster(&self) -> Option<&Cluster> {
-        match &self.front {
-            Some(Front::Cluster(cluster)) => Some(cluster),
-            _ => None,
-        }
+        self.cluster.as_deref()
     }
 
     /// The embedded battery's gRPC address (`host:port`) on [`Route::Aggregated`], for a
@@ -506,14 +496,14 @@ async fn start_serve(args: &[std::ffi::OsString], log: &Path) -> (Process, Strin
     Process::start(command, log, SERVE_SERVING_PREFIX).await
 }
 
-/// `binary serve` in front of the battery at `battery` (`host:port`), behind `front`:
+/// `binary serve` in front of the battery at `battery` (`host:port`), behind `cluster`:
 /// where it listens, its serving certificate, and the cluster it asks.
-pub(crate) fn serve_command(binary: &Path, battery: &str, front: &Front) -> Command {
+pub(crate) fn serve_command(binary: &Path, battery: &str, cluster: &Cluster) -> Command {
     let mut command = Command::new(binary);
     command
         .args(["serve", "--battery-address"])
         .arg(format!("http://{battery}"))
-        .args(front.serve_args());
+        .args(cluster.serve_args());
     command
 }
 

@@ -185,8 +185,7 @@ async fn env_and_files_from_a_secret_reach_the_microvm_and_nowhere_else() {
     cluster.grant("e2e:creator", rules, account).await;
     let user = battery_types::service_account_username(NAMESPACE, CREATOR);
     let (cert, key, _) = server.client_certificate(&user, &["system:serviceaccounts"]);
-    let front = server.front().expect("aggregated");
-    let creator = Client::new(front.url(), &front.ca(), Identity::Cert(cert, key));
+    let creator = Client::new(cluster.url(), &cluster.ca(), Identity::Cert(cert, key));
     let collection = format!(
         "/apis/{}/namespaces/{NAMESPACE}/microvmclaims",
         battery_types::API_VERSION

@@ -211,11 +211,10 @@ async fn exec_needs_get_at_kube_apiserver_and_create_at_ours() {
             .grant(&format!("e2e:exec-{holder}"), rules, subject)
             .await;
         let token = cluster.plane.service_account_token(NAMESPACE, holder).await;
-        let front = server.front().expect("aggregated");
         let client = channel_exec::Client {
             https: battery_e2e::https::Client::new(
-                front.url(),
-                &front.ca(),
+                cluster.url(),
+                &cluster.ca(),
                 Identity::Token(token),
             ),
         };

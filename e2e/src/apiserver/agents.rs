@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use battery_types::agent_identity::{AGENT_GROUP, agent_username};
 use tokio::process::Command;
 
-use super::Front;
+use super::Cluster;
 use crate::process::Process;
 use crate::stand_in::pki::{Ca, Validity};
 
@@ -111,13 +111,13 @@ impl Agents {
 
     /// Starts the agent `spec` describes, as its Host's identity (a client certificate
     /// of the cluster's CA, as `deploy/README.md` has a Host's agent get one) through
-    /// `front`. The binding `deploy/` ships for the agents' group lets it in.
-    pub(crate) async fn start(&mut self, front: &Front, spec: AgentSpec) {
-        let (cert, key) = front.client_certificate(&agent_username(&spec.host), &[AGENT_GROUP]);
+    /// kube-apiserver. The binding `deploy/` ships for the agents' group lets it in.
+    pub(crate) async fn start(&mut self, cluster: &Cluster, spec: AgentSpec) {
+        let (cert, key) = cluster.client_certificate(&agent_username(&spec.host), &[AGENT_GROUP]);
         let dir = self.dir.join(format!("agent-{}", spec.host));
         std::fs::create_dir_all(&dir).expect("create the agent's directory");
         let kubeconfig = dir.join("kubeconfig");
-        front.write_kubeconfig(&kubeconfig, (&cert, &key));
+        cluster.write_kubeconfig(&kubeconfig, (&cert, &key));
         let listen = spec.listen.to_string();
         let mut command = Command::new(super::target_binary("battery-agent", "battery-agent"));
         command

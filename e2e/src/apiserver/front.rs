@@ -1,6 +1,6 @@
 //! What stands in front of `battery-apiserver serve` on [`Route::Aggregated`](super::Route):
-//! a real control plane ([`Cluster`]), or, for `bench`'s rig alone, the aggregator
-//! stand-in.
+//! a real control plane of the test's own ([`Cluster`]) with battery-apiserver installed
+//! into it, and the RBAC a test grants there.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -16,7 +16,6 @@ use kube::api::{Api, ObjectMeta, PostParams};
 
 use crate::control_plane::install::{self, Installation};
 use crate::control_plane::{ControlPlane, Options};
-use crate::stand_in::StandIn;
 
 /// How long kube-apiserver's authorizer may take to see a new binding: its informer
 /// hears of it through a watch, on a loaded 2-core machine.
@@ -38,8 +37,8 @@ pub struct Cluster {
 impl Cluster {
     /// Starts a control plane in `dir`, installs battery-apiserver into it and makes the
     /// kubectl user: the ServiceAccount `default/dev`, which the test's own binding lets
-    /// do everything (the stand-in's default policy did the same); tests of RBAC as
-    /// shipped make users of their own.
+    /// do everything, as `dev`'s local policy does; tests of RBAC as shipped make users
+    /// of their own.
     pub async fn start(dir: &Path, battery_apiserver: &Path, options: Options) -> Self {
         let plane = ControlPlane::start(&dir.join("cluster"), options).await;
         let installation = install::install(&plane, battery_apiserver, &dir.join("install")).await;
@@ -258,134 +257,63 @@ pub fn user(name: &str) -> Subject {
     }
 }
 
-/// What is in front of `serve`.
-pub enum Front {
-    Cluster(Box<Cluster>),
-    StandIn(Box<StandIn>),
-}
-
-impl Front {
-    /// The URL clients reach the API at.
+impl Cluster {
+    /// The URL clients reach the API at: kube-apiserver's.
     pub fn url(&self) -> &str {
-        match self {
-            Self::Cluster(cluster) => cluster.plane.url(),
-            Self::StandIn(stand_in) => stand_in.url(),
-        }
+        self.plane.url()
     }
 
-    /// The CA of the front's serving certificate.
+    /// The CA of kube-apiserver's serving certificate.
     pub fn ca(&self) -> PathBuf {
-        match self {
-            Self::Cluster(cluster) => cluster.plane.pki().ca(),
-            Self::StandIn(stand_in) => stand_in.serving_ca(),
-        }
+        self.plane.pki().ca()
     }
 
     /// The kubectl user's kubeconfig (`system:serviceaccount:default:dev`).
-    pub fn kubeconfig(&self) -> PathBuf {
-        match self {
-            Self::Cluster(cluster) => cluster.kubeconfig.clone(),
-            Self::StandIn(stand_in) => stand_in.kubeconfig(),
-        }
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
     }
 
     /// The kubectl user's credentials, for a hand-written client.
     pub fn kubectl_identity(&self) -> crate::https::Identity {
-        match self {
-            Self::Cluster(cluster) => crate::https::Identity::Token(cluster.token.clone()),
-            Self::StandIn(stand_in) => {
-                let (cert, key) = stand_in.layout().kubectl();
-                crate::https::Identity::Cert(cert, key)
-            }
-        }
+        crate::https::Identity::Token(self.token.clone())
     }
 
-    /// A client certificate the front accepts for the user `cn` in `groups`.
+    /// A client certificate of the cluster's CA for the user `cn` in `groups`.
     pub fn client_certificate(&self, cn: &str, groups: &[&str]) -> (PathBuf, PathBuf) {
-        match self {
-            Self::Cluster(cluster) => {
-                let file = format!("user-{}", uuid::Uuid::new_v4().simple());
-                cluster.plane.pki().client_certificate(&file, cn, groups)
-            }
-            Self::StandIn(stand_in) => stand_in.client_certificate(cn, groups),
-        }
+        let file = format!("user-{}", uuid::Uuid::new_v4().simple());
+        self.plane.pki().client_certificate(&file, cn, groups)
     }
 
     /// Writes a kubeconfig at `path` for the user of a client certificate.
     pub fn write_kubeconfig(&self, path: &Path, (cert, key): (&Path, &Path)) {
         let user = serde_json::json!({"client-certificate": cert, "client-key": key});
-        match self {
-            Self::Cluster(cluster) => cluster
-                .plane
-                .pki()
-                .write_kubeconfig(path, user, "default")
-                .expect("write a kubeconfig"),
-            Self::StandIn(stand_in) => crate::stand_in::pki::write_kubeconfig(
-                path,
-                stand_in.url(),
-                &stand_in.serving_ca(),
-                user,
-            )
-            .expect("write a kubeconfig"),
-        }
+        self.plane
+            .pki()
+            .write_kubeconfig(path, user, "default")
+            .expect("write a kubeconfig");
     }
 
-    /// `serve`'s flags for this front: where it listens, its serving certificate and the
-    /// cluster it asks (TokenReview, SubjectAccessReview, its CAs' ConfigMap).
+    /// `serve`'s flags: where it listens (the ExternalName's address), its serving
+    /// certificate, and the cluster it asks (TokenReview, SubjectAccessReview, its CAs'
+    /// ConfigMap) as its ServiceAccount.
     pub fn serve_args(&self) -> Vec<OsString> {
-        let (listen, cert, key, kubeconfig) = match self {
-            Self::Cluster(cluster) => {
-                let installed = &cluster.installation;
-                (
-                    installed.address.to_string(),
-                    installed.serving_cert.clone(),
-                    installed.serving_key.clone(),
-                    installed.kubeconfig.clone(),
-                )
-            }
-            Self::StandIn(stand_in) => (
-                "127.0.0.1:0".to_owned(),
-                stand_in.apiserver_cert(),
-                stand_in.apiserver_key(),
-                stand_in.apiserver_kubeconfig(),
-            ),
-        };
+        let installed = &self.installation;
         vec![
             "--listen".into(),
-            listen.into(),
+            installed.address.to_string().into(),
             "--tls-cert-file".into(),
-            cert.into(),
+            installed.serving_cert.clone().into(),
             "--tls-private-key-file".into(),
-            key.into(),
+            installed.serving_key.clone().into(),
             "--kubeconfig".into(),
-            kubeconfig.into(),
+            installed.kubeconfig.clone().into(),
         ]
     }
 
-    /// Waits until the front forwards to `serve` at `url`: the aggregator's own check
-    /// calls the APIService Available and its discovery lists our resources, or the stand-in is told the URL (and, as the
-    /// binding `deploy/` ships does in a cluster, lets the agents' group do what an
-    /// agent does: the Host rule in the API server narrows each to its own Host).
-    pub async fn forward_to(&self, url: &str) {
-        match self {
-            Self::Cluster(cluster) => {
-                install::wait_available(&cluster.plane, "True").await;
-                install::wait_discovered(&cluster.plane).await;
-            }
-            Self::StandIn(stand_in) => {
-                stand_in.set_backend(url).await;
-                stand_in.edit_policy(|policy| {
-                    policy["rules"]
-                        .as_array_mut()
-                        .expect("the policy has rules")
-                        .push(serde_json::json!({
-                            "groups": [battery_types::agent_identity::AGENT_GROUP],
-                            "verbs": ["get", "create", "update", "patch"],
-                            "apiGroups": [battery_types::GROUP],
-                            "resources": ["hosts", "hosts/status", "hosts/certificate"],
-                        }));
-                });
-            }
-        }
+    /// Waits until kube-apiserver forwards to `serve`: the aggregator's own check calls
+    /// the APIService Available, and its discovery lists our resources.
+    pub async fn wait_serving(&self) {
+        install::wait_available(&self.plane, "True").await;
+        install::wait_discovered(&self.plane).await;
     }
 }

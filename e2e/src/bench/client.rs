@@ -31,8 +31,14 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects to `url` (`https://127.0.0.1:PORT`) trusting `ca`, as `cert`/`key`.
-    pub async fn connect(url: &str, ca: &Path, (cert, key): (&Path, &Path)) -> Result<Self> {
+    /// Connects to `url` (`https://ADDRESS:PORT`) trusting `ca` for `server_name`, as
+    /// `cert`/`key`.
+    pub async fn connect(
+        url: &str,
+        ca: &Path,
+        server_name: &str,
+        (cert, key): (&Path, &Path),
+    ) -> Result<Self> {
         let config = pki::client_config(&[ca], Some((cert, key)), &[b"h2"])?;
         let authority = url.trim_start_matches("https://");
         let tcp = tokio::net::TcpStream::connect(authority)
@@ -41,7 +47,7 @@ impl Client {
         // The client's own writes must not wait for delayed ACKs, or it measures itself.
         tcp.set_nodelay(true)?;
         let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-            .connect(ServerName::try_from("127.0.0.1")?, tcp)
+            .connect(ServerName::try_from(server_name.to_owned())?, tcp)
             .await
             .context("TLS handshake")?;
         let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())

@@ -1,6 +1,7 @@
-//! `bench`: the figures of issue 13, measured on the real binaries in one run. It starts
-//! the aggregator stand-in, `battery-apiserver embedded-battery`, `battery-apiserver serve`
-//! and one `battery-agent` per simulated Host (see [`rig`]), runs each scenario, stops
+//! `bench`: the figures of issue 13, measured on the real binaries in one run. It starts a
+//! real control plane with battery-apiserver installed, `battery-apiserver
+//! embedded-battery`, `battery-apiserver serve` behind the APIService and one
+//! `battery-agent` per simulated Host (see [`rig`]), runs each scenario, stops
 //! every process, and prints one table (and, with `--json`, writes it as JSON). It builds
 //! nothing: the binaries are the ones beside `bench` (or `--binary`), so
 //! `cargo build --release -p battery-apiserver -p battery-agent -p battery-e2e` then
@@ -134,11 +135,9 @@ pub async fn main(args: Args) -> Result<()> {
         Some(path) => path.clone(),
         None => beside_me("battery-apiserver")?,
     };
-    // The stand-in and the agents are found beside `bench` by the e2e harness; check
-    // here, so that a missing one is reported rather than built.
-    for name in ["aggregator-stand-in", "battery-agent"] {
-        beside_me(name)?;
-    }
+    // The agent is found beside `bench` by the e2e harness; check here, so that a missing
+    // one is reported rather than built.
+    beside_me("battery-agent")?;
     let report = run(&args, &binary).await?;
     println!("{}", report.table());
     if let Some(path) = &args.json {

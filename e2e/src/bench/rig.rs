@@ -1,9 +1,10 @@
-//! The processes one phase of the bench runs against, as a cluster runs them: the
-//! aggregator stand-in (the cluster's authentication, authorization and the
-//! extension-apiserver ConfigMap), `battery-apiserver embedded-battery` in its own process,
-//! `battery-apiserver serve` in front of it, and one `battery-agent` per simulated Host.
-//! The bench talks to `serve` directly with the kubectl user's client certificate, so the
-//! figures are the API server's and not the stand-in's (a test proxy).
+//! The processes one phase of the bench runs against, as a cluster runs them: a real
+//! control plane (etcd and kube-apiserver, [`crate::control_plane`]) with battery-apiserver
+//! installed into it, `battery-apiserver embedded-battery` in its own process,
+//! `battery-apiserver serve` behind the APIService in front of it, and one
+//! `battery-agent` per simulated Host. The bench talks to `serve` directly with the
+//! kubectl user's client certificate, so the figures are the API server's and not
+//! kube-apiserver's.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -18,9 +19,9 @@ use super::client::{self, Client, GROUP_VERSION, NAMESPACE};
 use crate::api::PoolRef;
 use crate::api::lease_client::LeaseClient;
 use crate::apiserver::agents::Agents;
-use crate::apiserver::{AgentSpec, Front, free_loopback_address};
+use crate::apiserver::{AgentSpec, Cluster, free_loopback_address};
+use crate::control_plane::Options;
 use crate::process::Process;
-use crate::stand_in::StandIn;
 use battery_proto::agent::v1alpha1::relay_client::RelayClient;
 use tonic::transport::Channel;
 
@@ -35,6 +36,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// it deletes the MicroVMs) and the agents' health checks with them, so the Hosts go
 /// unready and are cordoned mid-fill.
 const FILL_STEP: i32 = 200;
+/// The name `serve`'s certificate is for: the Service's, which kube-apiserver verifies.
+const SERVING_NAME: &str = "battery-apiserver.battery-system.svc";
 /// `serve`'s `--data-dir`, in the rig's directory.
 const STORE_DIR: &str = "apiserver";
 /// Leases outlive the run: nobody renews the bench's claims, and one that expired would
@@ -58,8 +61,7 @@ struct Processes {
     agents: Agents,
     serve: Process,
     battery: Process,
-    /// The aggregator stand-in (issue 32 moves the rig onto the real control plane).
-    front: Front,
+    cluster: Box<Cluster>,
 }
 
 impl Rig {
@@ -70,8 +72,7 @@ impl Rig {
             .prefix("battery-bench-")
             .tempdir()
             .context("a temporary directory")?;
-        let stand_in = StandIn::start(&dir.path().join("stand-in"), None).await;
-        let front = Front::StandIn(Box::new(stand_in));
+        let cluster = Box::new(Cluster::start(dir.path(), binary, Options::default()).await);
         let mut command = Command::new(binary);
         command.args(["embedded-battery", "--listen", "127.0.0.1:0"]);
         let (battery_process, battery) = Process::start(
@@ -81,7 +82,7 @@ impl Rig {
         )
         .await;
         let agents = Agents::new(&dir.path().join("agents"));
-        let mut command = crate::apiserver::serve_command(binary, &battery, &front);
+        let mut command = crate::apiserver::serve_command(binary, &battery, &cluster);
         // On disk, as deployed (`deploy/base/apiserver.yaml`): each commit is durable, so
         // a bind's figures include its store's fsyncs.
         command
@@ -95,21 +96,24 @@ impl Rig {
             SERVE_SERVING_PREFIX,
         )
         .await;
-        front.forward_to(&url).await;
-        let Front::StandIn(stand_in) = &front else {
-            unreachable!("the rig runs behind the stand-in")
-        };
-        let identity = stand_in.layout().kubectl();
+        cluster.wait_serving().await;
+        // The kubectl user's ServiceAccount, as a client certificate: `serve` verifies it
+        // itself, with no TokenReview per connection.
+        let (namespace, account) = crate::apiserver::front::DEV_ACCOUNT;
+        let identity = cluster.client_certificate(
+            &battery_types::service_account_username(namespace, account),
+            &["system:serviceaccounts"],
+        );
         let mut rig = Self {
             url,
             battery,
-            ca: front.ca(),
+            ca: cluster.installation.serving_ca.clone(),
             identity,
             processes: Processes {
                 agents,
                 serve,
                 battery: battery_process,
-                front,
+                cluster,
             },
             dir,
         };
@@ -145,7 +149,7 @@ impl Rig {
             self.processes
                 .agents
                 .start(
-                    &self.processes.front,
+                    &self.processes.cluster,
                     AgentSpec {
                         host: host.clone(),
                         flintlock,
@@ -182,7 +186,13 @@ impl Rig {
 impl Rig {
     /// A new HTTP/2 connection to `serve` as the kubectl user.
     pub async fn client(&self) -> Result<Client> {
-        Client::connect(&self.url, &self.ca, (&self.identity.0, &self.identity.1)).await
+        Client::connect(
+            &self.url,
+            &self.ca,
+            SERVING_NAME,
+            (&self.identity.0, &self.identity.1),
+        )
+        .await
     }
 
     /// An exec client of `serve` as the kubectl user.
@@ -192,16 +202,19 @@ impl Rig {
                 &self.url,
                 &self.ca,
                 crate::https::Identity::Cert(self.identity.0.clone(), self.identity.1.clone()),
-            ),
+            )
+            .with_server_name(SERVING_NAME),
         }
     }
 
     /// Creates the Secret `name` holding `key: value` in the bench's namespace, in the
-    /// cluster (the stand-in), as the kubectl user.
+    /// cluster, as the kubectl user.
     pub async fn create_secret(&self, name: &str, key: &str, value: &str) -> Result<()> {
+        let kube_apiserver = &self.processes.cluster;
         let cluster = Client::connect(
-            self.processes.front.url(),
-            &self.ca,
+            kube_apiserver.url(),
+            &kube_apiserver.ca(),
+            "127.0.0.1",
             (&self.identity.0, &self.identity.1),
         )
         .await?;
@@ -332,19 +345,20 @@ impl Rig {
         })
     }
 
-    /// Stops every process: agents, `serve`, battery, the stand-in.
+    /// Stops every process: agents, `serve`, battery, the control plane.
     pub async fn stop(self) {
         let Processes {
             agents,
             serve,
             battery,
-            front,
+            cluster,
         } = self.processes;
-        // Agents and the stand-in are killed when dropped; serve and battery are waited for.
+        // Agents and the control plane are killed when dropped; serve and battery are waited
+        // for.
         drop(agents);
         serve.kill().await;
         battery.kill().await;
-        drop(front);
+        drop(cluster);
     }
 }
 

@@ -120,6 +120,7 @@ impl ControlPlane {
             // roles a cluster gives it: what it may do here is what it may do there.
             .args(["--use-service-account-credentials", "--leader-elect=false"])
             .args(["--bind-address", "127.0.0.1", "--secure-port", "0"])
+            .args(["--resource-quota-sync-period", "5s"])
             .args([
                 "--controllers",
                 "namespace-controller,garbage-collector-controller,resourcequota-controller,\

@@ -48,8 +48,8 @@ const MERGE_PATCH: (&str, &str) = ("content-type", "application/merge-patch+json
 
 /// A client of kube-apiserver: a request as a cluster carries it to us.
 fn through(server: &ApiServer, identity: Identity) -> Client {
-    let front = server.front().expect("an aggregated server");
-    Client::new(front.url(), &front.ca(), identity)
+    let cluster = server.cluster().expect("an aggregated server");
+    Client::new(cluster.url(), &cluster.ca(), identity)
 }
 
 /// A client of battery-apiserver itself, on the pod network: it dials the address and
@@ -62,8 +62,8 @@ fn straight(server: &ApiServer, identity: Identity) -> Client {
 
 /// The kubectl user ([`HOLDER`], whom the harness lets do everything) through kube-apiserver.
 fn kubectl_user(server: &ApiServer) -> Client {
-    let front = server.front().expect("an aggregated server");
-    through(server, front.kubectl_identity())
+    let cluster = server.cluster().expect("an aggregated server");
+    through(server, cluster.kubectl_identity())
 }
 
 /// A group as an RBAC subject.

@@ -438,8 +438,7 @@ async fn rbac_names_pools_scale() {
     };
     grant("e2e:scaler-read", &["pools", "pools/scale"], &["get"]).await;
     let (cert, key, _) = server.client_certificate(SCALER, &[]);
-    let front = server.front().expect("aggregated");
-    let scaler = Client::new(front.url(), &front.ca(), Identity::Cert(cert, key));
+    let scaler = Client::new(cluster.url(), &cluster.ca(), Identity::Cert(cert, key));
     let (code, read) = scaler.get(SCALE_PATH).await;
     assert_eq!(code, 200, "{read}");
     let size = read["spec"]["replicas"].as_i64().unwrap();

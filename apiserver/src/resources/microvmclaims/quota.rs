@@ -5,11 +5,16 @@
 //! use into each quota's status, as the quota controller does for what it knows
 //! (`kubernetes:pkg/controller/resourcequota/resource_quota_controller.go`).
 //!
-//! Used is what the metadata store's Bound claims (those holding a lease) use, plus what
-//! binds in flight have reserved: a bind reserves under its namespace's lock before
-//! `ClaimVM` and gives the reservation back when it ends, bound or not. One replica serves
-//! beside battery (DESIGN §3), so this in-process lock is all the atomicity needed. See
-//! `docs/adr/0017-quotas-on-claims.md`.
+//! Used is what the claims in the metadata store use, plus what binds in flight have
+//! reserved: a bind reserves under its namespace's lock before `ClaimVM` and gives the
+//! reservation back when it ends, bound or not. One replica serves beside battery
+//! (DESIGN §3), so this in-process lock is all the atomicity needed. Every claim counts
+//! for [`COUNT`] until it is deleted, Expired ones too, because the quota controller
+//! counts `count/` resources so and writes that entry too: counting anything else made
+//! the two overwrite each other's `used`. Only a Bound claim's MicroVM (one holding a
+//! lease) uses vCPUs and memory, which the controller cannot compute and leaves to us.
+//! See `docs/adr/0017-quotas-on-claims.md` and
+//! `docs/adr/0031-claims-count-as-the-quota-controller-counts-them.md`.
 
 mod quantity;
 
@@ -369,10 +374,13 @@ impl ClaimQuotas {
         }))
     }
 
-    /// What the namespace's Bound claims and binds in flight use; a claim recorded while
-    /// its bind still holds the reservation counts once. Binds record their claims and
-    /// drop their reservations without the namespace's lock, so the reservations are read
-    /// first: a bind whose reservation is already gone has already recorded its claim.
+    /// What the namespace's claims and binds in flight use; a claim recorded while its
+    /// bind still holds the reservation counts once. Every claim the store holds counts
+    /// as one, as the quota controller counts the objects it lists (Expired, and being
+    /// deleted, too); only one holding a lease uses its MicroVM's vCPUs and memory. Binds
+    /// record their claims and drop their reservations without the namespace's lock, so
+    /// the reservations are read first: a bind whose reservation is already gone has
+    /// already recorded its claim.
     fn used(&self, namespace: &str) -> Result<Totals, ApiError> {
         let mut usages: HashMap<String, Usage> = self
             .reserved
@@ -382,11 +390,13 @@ impl ClaimQuotas {
             .cloned()
             .unwrap_or_default();
         let (records, _) = self.store.list::<ClaimRecord>(RESOURCE, Some(namespace))?;
-        usages.extend(records.into_iter().filter(|r| r.lease.is_some()).map(|r| {
-            (
-                r.metadata.uid.unwrap_or_default(),
-                r.usage.unwrap_or_default(),
-            )
+        usages.extend(records.into_iter().map(|r| {
+            let usage = match r.lease {
+                Some(_) => r.usage.unwrap_or_default(),
+                // Expired: its MicroVM is gone, the object still counts.
+                None => Usage::default(),
+            };
+            (r.metadata.uid.unwrap_or_default(), usage)
         }));
         let mut totals = Totals::default();
         usages.into_values().for_each(|usage| totals.add(usage));

@@ -224,29 +224,70 @@ async fn concurrent_binds_reserve_exactly_the_quota() {
 }
 
 #[tokio::test]
-async fn used_is_bound_claims_and_reservations_each_counted_once() {
-    let (quotas, _, store) = quotas_with(&[(COUNT, "3"), (VCPUS, "100")]);
+async fn used_is_claims_and_reservations_each_counted_once() {
+    let (quotas, _, store) = quotas_with(&[(COUNT, "4"), (VCPUS, "100")]);
     record(&store, "bound", true).await;
+    // Counted as the quota controller counts the object, without its MicroVM.
     record(&store, "expired", false).await;
     let binding = quotas
         .reserve("team", "binding", "binding", VM)
         .await
         .unwrap();
-    assert_eq!(quotas.used("team").unwrap(), totals(2, 4, 2 << 30));
+    assert_eq!(quotas.used("team").unwrap(), totals(3, 4, 2 << 30));
     // Recorded Bound while its reservation is still held: one claim, not two.
     record(&store, "binding", true).await;
-    assert_eq!(quotas.used("team").unwrap(), totals(2, 4, 2 << 30));
+    assert_eq!(quotas.used("team").unwrap(), totals(3, 4, 2 << 30));
     drop(binding);
-    assert_eq!(quotas.used("team").unwrap(), totals(2, 4, 2 << 30));
+    assert_eq!(quotas.used("team").unwrap(), totals(3, 4, 2 << 30));
     assert!(
         quotas
-            .reserve("team", "third", "third", VM)
+            .reserve("team", "fourth", "fourth", VM)
             .await
             .unwrap()
             .is_some()
     );
     // Other namespaces' claims are not counted.
     assert_eq!(quotas.used("other").unwrap(), Totals::default());
+}
+
+#[tokio::test]
+async fn an_expired_claim_holds_its_count_until_deleted_and_frees_its_vm_at_once() {
+    let (quotas, _, store) = quotas_with(&[(COUNT, "2"), (VCPUS, "2")]);
+    record(&store, "a", true).await;
+    // A second MicroVM of 2 vCPUs is over the vCPU limit while the first is Bound...
+    let Err(refused) = quotas.reserve("team", "b", "b", VM).await else {
+        panic!("a second MicroVM of 2 vCPUs reserved against a limit of 2");
+    };
+    assert!(
+        refused.message().contains("exceeded quota: claims")
+            && refused
+                .message()
+                .contains("battery.liquidmetal-x.dev/vcpus=2,"),
+        "{}",
+        refused.message()
+    );
+    // ...and within it once that one Expired, which still counts as one claim.
+    record(&store, "a", false).await;
+    let b = quotas.reserve("team", "b", "b", VM).await.unwrap();
+    record(&store, "b", true).await;
+    drop(b);
+    assert_eq!(quotas.used("team").unwrap(), totals(2, 2, 1 << 30));
+    let Err(refused) = quotas.reserve("team", "c", "c", Usage::default()).await else {
+        panic!("a third claim reserved against a count of 2");
+    };
+    assert_eq!(
+        refused.message(),
+        "microvmclaims.battery.liquidmetal-x.dev \"c\" is forbidden: exceeded quota: claims, \
+         requested: count/microvmclaims.battery.liquidmetal-x.dev=1, \
+         used: count/microvmclaims.battery.liquidmetal-x.dev=2, \
+         limited: count/microvmclaims.battery.liquidmetal-x.dev=2"
+    );
+    // Deleting the Expired claim frees its count.
+    store
+        .transact(|tx| tx.delete(&super::super::key("team", "a")))
+        .await
+        .unwrap();
+    assert_eq!(quotas.used("team").unwrap(), totals(1, 2, 1 << 30));
 }
 
 #[tokio::test]
