@@ -1,7 +1,7 @@
 //! An HTTPS client for tests that must choose exactly what a request carries: which
 //! client certificate (or none, or a bearer token), which headers, HTTP/1.1 or HTTP/2.
 //! kubectl cannot forge an `X-Remote-User` header or present an expired certificate;
-//! the attack tables and the stand-in's own tests need both.
+//! the attack table needs both.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::ServerName;
 use serde_json::Value;
 
-use crate::stand_in::pki;
+use crate::pki;
 
 /// How long any single step may take.
 pub const STEP: Duration = Duration::from_secs(20);

@@ -4,8 +4,7 @@
 //!   (`dev`) or through a real kube-apiserver (`serve` behind its APIService);
 //! - [`control_plane`]: that kube-apiserver, with etcd and kube-controller-manager, built
 //!   from their Go modules, and battery-apiserver installed into it from `deploy/`;
-//! - [`stand_in`]: `aggregator-stand-in`, a test stand-in for kube-apiserver's aggregator
-//!   and its authentication/authorization webhooks, which only `bench`'s rig still uses;
+//! - [`pki`]: certificates for the control plane and the attack table;
 //! - [`https`]: a client that sends exactly the certificate and headers a test chooses;
 //! - [`channel_exec`]: an exec client written from the WebSocket channel protocol, the
 //!   second client beside kube-rs's;
@@ -37,9 +36,9 @@ pub mod flintlock;
 mod gate;
 pub mod https;
 mod ops;
+pub mod pki;
 mod process;
 mod spec;
-pub mod stand_in;
 mod suite;
 mod wait;
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt as _, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
+use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
 /// How long a binary may take to announce something: a debug build on a loaded 2-core CI
@@ -25,7 +25,6 @@ pub struct Process {
     /// Its `TMPDIR`, removed once it is killed: a killed process cleans up nothing
     /// itself (`dev` keeps its simulated Hosts' state there).
     _tmp: tempfile::TempDir,
-    stdin: tokio::sync::Mutex<ChildStdin>,
     name: String,
     log: PathBuf,
     /// Every line it printed on stdout, in order.
@@ -34,12 +33,12 @@ pub struct Process {
 }
 
 impl Process {
-    /// Spawns `command` (stdout piped and collected, stderr to `log`, stdin piped) and
+    /// Spawns `command` (stdout piped and collected, stderr to `log`, no stdin) and
     /// waits for a stdout line starting with `prefix`; returns the process and the rest
     /// of that line. Panics with the log if it exits first or takes too long.
     pub async fn start(command: Command, log: &Path, prefix: &str) -> (Self, String) {
         let process = Self::spawn(command, log);
-        let rest = process.announced(prefix, 0).await;
+        let rest = process.announced(prefix).await;
         (process, rest)
     }
 
@@ -64,13 +63,12 @@ impl Process {
             .env("TMPDIR", tmp.path())
             // The log is read by people when a test fails; colour codes only get in the way.
             .env("NO_COLOR", "1")
-            .stdin(Stdio::piped())
+            .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(file)
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|e| panic!("start {name}: {e}"));
-        let stdin = child.stdin.take().expect("stdin is piped");
         let lines = Arc::new(Mutex::new(Vec::new()));
         let (count, printed) = watch::channel(0);
         let mut stdout = BufReader::new(child.stdout.take().expect("stdout is piped")).lines();
@@ -86,7 +84,6 @@ impl Process {
         Self {
             child,
             _tmp: tmp,
-            stdin: tokio::sync::Mutex::new(stdin),
             name,
             log: log.to_owned(),
             lines,
@@ -106,15 +103,9 @@ impl Process {
         }
     }
 
-    /// How many lines it has printed so far: pass it to [`Self::announced`] to wait for
-    /// a line printed after now.
-    pub fn printed(&self) -> usize {
-        self.lines.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
-    /// The rest of the first stdout line from line `from` on that starts with `prefix`,
+    /// The rest of the first stdout line that starts with `prefix`,
     /// waiting for it. Panics with the log if the process exits first or takes too long.
-    pub async fn announced(&self, prefix: &str, from: usize) -> String {
+    async fn announced(&self, prefix: &str) -> String {
         let mut printed = self.printed.clone();
         let found = tokio::time::timeout(ANNOUNCE_TIMEOUT, async {
             loop {
@@ -123,7 +114,6 @@ impl Process {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .iter()
-                    .skip(from)
                     .find_map(|line| line.strip_prefix(prefix))
                 {
                     return Some(rest.trim().to_owned());
@@ -147,20 +137,6 @@ impl Process {
                 self.log_tail()
             ),
         }
-    }
-
-    /// Writes `line` to its stdin, for a binary that reads instructions there.
-    pub async fn write_line(&self, line: &str) {
-        use tokio::io::AsyncWriteExt as _;
-        let mut stdin = self.stdin.lock().await;
-        stdin
-            .write_all(format!("{line}\n").as_bytes())
-            .await
-            .unwrap_or_else(|e| panic!("write to the stdin of {}: {e}", self.name));
-        stdin
-            .flush()
-            .await
-            .unwrap_or_else(|e| panic!("flush the stdin of {}: {e}", self.name));
     }
 
     /// Kills it (SIGKILL, as a crash would end it) and waits until it is gone, so that

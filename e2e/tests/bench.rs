@@ -10,7 +10,7 @@ use serde_json::Value;
 #[test]
 fn quick_bench_measures_every_scenario() {
     // The apiserver and the agent as the other e2e tests find them (built when missing);
-    // the stand-in and bench are this package's own binaries.
+    // bench is this package's own binary.
     let binary = target_binary("battery-apiserver", "battery-apiserver");
     target_binary("battery-agent", "battery-agent");
     let dir = tempfile::tempdir().unwrap();

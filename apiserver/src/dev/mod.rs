@@ -140,7 +140,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
 }
 
 /// The Pool `default/dev` of `size` MicroVMs, as a manifest: `dev` makes it at start, and
-/// the e2e suite makes the same one behind the aggregator stand-in.
+/// the e2e suite makes the same one through a real kube-apiserver.
 pub fn dev_pool(size: i32) -> serde_json::Value {
     serde_json::json!({
         "apiVersion": battery_types::API_VERSION,

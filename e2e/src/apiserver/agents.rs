@@ -14,8 +14,8 @@ use battery_types::agent_identity::{AGENT_GROUP, agent_username};
 use tokio::process::Command;
 
 use super::Cluster;
+use crate::pki::{Ca, Validity};
 use crate::process::Process;
-use crate::stand_in::pki::{Ca, Validity};
 
 /// The checks a simulated Host cannot pass: it has no KVM device and no thin pool.
 pub const SIMULATED_HOST_SKIPS: &str = "kvm,thin-pool";

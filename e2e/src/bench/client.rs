@@ -14,7 +14,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::ServerName;
 use serde_json::Value;
 
-use crate::stand_in::pki;
+use crate::pki;
 
 /// The API group's path.
 pub const GROUP_VERSION: &str = "/apis/battery.liquidmetal-x.dev/v1alpha1";

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result};
 use rcgen::{KeyPair, KeyUsagePurpose, SanType};
 
-use crate::stand_in::pki::{Ca, KeyedCert, Validity, write_file};
+use crate::pki::{Ca, KeyedCert, Validity, write_file};
 
 /// The CN of the front-proxy client certificate, as kubeadm names it; kube-apiserver's
 /// `--requestheader-allowed-names` lists only it.

