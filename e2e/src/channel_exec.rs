@@ -1,17 +1,18 @@
 //! A second exec client, independent of kube-rs: the WebSocket channel protocol
 //! (`v5.channel.k8s.io`, `v4.channel.k8s.io`) spoken by hand over tokio-tungstenite, on a
-//! TLS connection of [`crate::https`] as its identity (a client certificate or a bearer
-//! token).
+//! connection of [`crate::https`] upgraded as its identity (a client certificate or a
+//! bearer token).
 
 use std::time::Duration;
 
 use futures::{SinkExt as _, StreamExt as _};
+use http_body_util::BodyExt as _;
+use hyper::upgrade::Upgraded;
+use hyper_util::rt::TokioIo;
 use serde_json::Value;
-use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
 use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
-use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::tungstenite::{Message, handshake};
 
 /// The channels of the protocol.
 pub const STDIN: u8 = 0;
@@ -40,7 +41,7 @@ pub struct Outcome {
 
 /// An open exec session.
 pub struct Session {
-    ws: WebSocketStream<TlsStream<TcpStream>>,
+    ws: WebSocketStream<TokioIo<Upgraded>>,
     /// The subprotocol the server chose.
     pub protocol: String,
 }
@@ -48,43 +49,56 @@ pub struct Session {
 impl Client {
     /// Opens `path_and_query` offering `protocols`; a refusal is its HTTP status and the
     /// `Status` body.
+    ///
+    /// The handshake is hyper's, not tungstenite's: tungstenite keeps of a refusal only
+    /// the body bytes that came with its headers, and kube-apiserver's proxy writes a
+    /// refusal's headers and body apart.
     pub async fn open(
         &self,
         path_and_query: &str,
         protocols: &str,
     ) -> Result<Session, (u16, Value)> {
-        let authority = self.https.authority();
-        let tls = self.https.connect(b"http/1.1").await;
-        let mut request = format!("wss://{authority}{path_and_query}")
-            .into_client_request()
-            .expect("a WebSocket request");
-        request.headers_mut().insert(
-            "sec-websocket-protocol",
-            protocols.parse().expect("a header value"),
+        let key = handshake::client::generate_key();
+        let headers = [
+            ("connection", "Upgrade"),
+            ("upgrade", "websocket"),
+            ("sec-websocket-version", "13"),
+            ("sec-websocket-key", key.as_str()),
+            ("sec-websocket-protocol", protocols),
+        ];
+        let response = self.https.open("GET", path_and_query, &headers, None).await;
+        let status = response.status();
+        if status != http::StatusCode::SWITCHING_PROTOCOLS {
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map(|body| body.to_bytes())
+                .unwrap_or_default();
+            return Err((
+                status.as_u16(),
+                serde_json::from_slice(&body).unwrap_or(Value::Null),
+            ));
+        }
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert_eq!(
+            header("sec-websocket-accept"),
+            handshake::derive_accept_key(key.as_bytes()),
+            "the server accepted another handshake"
         );
-        if let Some(authorization) = self.https.authorization() {
-            request.headers_mut().insert(
-                http::header::AUTHORIZATION,
-                authorization.parse().expect("a header value"),
-            );
-        }
-        match tokio_tungstenite::client_async(request, tls).await {
-            Ok((ws, response)) => Ok(Session {
-                protocol: response
-                    .headers()
-                    .get("sec-websocket-protocol")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default()
-                    .to_owned(),
-                ws,
-            }),
-            Err(WsError::Http(response)) => {
-                let status = response.status().as_u16();
-                let body = response.into_body().unwrap_or_default();
-                Err((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
-            }
-            Err(other) => panic!("the WebSocket handshake failed: {other}"),
-        }
+        let protocol = header("sec-websocket-protocol");
+        let upgraded = hyper::upgrade::on(response)
+            .await
+            .expect("the connection upgrades");
+        let ws = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, None).await;
+        Ok(Session { ws, protocol })
     }
 }
 
