@@ -138,11 +138,37 @@ pub async fn wait_available(plane: &ControlPlane, status: &str) -> APIService {
 }
 
 /// Waits until kube-apiserver's aggregated discovery (`/apis` as an
-/// `APIGroupDiscoveryList`, what kubectl reads) lists our resources. The aggregator
-/// fetches our discovery document on its own schedule after the APIService turns
-/// Available, and until then kubectl finds no kind of ours ("no matches for kind").
+/// `APIGroupDiscoveryList`, what kubectl reads) lists our resources, its OpenAPI v3 root
+/// our group-version, and its `/openapi/v2` our kinds. The aggregator fetches our
+/// discovery and OpenAPI documents on its own schedule after the APIService turns
+/// Available; until then kubectl finds no kind of ours ("no matches for kind") and
+/// `kubectl explain` no resource ("couldn't find resource").
 pub async fn wait_discovered(plane: &ControlPlane) {
     let client = plane.admin().await;
+    let group_version = format!("\"apis/{}\"", battery_types::API_VERSION);
+    let claim_definition = "\"dev.liquidmetal-x.battery.v1alpha1.MicroVMClaim\"";
+    for (path, needle) in [
+        ("/openapi/v3", group_version.as_str()),
+        ("/openapi/v2", claim_definition),
+    ] {
+        let what = format!("{needle} in kube-apiserver's {path}");
+        crate::eventually(AVAILABLE_TIMEOUT, &what, async || {
+            let request = http::Request::get(path)
+                .header(http::header::ACCEPT, "application/json")
+                .body(Vec::new())
+                .expect("a request");
+            let document = client
+                .request_text(request)
+                .await
+                .map_err(|e| e.to_string())?;
+            if document.contains(needle) {
+                Ok(())
+            } else {
+                Err("not merged yet".to_owned())
+            }
+        })
+        .await;
+    }
     crate::eventually(
         AVAILABLE_TIMEOUT,
         "our resources in aggregated discovery",
