@@ -273,13 +273,22 @@ async fn apf_rejections(server: &ApiServer) -> BTreeMap<String, f64> {
     rejected
 }
 
-#[tokio::test]
-async fn quotas_hold_claims_to_their_limits_and_show_what_claims_use() {
+/// A server with kube-controller-manager beside it (the resource quota controller), and
+/// the kubectl user's Pools, claims and ResourceQuotas of [`NAMESPACE`].
+async fn start() -> (ApiServer, Api<Pool>, Api<MicroVMClaim>, Api<ResourceQuota>) {
     let server = ApiServer::aggregated_with_controllers().await;
     let client = kube_client(server.kubeconfig()).await;
-    let pools: Api<Pool> = Api::namespaced(client.clone(), NAMESPACE);
-    let claims: Api<MicroVMClaim> = Api::namespaced(client.clone(), NAMESPACE);
-    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), NAMESPACE);
+    (
+        server,
+        Api::namespaced(client.clone(), NAMESPACE),
+        Api::namespaced(client.clone(), NAMESPACE),
+        Api::namespaced(client, NAMESPACE),
+    )
+}
+
+#[tokio::test]
+async fn quotas_hold_claims_to_their_limits_and_show_what_claims_use() {
+    let (server, pools, claims, quotas) = start().await;
     let params = PostParams::default();
     for (name, size, vcpu) in [("quota", POOL_SIZE, 1), ("wide", 1, 2)] {
         pools
@@ -465,11 +474,7 @@ async fn quotas_by_name(quotas: &Api<ResourceQuota>) -> BTreeMap<String, Resourc
 /// vCPUs; and `managedFields` give the vCPUs and memory to `battery-apiserver` alone.
 #[tokio::test]
 async fn the_quota_controller_and_the_server_agree_on_what_claims_use() {
-    let server = ApiServer::aggregated_with_controllers().await;
-    let client = kube_client(server.kubeconfig()).await;
-    let pools: Api<Pool> = Api::namespaced(client.clone(), NAMESPACE);
-    let claims: Api<MicroVMClaim> = Api::namespaced(client.clone(), NAMESPACE);
-    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), NAMESPACE);
+    let (server, pools, claims, quotas) = start().await;
     let params = PostParams::default();
     pools
         .create(&params, &pool("long", 5, 1, LONG_LEASE))
