@@ -53,8 +53,6 @@ pub struct Installation {
     pub serving_ca: PathBuf,
     /// `serve`'s `--kubeconfig`: its ServiceAccount's token.
     pub kubeconfig: PathBuf,
-    /// Everything `certs` wrote (the agent CA and the relay client certificate too).
-    pub certs: PathBuf,
 }
 
 /// Installs battery-apiserver into `plane` with `battery_apiserver` (the binary) and the
@@ -112,7 +110,6 @@ pub async fn install(plane: &ControlPlane, battery_apiserver: &Path, dir: &Path)
         serving_key,
         serving_ca,
         kubeconfig: plane.service_account_kubeconfig(NAMESPACE, SERVICE).await,
-        certs,
     }
 }
 

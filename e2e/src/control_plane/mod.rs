@@ -222,11 +222,6 @@ impl ControlPlane {
             .map(|status| status.token)
             .expect("a TokenRequest answers a token")
     }
-
-    /// kube-apiserver's log, for a test that failed.
-    pub fn apiserver_log_tail(&self) -> String {
-        self.apiserver.log_tail()
-    }
 }
 
 /// The directory of etcd, kube-apiserver and kube-controller-manager, built by
