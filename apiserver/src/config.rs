@@ -195,17 +195,24 @@ pub struct ServeArgs {
     #[arg(long, env = "BATTERY_APISERVER_MAX_WATCHES", default_value_t = 1000)]
     pub max_watches: usize,
 
-    /// Creates per second each user may sustain; faster ones are refused with 429.
+    /// Creates per second each user may sustain; faster ones are refused with 429. Off
+    /// by default: behind kube-apiserver, its API Priority and Fairness queues and sheds
+    /// each user's requests to us, as it does for built-in resources (ADR 32). Set it
+    /// when clients reach this server without kube-apiserver in front.
     #[arg(
         long,
         env = "BATTERY_APISERVER_CREATES_PER_SECOND",
-        default_value_t = 50.0,
         value_parser = positive_rate
     )]
-    pub creates_per_second: f64,
+    pub creates_per_second: Option<f64>,
 
     /// Creates a user may make at once before --creates-per-second applies.
-    #[arg(long, env = "BATTERY_APISERVER_CREATE_BURST", default_value_t = 200)]
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_CREATE_BURST",
+        default_value_t = 200,
+        requires = "creates_per_second"
+    )]
     pub create_burst: u32,
 
     /// Deadline of every request but a watch; keep it under kube-apiserver's 60 s.
@@ -480,6 +487,19 @@ mod tests {
             Command::Serve(args) => Ok(args),
             _ => panic!("parsed another command"),
         }
+    }
+
+    #[test]
+    fn creates_are_limited_only_when_a_rate_is_given() {
+        let args = serve_with(&[]).unwrap();
+        assert_eq!(args.creates_per_second, None);
+        let args = serve_with(&["--creates-per-second", "50", "--create-burst", "10"]).unwrap();
+        assert_eq!(
+            (args.creates_per_second, args.create_burst),
+            (Some(50.0), 10)
+        );
+        let err = serve_with(&["--create-burst", "10"]).unwrap_err();
+        assert!(err.to_string().contains("--creates-per-second"), "{err}");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 
 use crate::agent_relay::AgentRelayTls;
-use crate::api::Limits;
+use crate::api::{CreateRate, Limits};
 use crate::battery::BatteryClient;
 use crate::cluster::Cluster;
 use crate::config::ServeArgs;
@@ -89,11 +89,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 Some(client) => Arc::new(SubjectAccessReviewer::new(client)) as Arc<dyn Authorizer>,
                 None => Arc::new(AuthenticatedOnly),
             }),
-            cluster: cluster_client.map(|client| Arc::new(Cluster::new(client))),
+            cluster: cluster_client.map(|client| Arc::new(Cluster::watching(client))),
             limits: Limits {
                 max_watches: args.max_watches,
-                creates_per_second: args.creates_per_second,
-                create_burst: args.create_burst,
+                creates: args.creates_per_second.map(|per_second| CreateRate {
+                    per_second,
+                    burst: args.create_burst,
+                }),
                 request_timeout: args.request_timeout,
             },
             authentication,

@@ -211,7 +211,7 @@ pub fn build(
     let (events, _) = broadcast::channel(EVENT_FANOUT);
     // One registry per server: `/metrics` serves it, and whatever records into it (the
     // observing layer, the battery client, the storages, the follower) holds a clone.
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Metrics::default().with_store_writes(store.write_duration()));
     let battery = battery.with_metrics(metrics.clone());
     let directory = Arc::new(HostDirectory::new(battery.clone(), store.clone()));
     let pools = Arc::new(PoolStorage::new(

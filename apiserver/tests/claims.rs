@@ -49,11 +49,6 @@ async fn two_hundred_concurrent_claims_on_a_pool_of_one_hundred() {
     let h = Arc::new(
         Harness::with_settings(Settings {
             bind_wait: Duration::from_millis(300),
-            // Room for 200 creates from one user at once.
-            limits: battery_apiserver::api::Limits {
-                create_burst: 1000,
-                ..Default::default()
-            },
             ..common::settings()
         })
         .await,

@@ -464,12 +464,14 @@ async fn a_stale_resource_version_conflicts_and_an_update_without_one_is_invalid
 
 #[tokio::test]
 async fn watches_beyond_the_cap_and_creates_beyond_the_rate_are_429s() {
-    use battery_apiserver::api::Limits;
+    use battery_apiserver::api::{CreateRate, Limits};
     let h = Harness::with_settings(Settings {
         limits: Limits {
             max_watches: 1,
-            creates_per_second: 0.1,
-            create_burst: 2,
+            creates: Some(CreateRate {
+                per_second: 0.1,
+                burst: 2,
+            }),
             ..Limits::default()
         },
         ..common::settings()

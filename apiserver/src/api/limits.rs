@@ -1,7 +1,9 @@
 //! Load the server refuses rather than queues (as linkerd2-proxy sheds load): a cap on
-//! open watches, a per-user rate of creates (each create of a claim is a battery
-//! `ClaimVM`), and a deadline on every request that is not long-running — each answered
-//! with a `Status`, never a dropped connection.
+//! open watches, a deadline on every request that is not long-running, and, when the
+//! operator asks for one, a per-user rate of creates (off by default: in front of us,
+//! kube-apiserver's API Priority and Fairness queues and sheds each user's requests, as it
+//! does for built-in resources; ADR 32) — each answered with a `Status`, never a dropped
+//! connection.
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -22,10 +24,8 @@ const FORGET_EVERY: u32 = 1024;
 pub struct Limits {
     /// Watches open at once, across all users.
     pub max_watches: usize,
-    /// Creates per second each user may sustain.
-    pub creates_per_second: f64,
-    /// Creates a user may make at once before the rate applies.
-    pub create_burst: u32,
+    /// Each user's rate of creates, if limited here at all.
+    pub creates: Option<CreateRate>,
     /// How long a request that is not a watch may take; kube-apiserver gives proxied
     /// requests 60 s, so ours must answer before that.
     pub request_timeout: Duration,
@@ -35,19 +35,27 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_watches: 1000,
-            creates_per_second: 50.0,
-            create_burst: 200,
+            creates: None,
             request_timeout: Duration::from_secs(55),
         }
     }
+}
+
+/// A per-user token bucket of creates.
+#[derive(Debug, Clone, Copy)]
+pub struct CreateRate {
+    /// Creates per second each user may sustain.
+    pub per_second: f64,
+    /// Creates a user may make at once before the rate applies.
+    pub burst: u32,
 }
 
 /// The limits, enforced.
 pub struct Limiter {
     limits: Limits,
     watches: Arc<Semaphore>,
-    /// A token bucket per user (GCRA, which is equivalent).
-    creates: DefaultKeyedRateLimiter<String>,
+    /// A token bucket per user (GCRA, which is equivalent), when creates are limited.
+    creates: Option<DefaultKeyedRateLimiter<String>>,
     /// Creates since users were last forgotten.
     since_forgetting: AtomicU32,
 }
@@ -56,7 +64,9 @@ impl Limiter {
     pub fn new(limits: Limits) -> Self {
         Self {
             watches: Arc::new(Semaphore::new(limits.max_watches)),
-            creates: RateLimiter::keyed(create_quota(&limits)),
+            creates: limits
+                .creates
+                .map(|rate| RateLimiter::keyed(create_quota(rate))),
             since_forgetting: AtomicU32::new(0),
             limits,
         }
@@ -79,26 +89,29 @@ impl Limiter {
         })
     }
 
-    /// Takes one create from `user`'s bucket.
+    /// Takes one create from `user`'s bucket, when creates are limited.
     pub fn admit_create(&self, user: &str) -> Result<(), ApiError> {
+        let (Some(creates), Some(rate)) = (&self.creates, self.limits.creates) else {
+            return Ok(());
+        };
         if self
             .since_forgetting
             .fetch_add(1, Ordering::Relaxed)
             .is_multiple_of(FORGET_EVERY)
         {
             // A full bucket carries no information: forget it so the map stays small.
-            self.creates.retain_recent();
-            self.creates.shrink_to_fit();
+            creates.retain_recent();
+            creates.shrink_to_fit();
         }
-        let refused = match self.creates.check_key(&user.to_owned()) {
+        let refused = match creates.check_key(&user.to_owned()) {
             Ok(()) => return Ok(()),
             Err(refused) => refused,
         };
-        let wait = refused.wait_time_from(self.creates.clock().now());
+        let wait = refused.wait_time_from(creates.clock().now());
         Err(ApiError::too_many_requests(
             format!(
                 "user {user} is creating objects faster than {}/s; retry later",
-                self.limits.creates_per_second
+                rate.per_second
             ),
             // At least a second, at most what fits a u32.
             u32::try_from(wait.as_secs_f64().ceil() as u64)
@@ -110,9 +123,9 @@ impl Limiter {
 
 /// The configured rate and burst as a quota. A burst of 0 would refuse every create,
 /// so it is taken as 1; a rate too fast for a nanosecond period is as good as none.
-fn create_quota(limits: &Limits) -> Quota {
-    let burst = NonZeroU32::new(limits.create_burst).unwrap_or(NonZeroU32::MIN);
-    Duration::try_from_secs_f64(1.0 / limits.creates_per_second)
+fn create_quota(rate: CreateRate) -> Quota {
+    let burst = NonZeroU32::new(rate.burst).unwrap_or(NonZeroU32::MIN);
+    Duration::try_from_secs_f64(1.0 / rate.per_second)
         .ok()
         .and_then(Quota::with_period)
         .unwrap_or_else(|| Quota::per_second(NonZeroU32::MAX))
@@ -134,8 +147,10 @@ mod tests {
     fn limiter(burst: u32) -> Limiter {
         Limiter::new(Limits {
             max_watches: 2,
-            creates_per_second: 1.0,
-            create_burst: burst,
+            creates: Some(CreateRate {
+                per_second: 1.0,
+                burst,
+            }),
             request_timeout: Duration::from_secs(1),
         })
     }
@@ -155,8 +170,10 @@ mod tests {
     #[test]
     fn users_whose_bucket_refilled_are_forgotten() {
         let limiter = Limiter::new(Limits {
-            creates_per_second: 1000.0,
-            create_burst: 1,
+            creates: Some(CreateRate {
+                per_second: 1000.0,
+                burst: 1,
+            }),
             ..Limits::default()
         });
         for n in 0..FORGET_EVERY * 4 {
@@ -167,11 +184,16 @@ mod tests {
         for n in 0..FORGET_EVERY {
             limiter.admit_create(&format!("late-{n}")).unwrap();
         }
-        assert!(
-            limiter.creates.len() <= FORGET_EVERY as usize,
-            "{} users tracked",
-            limiter.creates.len()
-        );
+        let tracked = limiter.creates.as_ref().map_or(0, |c| c.len());
+        assert!(tracked <= FORGET_EVERY as usize, "{tracked} users tracked");
+    }
+
+    #[test]
+    fn without_a_rate_creates_are_not_limited_here() {
+        let limiter = Limiter::new(Limits::default());
+        for _ in 0..10_000 {
+            limiter.admit_create("alice").unwrap();
+        }
     }
 
     #[test]

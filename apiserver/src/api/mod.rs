@@ -26,7 +26,7 @@ use futures::future::BoxFuture;
 
 pub use connect::Connect;
 pub use dispatch::{Endpoint, ResourceEndpoint, resource_router};
-pub use limits::{Limiter, Limits};
+pub use limits::{CreateRate, Limiter, Limits};
 pub use scale::{Scalable, ScaleEndpoint};
 pub use storage::{ApiObject, Deleted, ListPage, Storage, StoredItem, list_key, server_now};
 pub use subresource::{Subresource, SubresourceEndpoint};

@@ -6,7 +6,8 @@
 //! `dev`'s local policy. A refusal is a 403 Status in Go's words.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -25,6 +26,11 @@ use crate::api::UserInfo;
 /// How long a decision is kept, allowed or denied alike: Go's webhook authorizer caches
 /// each kind for its own `--authorization-webhook-cache-*-ttl`; ours are equal.
 const DECISION_TTL: Duration = Duration::from_secs(10);
+/// A decision used when older than this is asked again in the background, so a user
+/// who comes back within [`DECISION_TTL`] never waits for a review (a CI system that
+/// claims every few seconds would otherwise pay one every ten), while no decision used is
+/// older than the TTL.
+const REFRESH_AFTER: Duration = Duration::from_secs(5);
 /// Decisions kept at most, so that many distinct requests cannot grow memory without
 /// bound; past it the least used go first.
 const DECISION_CACHE_ENTRIES: u64 = 8192;
@@ -140,14 +146,28 @@ impl Authorizer for AuthenticatedOnly {
 pub struct SubjectAccessReviewer {
     client: kube::Client,
     /// By the review's spec, which is exactly what decides.
-    cache: Cache<String, Decision>,
+    cache: Cache<String, Arc<Cached>>,
+    refresh_after: Duration,
+}
+
+/// A decision, when kube-apiserver made it, and whether it is being asked again.
+#[derive(Debug)]
+struct Cached {
+    decision: Decision,
+    made: Instant,
+    refreshing: AtomicBool,
 }
 
 impl SubjectAccessReviewer {
     pub fn new(client: kube::Client) -> Self {
+        Self::with_timings(client, DECISION_TTL, REFRESH_AFTER)
+    }
+
+    fn with_timings(client: kube::Client, ttl: Duration, refresh_after: Duration) -> Self {
         Self {
             client,
-            cache: super::bounded_cache(DECISION_TTL, DECISION_CACHE_ENTRIES),
+            cache: super::bounded_cache(ttl, DECISION_CACHE_ENTRIES),
+            refresh_after,
         }
     }
 
@@ -195,24 +215,52 @@ impl Authorizer for SubjectAccessReviewer {
         Box::pin(async move {
             let review = Self::review(user, request);
             let key = serde_json::to_string(&review.spec).map_err(ApiError::internal)?;
-            if let Some(decision) = self.cache.get(&key) {
-                return Ok(decision);
+            if let Some(cached) = self.cache.get(&key) {
+                if cached.made.elapsed() >= self.refresh_after
+                    && !cached.refreshing.swap(true, Ordering::AcqRel)
+                {
+                    let (client, cache) = (self.client.clone(), self.cache.clone());
+                    let stale = cached.clone();
+                    tokio::spawn(async move {
+                        if let Err(err) = ask(client, &cache, key, &review).await {
+                            // The decision expires as it would have; the next use asks.
+                            stale.refreshing.store(false, Ordering::Release);
+                            tracing::debug!(error = %err, "refreshing an authorization decision");
+                        }
+                    });
+                }
+                return Ok(cached.decision.clone());
             }
-            let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
             // Go answers a failed review with 500, not 403: the user may well be allowed.
-            let answered = super::review(api, &review, "SubjectAccessReview")
+            ask(self.client.clone(), &self.cache, key, &review)
                 .await
-                .map_err(ApiError::internal)?;
-            let status = answered.status.unwrap_or_default();
-            let decision = if status.allowed {
-                Decision::Allow
-            } else {
-                Decision::Deny(status.reason.unwrap_or_default())
-            };
-            self.cache.insert(key, decision.clone());
-            Ok(decision)
+                .map_err(ApiError::internal)
         })
     }
+}
+
+/// Puts `review` to kube-apiserver and caches its decision under `key`.
+async fn ask(
+    client: kube::Client,
+    cache: &Cache<String, Arc<Cached>>,
+    key: String,
+    review: &SubjectAccessReview,
+) -> Result<Decision, super::ReviewError> {
+    let api: Api<SubjectAccessReview> = Api::all(client);
+    let answered = super::review(api, review, "SubjectAccessReview").await?;
+    let status = answered.status.unwrap_or_default();
+    let decision = if status.allowed {
+        Decision::Allow
+    } else {
+        Decision::Deny(status.reason.unwrap_or_default())
+    };
+    let cached = Cached {
+        decision: decision.clone(),
+        made: Instant::now(),
+        refreshing: AtomicBool::new(false),
+    };
+    cache.insert(key, Arc::new(cached));
+    Ok(decision)
 }
 
 /// The layer. Runs after request info and authentication, which put the [`RequestInfo`]
@@ -397,5 +445,63 @@ mod tests {
             .authorize(&impostor, &info(Method::GET, &format!("{hosts}/host-0")))
             .await;
         assert!(matches!(decision, Ok(Decision::Deny(_))));
+    }
+
+    /// A cluster whose SubjectAccessReviews answer `allowed` as the flag says, counted.
+    fn reviewing_cluster(
+        allowed: Arc<AtomicBool>,
+        reviews: Arc<std::sync::atomic::AtomicUsize>,
+    ) -> kube::Client {
+        let service = tower::service_fn(move |_request: http::Request<kube::client::Body>| {
+            reviews.fetch_add(1, Ordering::SeqCst);
+            let body = serde_json::json!({
+                "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                "spec": {}, "status": {"allowed": allowed.load(Ordering::SeqCst)}
+            });
+            let response = http::Response::builder()
+                .status(201)
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .unwrap();
+            async move { Ok::<_, std::convert::Infallible>(response) }
+        });
+        kube::Client::new(service, "default")
+    }
+
+    #[tokio::test]
+    async fn a_decision_used_past_its_half_life_is_asked_again_in_the_background() {
+        let allowed = Arc::new(AtomicBool::new(true));
+        let reviews = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let client = reviewing_cluster(allowed.clone(), reviews.clone());
+        let refresh_after = Duration::from_millis(50);
+        let reviewer =
+            SubjectAccessReviewer::with_timings(client, Duration::from_secs(600), refresh_after);
+        let user = UserInfo {
+            name: "alice".to_owned(),
+            ..UserInfo::default()
+        };
+        let pools = info(Method::GET, "/apis/battery.liquidmetal-x.dev/v1alpha1/pools");
+        let request = pools.for_authorization();
+        let decide = || reviewer.authorize(&user, &request);
+        assert_eq!(decide().await.unwrap(), Decision::Allow);
+        assert_eq!(decide().await.unwrap(), Decision::Allow);
+        assert_eq!(reviews.load(Ordering::SeqCst), 1, "a fresh decision is reused");
+
+        allowed.store(false, Ordering::SeqCst);
+        tokio::time::sleep(refresh_after).await;
+        assert_eq!(
+            decide().await.unwrap(),
+            Decision::Allow,
+            "within its lifetime the cached decision answers at once"
+        );
+        // The refresh runs on its own task; wait for its answer to be cached.
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while decide().await.unwrap() == Decision::Allow {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the refreshed decision replaces the cached one");
+        assert_eq!(reviews.load(Ordering::SeqCst), 2, "one refresh, not one a use");
     }
 }

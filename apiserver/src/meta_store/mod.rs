@@ -13,6 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use prometheus_client::metrics::histogram::Histogram;
 use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
 };
@@ -27,6 +28,10 @@ const INTENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("intents");
 const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
 const RESOURCE_VERSION: &str = "resourceVersion";
 const BATTERY_EVENT_ID: &str = "batteryEventId";
+
+/// Bucket bounds of the write histogram, in seconds: a durable commit takes from tens
+/// of microseconds (a fast disk's cache) to tens of milliseconds.
+const WRITE_BUCKETS: [f64; 8] = [0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25];
 
 /// How many changes the watch window keeps.
 const WATCH_WINDOW: usize = 10_000;
@@ -124,6 +129,9 @@ pub struct MetaStore {
     /// Whether a grouped write is syncing for all that wait.
     syncing: AtomicBool,
     hub: Arc<WatchHub>,
+    /// How long each write takes, from its start until its commit is durable, for
+    /// `/metrics` (a bind's share of the disk).
+    write_duration: Histogram,
 }
 
 impl MetaStore {
@@ -163,7 +171,13 @@ impl MetaStore {
             durable: tokio::sync::watch::Sender::new(0),
             syncing: AtomicBool::new(false),
             hub: Arc::new(WatchHub::new(WATCH_WINDOW, rv)),
+            write_duration: Histogram::new(WRITE_BUCKETS.iter().copied()),
         })
+    }
+
+    /// The histogram of [`MetaStore::transact`]'s durations, for `/metrics` to serve.
+    pub fn write_duration(&self) -> Histogram {
+        self.write_duration.clone()
     }
 
     /// The hub that watchers subscribe to.
@@ -297,6 +311,7 @@ impl MetaStore {
     where
         E: From<StoreError>,
     {
+        let started = std::time::Instant::now();
         let (out, commit) = {
             let mut writer = self.writer.lock().await;
             let (out, changes) = self.write(&mut writer, f)?;
@@ -304,6 +319,7 @@ impl MetaStore {
             (out, writer.commits)
         };
         self.durable_through(commit).await?;
+        self.write_duration.observe(started.elapsed().as_secs_f64());
         Ok(out)
     }
 

@@ -304,6 +304,17 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Also serves `write_duration`, the metadata store's own histogram of its writes.
+    pub fn with_store_writes(mut self, write_duration: Histogram) -> Self {
+        self.registry.register_with_unit(
+            "store_write_duration",
+            "Metadata store writes, from the transaction's start until its commit is durable",
+            Unit::Seconds,
+            write_duration,
+        );
+        self
+    }
+
     fn record_request(&self, route: RouteLabels, code: u16, elapsed: Duration) {
         self.requests
             .get_or_create(&RequestLabels { route, code })

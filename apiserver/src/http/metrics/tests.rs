@@ -215,3 +215,26 @@ fn each_applied_event_is_counted_and_sets_the_lag() {
         .unwrap();
     assert!((90.0..91.0).contains(&lag), "{lag}");
 }
+
+#[tokio::test]
+async fn the_stores_durable_writes_are_served_and_refused_ones_are_not() {
+    use crate::meta_store::{Key, MetaStore, StoreError};
+    let store = std::sync::Arc::new(MetaStore::in_memory().unwrap());
+    let metrics = Metrics::default().with_store_writes(store.write_duration());
+    let key = Key::new("pools", Some("default"), "p");
+    store
+        .transact(|tx| -> Result<(), StoreError> { tx.put(&key, &1) })
+        .await
+        .unwrap();
+    let refused: Result<(), StoreError> = store
+        .transact(|_| Err(StoreError::Sync(redb::Error::DatabaseAlreadyOpen)))
+        .await;
+    assert!(refused.is_err());
+    assert_eq!(
+        lines(
+            &metrics,
+            "battery_apiserver_store_write_duration_seconds_count"
+        ),
+        ["battery_apiserver_store_write_duration_seconds_count 1"]
+    );
+}

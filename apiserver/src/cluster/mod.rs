@@ -6,6 +6,9 @@
 //! `env` and `files` read the Secrets and ConfigMaps they name (after the requesting
 //! user's SubjectAccessReview, which is the claim storage's to make); and claims' quotas
 //! are the namespace's ResourceQuotas, read here, and their status written here.
+//! Namespaces and quotas are read from caches kept by a watch ([`informer`]).
+
+mod informer;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,14 +23,14 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use moka::sync::Cache;
 use secrecy::SecretSlice;
 
-/// How long a namespace's phase is trusted: creates in a namespace that just started
-/// terminating are refused within this long.
+/// How long a namespace's phase, asked of kube-apiserver because the watched cache lacks
+/// it (not yet synced, or the namespace was created an instant ago), is trusted.
 const NAMESPACE_TTL: Duration = Duration::from_secs(2);
 /// Phases kept at most, so creates naming many namespaces cannot grow memory without
 /// bound; past it the least used go first.
 const NAMESPACE_CACHE_ENTRIES: u64 = 4096;
-/// How long a namespace's ResourceQuotas are trusted: a quota created or changed applies
-/// to creates within this long (the quota plugin's informer lags too).
+/// How long a namespace's ResourceQuotas, asked of kube-apiserver before the watched
+/// cache has synced, are trusted.
 const QUOTA_TTL: Duration = Duration::from_secs(2);
 /// Namespaces whose quotas are kept at most, as for phases.
 const QUOTA_CACHE_ENTRIES: u64 = 4096;
@@ -96,32 +99,49 @@ pub fn client(config: kube::Config) -> Result<kube::Client, kube::Error> {
 /// A client of the cluster's kube-apiserver.
 pub struct Cluster {
     client: kube::Client,
+    /// The watched caches, when started ([`Cluster::watching`]).
+    namespaces: Option<informer::Informer<Namespace>>,
+    watched_quotas: Option<informer::Informer<ResourceQuota>>,
+    /// What was asked of kube-apiserver while a watched cache could not answer.
     phases: Cache<String, Phase>,
     quotas: Cache<String, Arc<Vec<ResourceQuota>>>,
 }
 
 impl Cluster {
+    /// A client that asks kube-apiserver for namespaces and quotas, caching each answer
+    /// briefly.
     pub fn new(client: kube::Client) -> Self {
         Self {
             client,
+            namespaces: None,
+            watched_quotas: None,
             phases: crate::http::bounded_cache(NAMESPACE_TTL, NAMESPACE_CACHE_ENTRIES),
             quotas: crate::http::bounded_cache(QUOTA_TTL, QUOTA_CACHE_ENTRIES),
         }
     }
 
+    /// A client that also watches every namespace and ResourceQuota of the cluster, so a
+    /// create reads them from memory; the watches stop when it is dropped.
+    pub fn watching(client: kube::Client) -> Self {
+        Self {
+            namespaces: Some(informer::Informer::start(client.clone())),
+            watched_quotas: Some(informer::Informer::start(client.clone())),
+            ..Self::new(client)
+        }
+    }
+
     async fn phase(&self, namespace: &str) -> Result<Phase, ApiError> {
+        let watched = self.namespaces.as_ref().and_then(|n| n.namespace(namespace));
+        if let Some(ns) = watched {
+            return Ok(phase_of(&ns));
+        }
         if let Some(phase) = self.phases.get(namespace) {
             return Ok(phase);
         }
         let api: Api<Namespace> = Api::all(self.client.clone());
         let phase = match api.get_opt(namespace).await {
             Ok(None) => Phase::Missing,
-            Ok(Some(ns))
-                if ns.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Terminating") =>
-            {
-                Phase::Terminating
-            }
-            Ok(Some(_)) => Phase::Active,
+            Ok(Some(ns)) => phase_of(&ns),
             Err(err) => {
                 return Err(ApiError::service_unavailable(format!(
                     "cannot check namespace {namespace}: {err}"
@@ -258,6 +278,15 @@ impl Cluster {
     }
 }
 
+fn phase_of(namespace: &Namespace) -> Phase {
+    let phase = namespace.status.as_ref().and_then(|s| s.phase.as_deref());
+    if phase == Some("Terminating") {
+        Phase::Terminating
+    } else {
+        Phase::Active
+    }
+}
+
 /// A read the cluster did not answer: ours to retry, not the user's fault (a 403 here is
 /// the API server's own RBAC lacking `get` on the kind, which the message shows).
 fn read_failed(kind: &str, namespace: &str, name: &str, err: &kube::Error) -> ApiError {
@@ -276,12 +305,16 @@ impl crate::api::NamespaceLifecycle for Cluster {
 }
 
 impl Cluster {
-    /// The namespace's ResourceQuotas, read when not read lately. A read that fails
-    /// refuses the create, as the quota plugin fails closed.
+    /// The namespace's ResourceQuotas: as watched, or else read when not read lately. A
+    /// read that fails refuses the create, as the quota plugin fails closed.
     pub async fn resource_quotas(
         &self,
         namespace: &str,
     ) -> Result<Arc<Vec<ResourceQuota>>, ApiError> {
+        let watched = self.watched_quotas.as_ref().and_then(|q| q.quotas(namespace));
+        if let Some(quotas) = watched {
+            return Ok(Arc::new(quotas));
+        }
         if let Some(quotas) = self.quotas.get(namespace) {
             return Ok(quotas);
         }
