@@ -36,8 +36,8 @@ where
         // As client-go's informers list: from kube-apiserver's watch cache, which the
         // watch then brings up to date.
         let config = watcher::Config::default().any_semantic();
-        let events = reflector::reflector(writer, watcher(Api::<K>::all(client), config))
-            .default_backoff();
+        let events =
+            reflector::reflector(writer, watcher(Api::<K>::all(client), config)).default_backoff();
         let watch = tokio::spawn(async move {
             events
                 .for_each(|event| async {
