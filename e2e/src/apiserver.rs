@@ -145,7 +145,10 @@ impl ApiServer {
     /// namespace controller, the garbage collector, the quota controller).
     pub async fn aggregated_with_controllers() -> Self {
         let (dir, slot) = Self::prepare().await;
-        let options = Options { controllers: true };
+        let options = Options {
+            controllers: true,
+            ..Options::default()
+        };
         Self::start_aggregated(dir, slot, options, &[], None).await
     }
 

@@ -147,7 +147,11 @@ async fn the_holder_role_alone_claims_renews_execs_and_releases() {
 #[tokio::test]
 async fn view_reads_claims_but_cannot_renew_or_exec() {
     // The ClusterRole aggregation controller puts `battery-view` into `view`.
-    let server = ApiServer::aggregated_with_agents_and(Options { controllers: true }).await;
+    let server = ApiServer::aggregated_with_agents_and(Options {
+        controllers: true,
+        ..Options::default()
+    })
+    .await;
     // Even as the claim's Holder, `view` gives neither `lease` nor `exec`.
     admin_claims(&server)
         .await

@@ -131,7 +131,10 @@ impl Cluster {
     }
 
     async fn phase(&self, namespace: &str) -> Result<Phase, ApiError> {
-        let watched = self.namespaces.as_ref().and_then(|n| n.namespace(namespace));
+        let watched = self
+            .namespaces
+            .as_ref()
+            .and_then(|n| n.namespace(namespace));
         if let Some(ns) = watched {
             return Ok(phase_of(&ns));
         }
@@ -311,7 +314,10 @@ impl Cluster {
         &self,
         namespace: &str,
     ) -> Result<Arc<Vec<ResourceQuota>>, ApiError> {
-        let watched = self.watched_quotas.as_ref().and_then(|q| q.quotas(namespace));
+        let watched = self
+            .watched_quotas
+            .as_ref()
+            .and_then(|q| q.quotas(namespace));
         if let Some(quotas) = watched {
             return Ok(Arc::new(quotas));
         }

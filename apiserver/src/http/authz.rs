@@ -480,12 +480,19 @@ mod tests {
             name: "alice".to_owned(),
             ..UserInfo::default()
         };
-        let pools = info(Method::GET, "/apis/battery.liquidmetal-x.dev/v1alpha1/pools");
+        let pools = info(
+            Method::GET,
+            "/apis/battery.liquidmetal-x.dev/v1alpha1/pools",
+        );
         let request = pools.for_authorization();
         let decide = || reviewer.authorize(&user, &request);
         assert_eq!(decide().await.unwrap(), Decision::Allow);
         assert_eq!(decide().await.unwrap(), Decision::Allow);
-        assert_eq!(reviews.load(Ordering::SeqCst), 1, "a fresh decision is reused");
+        assert_eq!(
+            reviews.load(Ordering::SeqCst),
+            1,
+            "a fresh decision is reused"
+        );
 
         allowed.store(false, Ordering::SeqCst);
         tokio::time::sleep(refresh_after).await;
@@ -502,6 +509,10 @@ mod tests {
         })
         .await
         .expect("the refreshed decision replaces the cached one");
-        assert_eq!(reviews.load(Ordering::SeqCst), 2, "one refresh, not one a use");
+        assert_eq!(
+            reviews.load(Ordering::SeqCst),
+            2,
+            "one refresh, not one a use"
+        );
     }
 }

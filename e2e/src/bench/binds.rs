@@ -10,6 +10,8 @@ use serde_json::Value;
 
 use super::client::{self, Client};
 use super::report::{Row, Unit, millis, percentiles, quantile, rank};
+use super::rig::Route;
+use super::served::{self, Observed};
 use crate::api::{ClaimVmRequest, PoolRef, ReleaseVmRequest};
 
 pub const LATENCY: &str = "bind latency";
@@ -118,28 +120,18 @@ fn one_file_archive(path: &str, content: &[u8]) -> Result<Vec<u8>> {
     Ok(builder.into_inner()?)
 }
 
-/// What the serial scenario measured, for the CRD floor to compare with.
-pub struct Latency {
-    pub rows: Vec<Row>,
-    pub binds: Vec<Duration>,
-    /// A Bound claim as the API serves it: the size of what a CRD design would write.
-    pub claim: Value,
-}
-
 /// `count` serial binds on one keep-alive connection, each followed by a raw `ClaimVM`
 /// on the same Pool of the same battery (released at once), so both see the same
 /// machine at the same moment.
-pub async fn latency(rig: &super::rig::Rig, pool: &PoolRef, count: usize) -> Result<Latency> {
+pub async fn latency(rig: &super::rig::Rig, pool: &PoolRef, count: usize) -> Result<Vec<Row>> {
     let client = rig.client().await?;
     let mut lease = rig.lease_client().await?;
     let (mut binds, mut raws) = (Vec::with_capacity(count), Vec::with_capacity(count));
-    let mut claim = Value::Null;
-    let before = served(&client).await?;
+    let before = served::read(&client).await?;
     let cpu_before = rig.cpu_used()?;
     for i in 0..count {
-        let (took, bound) = bind(&client, &format!("latency-{i}"), &pool.name).await?;
+        let (took, _) = bind(&client, &format!("latency-{i}"), &pool.name).await?;
         binds.push(took);
-        claim = bound;
         let started = Instant::now();
         let response = lease
             .claim_vm(ClaimVmRequest {
@@ -158,7 +150,7 @@ pub async fn latency(rig: &super::rig::Rig, pool: &PoolRef, count: usize) -> Res
             .context("releasing a raw lease")?;
     }
     let cpu_after = rig.cpu_used()?;
-    let after = served(&client).await?;
+    let after = served::read(&client).await?;
     let mut rows = Vec::new();
     let [p50, p90, p99] = percentiles(LATENCY, "POST -> 201 Bound", &binds);
     let floor = durable_writes(&rig.store_dir(), DURABLE_WRITES)?;
@@ -198,73 +190,7 @@ pub async fn latency(rig: &super::rig::Rig, pool: &PoolRef, count: usize) -> Res
             (after - *before) / count as u32,
         ));
     }
-    Ok(Latency { rows, binds, claim })
-}
-
-/// A histogram of `serve`'s `/metrics`: what it times, its name and its labels.
-type Series = (&'static str, &'static str, &'static str);
-
-/// The histograms a serial bind passes through, outermost first: the request (after TLS
-/// and HTTP/2: authentication, authorization, the body, the bind, the answer), the
-/// storage's bind inside it, and `serve`'s `ClaimVM` inside that. Each observes every bind.
-const NESTED: [Series; 3] = [
-    (
-        "serve's whole request",
-        "battery_apiserver_request_duration_seconds",
-        r#"verb="create",resource="microvmclaims",subresource="""#,
-    ),
-    (
-        "serve's bind, inside it",
-        "battery_apiserver_bind_duration_seconds",
-        r#"outcome="bound""#,
-    ),
-    (
-        "serve's ClaimVM, inside the bind",
-        "battery_apiserver_battery_call_duration_seconds",
-        r#"method="ClaimVM",outcome="ok""#,
-    ),
-];
-
-/// The `GetPool`s the follower asks after battery's events: none, or fewer than one a
-/// bind, when it batches them.
-const FOLLOWER: Series = (
-    "serve's GetPool (the follower's)",
-    "battery_apiserver_battery_call_duration_seconds",
-    r#"method="GetPool",outcome="ok""#,
-);
-
-/// A histogram's `(sum in seconds, count)` so far.
-type Observed = (f64, f64);
-
-/// Each of [`NESTED`]'s histograms, then [`FOLLOWER`]'s, read from `/metrics`.
-async fn served(client: &Client) -> Result<Vec<Observed>> {
-    let (status, body) = client
-        .send(Method::GET, "/metrics", "text/plain", None)
-        .await?;
-    if status != StatusCode::OK {
-        bail!("/metrics: {status}");
-    }
-    let text = std::str::from_utf8(&body).context("/metrics is not UTF-8")?;
-    let value = |series: String| -> Result<f64> {
-        // A series nothing has observed yet is absent.
-        let Some(line) = text.lines().find(|l| l.starts_with(&series)) else {
-            return Ok(0.0);
-        };
-        line[series.len()..]
-            .trim()
-            .parse()
-            .with_context(|| format!("/metrics: {line}"))
-    };
-    NESTED
-        .iter()
-        .chain([&FOLLOWER])
-        .map(|(_, name, labels)| {
-            Ok((
-                value(format!("{name}_sum{{{labels}}} "))?,
-                value(format!("{name}_count{{{labels}}} "))?,
-            ))
-        })
-        .collect()
+    Ok(rows)
 }
 
 /// Means over the serial binds, from the bench and from `serve`'s histograms read before
@@ -281,32 +207,29 @@ fn where_the_time_goes(
         "POST -> 201 Bound mean",
         total / binds.len() as u32,
     )];
-    let mean = |what: &str, (sum0, count0): Observed, (sum1, count1): Observed| {
-        let count = count1 - count0;
-        let row = (count >= 1.0).then(|| {
+    let mean = |what: &str, before: Observed, after: Observed| {
+        served::mean(before, after).map(|mean| {
             Row::new(
                 LATENCY,
                 format!("{what} mean, from its /metrics"),
-                (sum1 - sum0) / count * 1000.0,
+                mean,
                 Unit::Millis,
             )
-        });
-        (row, count)
+        })
     };
-    for (i, (what, _, _)) in NESTED.iter().enumerate() {
-        let (row, _) = mean(what, before[i], after[i]);
+    for (i, (what, _, _)) in served::SERIES.iter().enumerate() {
         rows.push(
-            row.with_context(|| format!("/metrics: {what} observed nothing during the binds"))?,
+            mean(what, before[i], after[i])
+                .with_context(|| format!("/metrics: {what} observed nothing during the binds"))?,
         );
     }
-    let (what, _, _) = FOLLOWER;
-    let last = NESTED.len();
-    let (row, count) = mean(what, before[last], after[last]);
-    rows.extend(row);
+    let (what, _, _) = served::FOLLOWER;
+    let last = served::SERIES.len();
+    rows.extend(mean(what, before[last], after[last]));
     rows.push(Row::new(
         LATENCY,
         format!("{what} per bind"),
-        count / binds.len() as f64,
+        served::count(before[last], after[last]) / binds.len() as f64,
         Unit::Times,
     ));
     Ok(rows)
@@ -343,6 +266,7 @@ fn durable_writes(dir: &std::path::Path, count: usize) -> Result<Vec<Duration>> 
 /// time they all took.
 pub async fn bind_many(
     rig: &super::rig::Rig,
+    route: Route,
     pool: &str,
     prefix: &str,
     range: std::ops::Range<usize>,
@@ -350,7 +274,7 @@ pub async fn bind_many(
 ) -> Result<(Vec<Duration>, Duration)> {
     let mut clients = Vec::new();
     for _ in 0..concurrency.clamp(1, 8) {
-        clients.push(rig.client().await?);
+        clients.push(rig.client_on(route).await?);
     }
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(range.start));
     let started = Instant::now();
@@ -376,36 +300,65 @@ pub async fn bind_many(
     Ok((all, started.elapsed()))
 }
 
-/// Binds per second at each concurrency, each level on its own Pool (sized never to run
-/// dry) so that one level's leases never slow the next.
+/// Binds per second at each concurrency, straight to `serve` and then through
+/// kube-apiserver, each level on its own Pool (sized for both, never to run dry) so that
+/// one level's leases never slow the next.
 pub async fn throughput(
     rig: &super::rig::Rig,
     levels: &[(usize, usize, PoolRef)],
 ) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for (concurrency, count, pool) in levels {
-        let prefix = format!("c{concurrency}");
-        let (_, took) = bind_many(rig, &pool.name, &prefix, 0..*count, *concurrency).await?;
-        let row = Row::new(
-            THROUGHPUT,
-            format!("binds/s at concurrency {concurrency}"),
-            *count as f64 / took.as_secs_f64(),
-            Unit::PerSecond,
-        );
-        rows.push(if *concurrency == 64 {
-            row.at_least(2000.0)
-        } else {
-            row
-        });
+        for route in Route::BOTH {
+            let prefix = format!("c{concurrency}{}", route_prefix(route));
+            let (_, took) =
+                bind_many(rig, route, &pool.name, &prefix, 0..*count, *concurrency).await?;
+            let row = Row::new(
+                THROUGHPUT,
+                format!("binds/s at concurrency {concurrency}{}", route.suffix()),
+                *count as f64 / took.as_secs_f64(),
+                Unit::PerSecond,
+            );
+            rows.push(if *concurrency == 64 && route == Route::Direct {
+                row.at_least(2000.0)
+            } else {
+                row
+            });
+        }
     }
     Ok(rows)
 }
 
-/// `count` creates at once on a Pool of `count`: until all are Bound, and their p99.
+/// `count` creates at once, straight to `serve` and then through kube-apiserver, on a
+/// Pool of twice `count`: until all are Bound, and their p99.
 pub async fn burst(rig: &super::rig::Rig, pool: &PoolRef, count: usize) -> Result<Vec<Row>> {
-    let (binds, took) = bind_many(rig, &pool.name, "burst", 0..count, count).await?;
-    Ok(vec![
-        Row::millis(BURST, format!("{count} creates: all Bound"), took).at_most(1000.0),
-        Row::millis(BURST, "p99 of one create", quantile(&binds, 0.99)),
-    ])
+    let mut rows = Vec::new();
+    for route in Route::BOTH {
+        let prefix = format!("burst{}", route_prefix(route));
+        let (binds, took) = bind_many(rig, route, &pool.name, &prefix, 0..count, count).await?;
+        let all = Row::millis(
+            BURST,
+            format!("{count} creates: all Bound{}", route.suffix()),
+            took,
+        );
+        rows.push(if route == Route::Direct {
+            all.at_most(1000.0)
+        } else {
+            all
+        });
+        rows.push(Row::millis(
+            BURST,
+            format!("p99 of one create{}", route.suffix()),
+            quantile(&binds, 0.99),
+        ));
+    }
+    Ok(rows)
+}
+
+/// Keeps the claims of the two routes apart.
+fn route_prefix(route: Route) -> &'static str {
+    match route {
+        Route::Direct => "",
+        Route::Kube => "-kube",
+    }
 }

@@ -26,7 +26,7 @@ use serde_json::Value;
 use super::binds::bind;
 use super::client::NAMESPACE;
 use super::report::{Row, Unit, percentiles, quantile};
-use super::rig::Rig;
+use super::rig::{Rig, Route};
 use crate::channel_exec::{self, ERROR, STDOUT};
 
 pub const EXEC: &str = "exec";
@@ -55,24 +55,31 @@ pub async fn run(rig: &Rig, pool: &str, rounds: usize, bytes: usize) -> Result<V
     let target = Target::of(&client, &claim).await?;
     let mut host = target.host_exec().await?;
     let mut agent = target.agent_exec(rig).await?;
-    let exec = rig.exec_client();
+    let exec = rig.exec_client(Route::Direct);
+    let through_kube = rig.exec_client(Route::Kube);
     let echo = ["echo", "battery"];
     let size = bytes.to_string();
     let head = ["head", "-c", size.as_str(), "/dev/zero"];
-    let (mut remote, mut relayed, mut direct, mut local) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut remote, mut kube, mut relayed, mut direct, mut local) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         remote.push(through_server(&exec, "exec", &echo).await?.first_byte);
+        kube.push(
+            through_server(&through_kube, "exec", &echo)
+                .await?
+                .first_byte,
+        );
         relayed.push(agent.run(&echo).await?.first_byte);
         direct.push(host.run(&echo).await?.first_byte);
         local.push(on_a_pipe(&echo).await?.first_byte);
     }
     // Interleaved, and the median of each: this machine's speed drifts between runs
     // more than they differ. The relay's and the Host's own rates tell each hop's part.
-    let mut rates = [const { Vec::new() }; 4];
+    let mut rates = [const { Vec::new() }; 5];
     for _ in 0..THROUGHPUT_ROUNDS {
         let runs = [
             through_server(&exec, "exec", &head).await?,
+            through_server(&through_kube, "exec", &head).await?,
             agent.run(&head).await?,
             host.run(&head).await?,
             on_a_pipe(&head).await?,
@@ -84,9 +91,15 @@ pub async fn run(rig: &Rig, pool: &str, rounds: usize, bytes: usize) -> Result<V
             rates.push(run.bytes as f64 / MB / run.took.as_secs_f64());
         }
     }
-    let [through, relayed_rate, direct_rate, piped] = rates.map(median);
+    let [through, kube_rate, relayed_rate, direct_rate, piped] = rates.map(median);
     let [p50, _, p99] = percentiles(EXEC, "first byte through server+agent", &remote);
     let mut rows = vec![p50.at_most(5.0), p99];
+    let [p50, _, p99] = percentiles(
+        EXEC,
+        "first byte through kube-apiserver+server+agent",
+        &kube,
+    );
+    rows.extend([p50, p99]);
     rows.push(Row::millis(
         EXEC,
         "first byte from the agent's relay p50",
@@ -104,6 +117,7 @@ pub async fn run(rig: &Rig, pool: &str, rounds: usize, bytes: usize) -> Result<V
     ));
     for (path, rate) in [
         ("through server+agent", through),
+        ("through kube-apiserver+server+agent", kube_rate),
         ("from the agent's relay", relayed_rate),
         ("straight from the simulated Host", direct_rate),
         ("on a local pipe", piped),
@@ -136,7 +150,8 @@ fn median(mut rates: Vec<f64>) -> f64 {
 }
 
 /// Runs `command` in the claim's MicroVM over the WebSocket channel protocol (v5), on a
-/// new connection as kubectl makes one per exec, timed from before the connection.
+/// new connection as kubectl makes one per exec (to `serve`, or to kube-apiserver, which
+/// dials `serve` for it), timed from before the connection.
 async fn through_server(exec: &channel_exec::Client, claim: &str, command: &[&str]) -> Result<Run> {
     let started = Instant::now();
     let path = format!(

@@ -1,4 +1,4 @@
-//! `bench`: the figures of issue 13, measured on the real binaries in one run. It starts a
+//! `bench`: the figures of issues 13 and 32, measured on the real binaries in one run. It starts a
 //! real control plane with battery-apiserver installed, `battery-apiserver
 //! embedded-battery`, `battery-apiserver serve` behind the APIService and one
 //! `battery-agent` per simulated Host (see [`rig`]), runs each scenario, stops
@@ -9,30 +9,35 @@
 //! run and what it found.
 //!
 //! Two phases, each on fresh processes so nothing one leaves behind weighs on the other:
-//! binding (serial latency beside raw `ClaimVM`, throughput, burst) and exec; then scale
-//! (lists, watches, memory). Every scenario binds on a Pool of its own, sized so it never
-//! runs dry. The CRD floor runs between them, on an etcd of its own.
+//! binding (serial latency beside raw `ClaimVM`, throughput, burst, open-loop arrival
+//! rates, time to first output, exec, and agent-sandbox on the same kube-apiserver); then
+//! scale (lists, watches, memory). What users meet is measured through kube-apiserver
+//! beside what `serve` does alone. Every scenario binds on a Pool of its own, sized so it
+//! never runs dry.
 
+mod arrival;
 mod binds;
 mod client;
-mod etcd;
 mod exec;
+mod first_output;
 pub mod report;
 mod rig;
+mod sandbox;
 mod scale;
+mod served;
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result, bail};
 
-use report::{NotRun, Report};
+use report::Report;
 use rig::Rig;
 
 /// The command line.
 #[derive(Debug, clap::Parser)]
 #[command(
     name = "bench",
-    about = "Measures battery-apiserver against issue 13's targets: binds, the CRD floor on etcd, throughput, burst, lists, watches, exec and memory."
+    about = "Measures battery-apiserver against its targets (issues 13 and 32), straight to serve and through kube-apiserver: binds at open-loop arrival rates, throughput, burst, time to first output, agent-sandbox beside us, lists, watches, exec and memory."
 )]
 pub struct Args {
     /// Small sizes, a few seconds of work: for the test command, so the bench never rots.
@@ -66,13 +71,17 @@ pub struct Args {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Phase {
     All,
-    /// Bind latency, per-claim configuration, throughput, burst, exec, then the CRD floor.
+    /// Bind latency, per-claim configuration, throughput, burst, arrival rates, time to
+    /// first output, exec, then agent-sandbox.
     Binding,
     /// Lists, watches and memory.
     Scale,
     /// Exec alone, on a Pool of its own, for profiling its path (the binding phase runs
     /// it on the bind latency scenario's Pool, with thousands of leases).
     Exec,
+    /// The open-loop arrival rates and time to first output alone, as when profiling a
+    /// bind at low rates.
+    Arrival,
 }
 
 impl Phase {
@@ -89,7 +98,12 @@ struct Sizes {
     /// (concurrency, binds) per throughput level.
     throughput: [(usize, usize); 3],
     burst: usize,
-    crd_binds: usize,
+    /// Open-loop arrival rates, each for a while.
+    arrival: [arrival::Rate; 4],
+    /// Time to first output: serial claims, then a burst at once.
+    first_output: (usize, usize),
+    /// agent-sandbox's SandboxClaims beside our binds: serial, then a burst at once.
+    agent_sandbox: (usize, usize),
     exec_rounds: usize,
     exec_bytes: usize,
     scale: scale::Sizes,
@@ -102,7 +116,15 @@ impl Sizes {
         config_binds: 100,
         throughput: [(1, 100), (8, 300), (64, 2000)],
         burst: 300,
-        crd_binds: 500,
+        // A thousand samples of each kind at the highest rate, for its p99.9.
+        arrival: [
+            arrival::Rate::new(1.0, 120_000),
+            arrival::Rate::new(10.0, 60_000),
+            arrival::Rate::new(100.0, 20_000),
+            arrival::Rate::new(1000.0, 5_000),
+        ],
+        first_output: (100, 100),
+        agent_sandbox: (100, 300),
         exec_rounds: 20,
         exec_bytes: 256_000_000,
         scale: scale::Sizes {
@@ -118,7 +140,14 @@ impl Sizes {
         config_binds: 5,
         throughput: [(1, 5), (8, 24), (64, 64)],
         burst: 30,
-        crd_binds: 10,
+        arrival: [
+            arrival::Rate::new(1.0, 5_000),
+            arrival::Rate::new(10.0, 2_000),
+            arrival::Rate::new(100.0, 1_000),
+            arrival::Rate::new(1000.0, 200),
+        ],
+        first_output: (3, 10),
+        agent_sandbox: (3, 10),
         exec_rounds: 3,
         exec_bytes: 1_000_000,
         scale: scale::Sizes {
@@ -153,22 +182,14 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
     } else {
         &Sizes::FULL
     };
-    // The bench measures the server, not its per-user create limiter, which would refuse
-    // a run at these rates with 429s.
-    let mut serve_args: Vec<String> = [
-        "--creates-per-second",
-        "1000000",
-        "--create-burst",
-        "1000000",
-    ]
-    .map(str::to_owned)
-    .into();
-    serve_args.extend([
+    // With the defaults a user gets (no per-user rate of creates, ADR 32), but room for
+    // the scale scenario's watches: straight to serve, then through kube-apiserver while
+    // the first ones may still be closing.
+    let serve_args = [
         "--max-watches".to_owned(),
-        (sizes.scale.watchers + 16).to_string(),
-    ]);
+        (2 * sizes.scale.watchers + 16).to_string(),
+    ];
     let mut rows = Vec::new();
-    let mut not_run = Vec::new();
 
     if args.phase == Phase::Exec {
         eprintln!("bench: exec");
@@ -176,19 +197,35 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
         let pool = rig.create_pool("exec", 1).await?;
         rows.extend(exec::run(&rig, &pool.name, sizes.exec_rounds, sizes.exec_bytes).await?);
         rig.stop().await;
-        return Ok(report(args, binary, rows, not_run));
+        return Ok(report(args, binary, rows));
+    }
+    if args.phase == Phase::Arrival {
+        eprintln!("bench: open-loop arrivals and time to first output");
+        let rig = Rig::start(binary, &serve_args).await?;
+        let (serial, burst) = sizes.first_output;
+        let first = rig
+            .create_pool("first-output", (serial + burst) as i32)
+            .await?;
+        let mut pools = Vec::new();
+        for (name, rate) in ARRIVAL_POOLS.iter().zip(&sizes.arrival) {
+            pools.push(rig.create_pool(name, rate.microvms()).await?);
+        }
+        rows.extend(arrival::run(&rig, &sizes.arrival, &pools).await?);
+        rows.extend(first_output::run(&rig, &first.name, serial, burst).await?);
+        rig.stop().await;
+        return Ok(report(args, binary, rows));
     }
     if args.phase.runs(Phase::Binding) {
-        binding_phase(args, binary, sizes, &serve_args, &mut rows, &mut not_run).await?;
+        binding_phase(args, binary, sizes, &serve_args, &mut rows).await?;
     }
     if !args.phase.runs(Phase::Scale) {
-        return Ok(report(args, binary, rows, not_run));
+        return Ok(report(args, binary, rows));
     }
     if !rows.is_empty() {
         // The scale phase waits minutes for its MicroVMs: show what is measured already.
         eprintln!(
             "bench: so far\n{}",
-            report(args, binary, rows.clone(), not_run.clone()).table()
+            report(args, binary, rows.clone()).table()
         );
     }
     eprintln!("bench: scale");
@@ -197,23 +234,27 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
         scale_sizes.lists = [scale_sizes.lists[0].min(claims), claims];
     }
     let rig = Rig::start(binary, &serve_args).await?;
-    let claims = scale_sizes.lists[1] + scale_sizes.watched_binds;
+    // The watched binds are made once straight to serve, once through kube-apiserver.
+    let claims = scale_sizes.lists[1] + 2 * scale_sizes.watched_binds;
     eprintln!("bench: booting {claims} MicroVMs for the claims");
     let pool = rig.create_pool("scale", claims as i32).await?;
     rows.extend(scale::run(&rig, &pool.name, &scale_sizes).await?);
     rig.stop().await;
-    Ok(report(args, binary, rows, not_run))
+    Ok(report(args, binary, rows))
 }
 
-/// Bind latency beside raw `ClaimVM`, per-claim configuration, throughput, burst and exec
-/// on one rig; then the CRD floor on an etcd of its own.
+/// The Pools of [`Sizes::arrival`]'s rates, one each.
+const ARRIVAL_POOLS: [&str; 4] = ["arrival-1", "arrival-10", "arrival-100", "arrival-1000"];
+
+/// Bind latency beside raw `ClaimVM`, per-claim configuration, throughput, burst, arrival
+/// rates, time to first output and exec on one rig; agent-sandbox last, since it leaves
+/// its objects in the cluster.
 async fn binding_phase(
     args: &Args,
     binary: &Path,
     sizes: &Sizes,
     serve_args: &[String],
     rows: &mut Vec<report::Row>,
-    not_run: &mut Vec<NotRun>,
 ) -> Result<()> {
     eprintln!("bench: binding and exec");
     let rig = Rig::start(binary, serve_args).await?;
@@ -224,20 +265,32 @@ async fn binding_phase(
     let serial_pool = (serial_binds * 2 + 1) as i32;
     let mut pools = vec![
         ("latency", serial_pool),
-        ("burst", sizes.burst as i32),
+        // A burst straight to serve, then one through kube-apiserver.
+        ("burst", 2 * sizes.burst as i32),
         // Four binds a round, and the claim the write alone is timed on.
         ("config", (config_binds * 4 + 1) as i32),
+        (
+            "first-output",
+            (sizes.first_output.0 + sizes.first_output.1) as i32,
+        ),
     ];
-    // A MicroVM ready for every bind: a bind that waits for one measures a boot.
+    // A MicroVM ready for every bind of both routes: a bind that waits for one measures
+    // a boot.
     let levels = sizes
         .throughput
-        .map(|(concurrency, count)| (concurrency, count, count as i32));
+        .map(|(concurrency, count)| (concurrency, count, 2 * count as i32));
     let names = ["throughput-1", "throughput-8", "throughput-64"];
     pools.extend(
         names
             .iter()
             .zip(&levels)
             .map(|(name, level)| (*name, level.2)),
+    );
+    pools.extend(
+        ARRIVAL_POOLS
+            .iter()
+            .zip(&sizes.arrival)
+            .map(|(name, rate)| (*name, rate.microvms())),
     );
     let microvms: i32 = pools.iter().map(|(_, size)| size).sum();
     eprintln!("bench: booting {microvms} MicroVMs for the binds");
@@ -248,43 +301,32 @@ async fn binding_phase(
     }
     let pools = created;
     eprintln!("bench: {serial_binds} serial binds");
-    let latency = binds::latency(&rig, &pools[0], serial_binds).await?;
-    rows.extend(latency.rows.iter().cloned());
+    rows.extend(binds::latency(&rig, &pools[0], serial_binds).await?);
     eprintln!("bench: {config_binds} rounds of per-claim configuration");
     rows.extend(binds::with_config(&rig, &pools[2], config_binds).await?);
     let levels: Vec<_> = levels
         .iter()
-        .zip(&pools[3..])
+        .zip(&pools[4..7])
         .map(|(&(concurrency, count, _), pool)| (concurrency, count, pool.clone()))
         .collect();
     eprintln!("bench: throughput, then the burst");
     rows.extend(binds::throughput(&rig, &levels).await?);
     rows.extend(binds::burst(&rig, &pools[1], sizes.burst).await?);
+    eprintln!("bench: open-loop arrivals");
+    rows.extend(arrival::run(&rig, &sizes.arrival, &pools[7..]).await?);
+    eprintln!("bench: time to first output");
+    let (serial, burst) = sizes.first_output;
+    rows.extend(first_output::run(&rig, &pools[3].name, serial, burst).await?);
     eprintln!("bench: exec");
     rows.extend(exec::run(&rig, &pools[0].name, sizes.exec_rounds, sizes.exec_bytes).await?);
+    eprintln!("bench: agent-sandbox beside us");
+    let (serial, burst) = sizes.agent_sandbox;
+    rows.extend(sandbox::run(&rig, serial, burst).await?);
     rig.stop().await;
-
-    eprintln!("bench: the CRD floor");
-    match etcd::find() {
-        Some(path) => {
-            let dir = tempfile::Builder::new()
-                .prefix("battery-bench-etcd-")
-                .tempdir()?;
-            let claim = serde_json::to_vec(&latency.claim)?;
-            rows.extend(
-                etcd::run(&path, dir.path(), sizes.crd_binds, &claim, &latency.binds).await?,
-            );
-        }
-        None => not_run.push(NotRun {
-            scenario: etcd::CRD_FLOOR,
-            reason: "no etcd on the PATH (apt-get install etcd-server)".to_owned(),
-        }),
-    }
-
     Ok(())
 }
 
-fn report(args: &Args, binary: &Path, mut rows: Vec<report::Row>, not_run: Vec<NotRun>) -> Report {
+fn report(args: &Args, binary: &Path, mut rows: Vec<report::Row>) -> Report {
     rows.sort_by_key(|row| ORDER.iter().position(|s| *s == row.scenario));
     Report {
         mode: format!(
@@ -295,20 +337,22 @@ fn report(args: &Args, binary: &Path, mut rows: Vec<report::Row>, not_run: Vec<N
                 Phase::Binding => ", binding phase only",
                 Phase::Scale => ", scale phase only",
                 Phase::Exec => ", exec alone",
+                Phase::Arrival => ", arrivals and first output alone",
             }
         ),
         machine: report::Machine::read(),
         build: build_profile(binary),
         other_side: "embedded battery (its own process, 2 simulated Hosts) and battery-agent, all on loopback; serve's metadata store on this machine's disk",
         rows,
-        not_run,
     }
 }
 
 /// The scenarios in the issue's order, which the table keeps.
-const ORDER: [&str; 8] = [
+const ORDER: [&str; 10] = [
+    arrival::ARRIVAL,
+    first_output::FIRST_OUTPUT,
     binds::LATENCY,
-    etcd::CRD_FLOOR,
+    sandbox::AGENT_SANDBOX,
     binds::THROUGHPUT,
     binds::BURST,
     scale::LIST,

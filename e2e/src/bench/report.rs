@@ -20,6 +20,9 @@ pub enum Unit {
     /// A ratio of two figures of the same run.
     #[serde(rename = "x")]
     Times,
+    /// How many of something (writes, Pods), or an average of such counts.
+    #[serde(rename = "count")]
+    Count,
 }
 
 impl Unit {
@@ -30,6 +33,7 @@ impl Unit {
             Self::Megabytes => " MB",
             Self::MegabytesPerSecond => " MB/s",
             Self::Times => "x",
+            Self::Count => "",
         }
     }
 }
@@ -122,13 +126,6 @@ impl Row {
     }
 }
 
-/// A scenario that could not run here, and why.
-#[derive(Clone, Debug, Serialize)]
-pub struct NotRun {
-    pub scenario: &'static str,
-    pub reason: String,
-}
-
 /// The machine the figures were measured on.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -177,7 +174,6 @@ pub struct Report {
     pub build: String,
     pub other_side: &'static str,
     pub rows: Vec<Row>,
-    pub not_run: Vec<NotRun>,
 }
 
 impl Report {
@@ -200,13 +196,6 @@ impl Report {
                 row.verdict()
             );
         }
-        for skipped in &self.not_run {
-            let _ = writeln!(
-                out,
-                "| {} | not run: {} | | | |",
-                skipped.scenario, skipped.reason
-            );
-        }
         out
     }
 }
@@ -225,9 +214,14 @@ pub fn quantile(samples: &[Duration], p: f64) -> Duration {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-/// `p50` for 0.5.
+/// `p50` for 0.5, `p99.9` for 0.999.
 pub fn rank(p: f64) -> String {
-    format!("p{}", (p * 100.0).round())
+    let percent = p * 100.0;
+    if (percent - percent.round()).abs() < 1e-9 {
+        format!("p{percent:.0}")
+    } else {
+        format!("p{percent:.1}")
+    }
 }
 
 /// Rows for p50, p90 and p99 of `samples`, named `<what> p50` and so on.
@@ -252,6 +246,10 @@ mod tests {
         assert_eq!(quantile(&samples, 0.99), Duration::from_millis(99));
         assert_eq!(quantile(&samples, 1.0), Duration::from_millis(100));
         assert_eq!(quantile(&samples[..1], 0.99), Duration::from_millis(100));
+        assert_eq!(
+            [0.5, 0.99, 0.999].map(rank),
+            ["p50", "p99", "p99.9"].map(str::to_owned)
+        );
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! installed into it, `battery-apiserver embedded-battery` in its own process,
 //! `battery-apiserver serve` behind the APIService in front of it, and one
 //! `battery-agent` per simulated Host. The bench talks to `serve` directly with the
-//! kubectl user's client certificate, so the figures are the API server's and not
-//! kube-apiserver's.
+//! kubectl user's client certificate ([`Rig::client`]), for the API server's own
+//! figures, and to kube-apiserver as the same user ([`Rig::kube_client`]), for what a
+//! user meets through the aggregator.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -44,6 +45,27 @@ const STORE_DIR: &str = "apiserver";
 /// take its MicroVM (and a claim of the scale scenarios) away mid-measurement.
 const LEASE: (&str, &str) = ("30m", "1h");
 
+/// How the bench reaches our API: straight to `serve`, for the API server's own figures,
+/// or through kube-apiserver's aggregator, as users do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    Direct,
+    Kube,
+}
+
+impl Route {
+    pub const BOTH: [Route; 2] = [Route::Direct, Route::Kube];
+
+    /// What a figure's name says of its route: nothing for the direct one, whose names
+    /// the earlier runs' tables used.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Route::Direct => "",
+            Route::Kube => " through kube-apiserver",
+        }
+    }
+}
+
 /// A running set of processes, stopped by [`Rig::stop`] (or killed when dropped).
 pub struct Rig {
     // Declared first so that it drops, and kills, before the directory goes.
@@ -72,7 +94,11 @@ impl Rig {
             .prefix("battery-bench-")
             .tempdir()
             .context("a temporary directory")?;
-        let cluster = Box::new(Cluster::start(dir.path(), binary, Options::default()).await);
+        let options = Options {
+            durable_etcd: true,
+            ..Options::default()
+        };
+        let cluster = Box::new(Cluster::start(dir.path(), binary, options).await);
         let mut command = Command::new(binary);
         command.args(["embedded-battery", "--listen", "127.0.0.1:0"]);
         let (battery_process, battery) = Process::start(
@@ -186,38 +212,61 @@ impl Rig {
 impl Rig {
     /// A new HTTP/2 connection to `serve` as the kubectl user.
     pub async fn client(&self) -> Result<Client> {
-        Client::connect(
-            &self.url,
-            &self.ca,
-            SERVING_NAME,
-            (&self.identity.0, &self.identity.1),
-        )
-        .await
+        self.client_on(Route::Direct).await
     }
 
-    /// An exec client of `serve` as the kubectl user.
-    pub fn exec_client(&self) -> crate::channel_exec::Client {
+    /// A new HTTP/2 connection to kube-apiserver as the kubectl user: our resources
+    /// through its aggregator, and its own.
+    pub async fn kube_client(&self) -> Result<Client> {
+        self.client_on(Route::Kube).await
+    }
+
+    /// A new HTTP/2 connection as the kubectl user, by `route`.
+    pub async fn client_on(&self, route: Route) -> Result<Client> {
+        let (url, ca, server_name) = self.endpoint(route);
+        Client::connect(url, &ca, server_name, (&self.identity.0, &self.identity.1)).await
+    }
+
+    /// Where `route` leads: its URL, the CA that signed its certificate and the name on it.
+    fn endpoint(&self, route: Route) -> (&str, PathBuf, &'static str) {
+        match route {
+            Route::Direct => (&self.url, self.ca.clone(), SERVING_NAME),
+            Route::Kube => {
+                let cluster = &self.processes.cluster;
+                (cluster.url(), cluster.ca(), "127.0.0.1")
+            }
+        }
+    }
+
+    /// A Rust SDK client of kube-apiserver as the kubectl user, as a user's program holds
+    /// one: claims and exec through the aggregator.
+    pub async fn sdk_client(&self) -> Result<battery_sdk::Client> {
+        let path = self.dir.path().join("sdk-kubeconfig");
+        self.processes
+            .cluster
+            .write_kubeconfig(&path, (&self.identity.0, &self.identity.1));
+        let kubeconfig = kube::config::Kubeconfig::read_from(&path)?;
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+        Ok(battery_sdk::Client::from_config(config)?)
+    }
+
+    /// An exec client as the kubectl user, by `route`.
+    pub fn exec_client(&self, route: Route) -> crate::channel_exec::Client {
+        let (url, ca, server_name) = self.endpoint(route);
         crate::channel_exec::Client {
             https: crate::https::Client::new(
-                &self.url,
-                &self.ca,
+                url,
+                &ca,
                 crate::https::Identity::Cert(self.identity.0.clone(), self.identity.1.clone()),
             )
-            .with_server_name(SERVING_NAME),
+            .with_server_name(server_name),
         }
     }
 
     /// Creates the Secret `name` holding `key: value` in the bench's namespace, in the
     /// cluster, as the kubectl user.
     pub async fn create_secret(&self, name: &str, key: &str, value: &str) -> Result<()> {
-        let kube_apiserver = &self.processes.cluster;
-        let cluster = Client::connect(
-            kube_apiserver.url(),
-            &kube_apiserver.ca(),
-            "127.0.0.1",
-            (&self.identity.0, &self.identity.1),
-        )
-        .await?;
+        let cluster = self.kube_client().await?;
         let secret = json!({
             "apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": name}, "stringData": {key: value}
@@ -423,4 +472,17 @@ fn cpu_used(pid: u32) -> Result<Duration> {
     };
     let used = ticks(14)? + ticks(15)?;
     Ok(Duration::from_millis(used * 1000 / TICKS_PER_SECOND))
+}
+
+impl Rig {
+    /// The control plane `serve` is installed into, for a scenario that runs something of
+    /// its own beside it in the same cluster.
+    pub fn cluster(&self) -> &Cluster {
+        &self.processes.cluster
+    }
+
+    /// The rig's directory, where a scenario's own processes keep their logs.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
 }

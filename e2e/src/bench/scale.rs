@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use super::binds::{bind, bind_many};
 use super::client::{self, Client};
 use super::report::{Row, Unit, percentiles, quantile};
-use super::rig::Rig;
+use super::rig::{Rig, Route};
 use crate::api::ListLeasesRequest;
 
 pub const LIST: &str = "list at scale";
@@ -49,9 +49,21 @@ pub async fn run(rig: &Rig, pool: &str, sizes: &Sizes) -> Result<Vec<Row>> {
     let mut made = 0;
     for (i, &count) in sizes.lists.iter().enumerate() {
         eprintln!("bench: {count} claims, then their lists");
-        bind_many(rig, pool, "scale", made..count, FILL_CONCURRENCY).await?;
+        bind_many(
+            rig,
+            Route::Direct,
+            pool,
+            "scale",
+            made..count,
+            FILL_CONCURRENCY,
+        )
+        .await?;
         made = count;
-        rows.extend(lists(rig, &client, count, i + 1 == sizes.lists.len()).await?);
+        for route in Route::BOTH {
+            let client = rig.client_on(route).await?;
+            let last = i + 1 == sizes.lists.len();
+            rows.extend(lists(rig, route, &client, count, last).await?);
+        }
     }
     let (at_claims, _) = rig.serve_memory()?;
     rows.push(Row::new(
@@ -61,7 +73,7 @@ pub async fn run(rig: &Rig, pool: &str, sizes: &Sizes) -> Result<Vec<Row>> {
         Unit::Megabytes,
     ));
     eprintln!("bench: {} watches", sizes.watchers);
-    let watchers = Watchers::open(rig, sizes.watchers).await?;
+    let watchers = Watchers::open(rig, Route::Direct, sizes.watchers).await?;
     let (with_watches, peak) = rig.serve_memory()?;
     rows.push(
         Row::new(
@@ -73,7 +85,7 @@ pub async fn run(rig: &Rig, pool: &str, sizes: &Sizes) -> Result<Vec<Row>> {
         .at_most(200.0),
     );
     let delays = watchers
-        .time_binds(&client, pool, sizes.watched_binds)
+        .time_binds(&client, pool, "watched", sizes.watched_binds)
         .await?;
     let [p50, _, p99] = percentiles(
         WATCH,
@@ -81,6 +93,21 @@ pub async fn run(rig: &Rig, pool: &str, sizes: &Sizes) -> Result<Vec<Row>> {
         &delays,
     );
     rows.extend([p50, p99.at_most(50.0)]);
+    eprintln!("bench: {} watches through kube-apiserver", sizes.watchers);
+    let watchers = Watchers::open(rig, Route::Kube, sizes.watchers).await?;
+    let kube = rig.kube_client().await?;
+    let delays = watchers
+        .time_binds(&kube, pool, "watched-kube", sizes.watched_binds)
+        .await?;
+    let [p50, _, p99] = percentiles(
+        WATCH,
+        &format!(
+            "201 -> event at each of {} watchers through kube-apiserver",
+            sizes.watchers
+        ),
+        &delays,
+    );
+    rows.extend([p50, p99]);
     rows.push(Row::new(
         MEMORY,
         "peak RSS (VmHWM) of the run",
@@ -93,7 +120,13 @@ pub async fn run(rig: &Rig, pool: &str, sizes: &Sizes) -> Result<Vec<Row>> {
 /// The median time of `LIST_ROUNDS` lists of all claims (Table and JSON), and of paged
 /// lists with limit=500 (the first page, and all pages), with `count` claims stored; and
 /// of the raw `ListLeases` of all pools that each list makes of battery.
-async fn lists(rig: &Rig, client: &Client, count: usize, with_target: bool) -> Result<Vec<Row>> {
+async fn lists(
+    rig: &Rig,
+    route: Route,
+    client: &Client,
+    count: usize,
+    with_target: bool,
+) -> Result<Vec<Row>> {
     let path = client::claims_path();
     let timed = |accept: &'static str, limit: bool| {
         let path = path.clone();
@@ -144,28 +177,42 @@ async fn lists(rig: &Rig, client: &Client, count: usize, with_target: bool) -> R
     let (table, _) = timed(TABLE, false).await?;
     let (json, _) = timed("application/json", false).await?;
     let (pages, first_page) = timed("application/json", true).await?;
-    let mut lease = rig.lease_client().await?;
-    let mut raw = Vec::with_capacity(LIST_ROUNDS);
-    for _ in 0..LIST_ROUNDS {
-        let started = Instant::now();
-        lease
-            .list_leases(ListLeasesRequest { pool_ref: None })
-            .await
-            .context("a raw ListLeases")?;
-        raw.push(started.elapsed());
-    }
-    let target = |row: Row| if with_target { row.at_most(100.0) } else { row };
-    Ok(vec![
-        target(Row::millis(LIST, format!("Table of {count}"), table)),
-        target(Row::millis(LIST, format!("JSON of {count}"), json)),
-        Row::millis(LIST, format!("limit=500 first page of {count}"), first_page),
-        Row::millis(LIST, format!("limit=500 all pages of {count}"), pages),
+    let on = route.suffix();
+    let target = |row: Row| {
+        if with_target && route == Route::Direct {
+            row.at_most(100.0)
+        } else {
+            row
+        }
+    };
+    let mut rows = vec![
+        target(Row::millis(LIST, format!("Table of {count}{on}"), table)),
+        target(Row::millis(LIST, format!("JSON of {count}{on}"), json)),
         Row::millis(
+            LIST,
+            format!("limit=500 first page of {count}{on}"),
+            first_page,
+        ),
+        Row::millis(LIST, format!("limit=500 all pages of {count}{on}"), pages),
+    ];
+    if route == Route::Direct {
+        let mut lease = rig.lease_client().await?;
+        let mut raw = Vec::with_capacity(LIST_ROUNDS);
+        for _ in 0..LIST_ROUNDS {
+            let started = Instant::now();
+            lease
+                .list_leases(ListLeasesRequest { pool_ref: None })
+                .await
+                .context("a raw ListLeases")?;
+            raw.push(started.elapsed());
+        }
+        rows.push(Row::millis(
             LIST,
             format!("raw ListLeases of {count} leases"),
             quantile(&raw, 0.5),
-        ),
-    ])
+        ));
+    }
+    Ok(rows)
 }
 
 /// Watches of the claims, each reporting the name of every claim it sees and when.
@@ -179,9 +226,9 @@ struct Watchers {
 impl Watchers {
     /// Opens `count` watches from the current resourceVersion, so that none replays the
     /// claims already stored.
-    async fn open(rig: &Rig, count: usize) -> Result<Self> {
+    async fn open(rig: &Rig, route: Route, count: usize) -> Result<Self> {
         let path = client::claims_path();
-        let first = rig.client().await?;
+        let first = rig.client_on(route).await?;
         let list = first
             .json(
                 Method::GET,
@@ -198,7 +245,7 @@ impl Watchers {
         let (tx, seen) = mpsc::unbounded_channel();
         let mut connections = vec![first];
         for _ in 1..count.div_ceil(WATCHES_PER_CONNECTION) {
-            connections.push(rig.client().await?);
+            connections.push(rig.client_on(route).await?);
         }
         for i in 0..count {
             let client = &connections[i / WATCHES_PER_CONNECTION];
@@ -244,6 +291,7 @@ impl Watchers {
         mut self,
         client: &Client,
         pool: &str,
+        prefix: &str,
         binds: usize,
     ) -> Result<Vec<Duration>> {
         let mut delays = Vec::with_capacity(binds * self.count);
@@ -251,7 +299,7 @@ impl Watchers {
         // event of each claim at each watcher counts.
         let mut seen: HashMap<String, HashMap<usize, Instant>> = HashMap::new();
         for i in 0..binds {
-            let name = format!("watched-{i}");
+            let name = format!("{prefix}-{i}");
             bind(client, &name, pool).await?;
             let answered = Instant::now();
             while seen.get(&name).map_or(0, HashMap::len) < self.count {

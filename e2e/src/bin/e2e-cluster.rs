@@ -9,7 +9,11 @@ use battery_e2e::control_plane::Options;
 
 #[tokio::main]
 async fn main() {
-    let server = ApiServer::aggregated_with_agents_and(Options { controllers: true }).await;
+    let server = ApiServer::aggregated_with_agents_and(Options {
+        controllers: true,
+        ..Options::default()
+    })
+    .await;
     let cluster = server.cluster().expect("a real control plane");
     println!(
         "e2e-cluster: kube-apiserver at {} with battery-apiserver behind the APIService \

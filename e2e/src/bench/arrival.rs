@@ -1,0 +1,319 @@
+//! Open-loop arrivals: requests arrive at a fixed mean rate, with exponential gaps
+//! (a Poisson process, as claims from many independent CI jobs do), and each is sent
+//! when it arrives, whatever the ones before it are doing. Each is timed from its
+//! arrival, not from when it was sent, so a backlog counts against the server (no
+//! coordinated omission).
+//!
+//! Arrivals take turns through five kinds, so each sees the same machine at the same
+//! moment: a bind straight to `serve`, a bind through kube-apiserver, a raw `ClaimVM` on
+//! the same battery (released at once), and the references the targets name, a
+//! ConfigMap's create and get through the same kube-apiserver. `serve`'s own histograms,
+//! read before and after each rate, split its part of a bind: the request, the bind
+//! inside it, battery's `ClaimVM` and the metadata store's durable write.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use http::{Method, StatusCode};
+use serde_json::json;
+use tokio::sync::Semaphore;
+
+use super::binds::bind;
+use super::client::{Client, NAMESPACE};
+use super::report::{Row, Unit, millis, quantile, rank};
+use super::rig::Rig;
+use super::served::{self, Observed};
+use crate::api::{ClaimVmRequest, PoolRef, ReleaseVmRequest};
+
+pub const ARRIVAL: &str = "arrival rates";
+
+/// A rate, and how long arrivals come at it.
+#[derive(Clone, Copy)]
+pub struct Rate {
+    pub per_second: f64,
+    pub lasting: Duration,
+}
+
+impl Rate {
+    pub const fn new(per_second: f64, lasting_ms: u64) -> Self {
+        Self {
+            per_second,
+            lasting: Duration::from_millis(lasting_ms),
+        }
+    }
+
+    fn arrivals(self) -> usize {
+        (self.per_second * self.lasting.as_secs_f64())
+            .round()
+            .max(1.0) as usize
+    }
+
+    /// How many MicroVMs the rate's binds and raw ClaimVMs take.
+    pub fn microvms(self) -> i32 {
+        (KINDS.iter().filter(|kind| kind.takes_a_microvm()).count()
+            * self.arrivals().div_ceil(KINDS.len())) as i32
+    }
+
+    fn label(self) -> String {
+        format!("{}/s", self.per_second)
+    }
+}
+
+/// What one arrival does.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    BindDirect,
+    BindThroughKube,
+    RawClaimVm,
+    ConfigMapCreate,
+    ConfigMapGet,
+}
+
+const KINDS: [Kind; 5] = [
+    Kind::BindDirect,
+    Kind::BindThroughKube,
+    Kind::RawClaimVm,
+    Kind::ConfigMapCreate,
+    Kind::ConfigMapGet,
+];
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Self::BindDirect => "bind straight to serve",
+            Self::BindThroughKube => "bind through kube-apiserver",
+            Self::RawClaimVm => "raw ClaimVM",
+            Self::ConfigMapCreate => "ConfigMap create through kube-apiserver",
+            Self::ConfigMapGet => "ConfigMap get through kube-apiserver",
+        }
+    }
+
+    fn takes_a_microvm(self) -> bool {
+        matches!(
+            self,
+            Self::BindDirect | Self::BindThroughKube | Self::RawClaimVm
+        )
+    }
+}
+
+/// The most requests in flight at once: past it an arrival waits for a slot, and its
+/// wait is part of its time, so an overloaded run shows as slow rather than as a bench
+/// that runs out of sockets or memory.
+const MAX_IN_FLIGHT: usize = 2048;
+
+/// The ConfigMap every get reads.
+const REFERENCE: &str = "arrival-reference";
+
+/// What each arrival needs to send its request; clones share connections.
+#[derive(Clone)]
+struct Senders {
+    direct: Client,
+    kube: Client,
+    lease: crate::api::lease_client::LeaseClient<tonic::transport::Channel>,
+}
+
+/// Runs each rate on its own Pool (`pools[i]` for `rates[i]`, each of
+/// [`Rate::microvms`]) and returns their rows.
+pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row>> {
+    let senders = Senders {
+        direct: rig.client().await?,
+        kube: rig.kube_client().await?,
+        lease: rig.lease_client().await?,
+    };
+    let reference = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": REFERENCE}, "data": {"key": "value"}
+    });
+    senders
+        .kube
+        .json(
+            Method::POST,
+            &configmaps_path(),
+            Some(&reference),
+            StatusCode::CREATED,
+        )
+        .await
+        .context("creating the ConfigMap the gets read")?;
+    let mut rows = Vec::new();
+    for (rate, pool) in rates.iter().zip(pools) {
+        eprintln!(
+            "bench: {} arrivals at {} for {:?}",
+            rate.arrivals(),
+            rate.label(),
+            rate.lasting
+        );
+        let before = served::read(&senders.direct).await?;
+        let took = arrive(&senders, *rate, &pool.name).await?;
+        let after = served::read(&senders.direct).await?;
+        rows.extend(rate_rows(*rate, &took));
+        rows.extend(split_rows(*rate, &before, &after));
+    }
+    Ok(rows)
+}
+
+/// Sends `rate`'s arrivals and returns each kind's times, in [`KINDS`]' order.
+async fn arrive(senders: &Senders, rate: Rate, pool: &str) -> Result<Vec<Vec<Duration>>> {
+    // The same gaps on every run at a rate, so runs differ by the server only.
+    let mut random = fastrand::Rng::with_seed(rate.per_second.to_bits());
+    let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let start = tokio::time::Instant::now();
+    let mut at = Duration::ZERO;
+    let mut tasks = Vec::with_capacity(rate.arrivals());
+    for i in 0..rate.arrivals() {
+        // Exponential gaps of mean 1/rate; 1 - f64() is in (0, 1], so ln is finite.
+        at += Duration::from_secs_f64(-(1.0 - random.f64()).ln() / rate.per_second);
+        tokio::time::sleep_until(start + at).await;
+        let arrived = Instant::now();
+        let slot = slots.clone().acquire_owned().await?;
+        let kind = KINDS[i % KINDS.len()];
+        let (senders, name, pool) = (
+            senders.clone(),
+            format!("arrival-{}-{i}", rate.per_second),
+            pool.to_owned(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let _slot = slot;
+            send(&senders, kind, &name, &pool, arrived).await
+        }));
+    }
+    let mut took = vec![Vec::new(); KINDS.len()];
+    for (i, task) in tasks.into_iter().enumerate() {
+        let time = task.await.context("an arrival panicked")??;
+        took[i % KINDS.len()].push(time);
+    }
+    Ok(took)
+}
+
+/// One arrival's request, timed from `arrived` to its answer.
+async fn send(
+    senders: &Senders,
+    kind: Kind,
+    name: &str,
+    pool: &str,
+    arrived: Instant,
+) -> Result<Duration> {
+    match kind {
+        Kind::BindDirect => {
+            bind(&senders.direct, name, pool).await?;
+        }
+        Kind::BindThroughKube => {
+            bind(&senders.kube, name, pool).await?;
+        }
+        Kind::RawClaimVm => {
+            let mut lease = senders.lease.clone();
+            let claimed = lease
+                .claim_vm(ClaimVmRequest {
+                    pool: Some(PoolRef {
+                        name: pool.to_owned(),
+                        namespace: NAMESPACE.to_owned(),
+                    }),
+                    request_id: String::new(),
+                })
+                .await
+                .context("a raw ClaimVM")?
+                .into_inner();
+            let took = arrived.elapsed();
+            lease
+                .release_vm(ReleaseVmRequest {
+                    lease_id: claimed.lease_id,
+                })
+                .await
+                .context("releasing a raw lease")?;
+            return Ok(took);
+        }
+        Kind::ConfigMapCreate => {
+            let object = json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name}, "data": {"key": "value"}
+            });
+            senders
+                .kube
+                .json(
+                    Method::POST,
+                    &configmaps_path(),
+                    Some(&object),
+                    StatusCode::CREATED,
+                )
+                .await?;
+        }
+        Kind::ConfigMapGet => {
+            let path = format!("{}/{REFERENCE}", configmaps_path());
+            let got = senders
+                .kube
+                .json(Method::GET, &path, None, StatusCode::OK)
+                .await?;
+            if got["metadata"]["name"] != REFERENCE {
+                bail!("{path} answered {got}");
+            }
+        }
+    }
+    Ok(arrived.elapsed())
+}
+
+fn configmaps_path() -> String {
+    format!("/api/v1/namespaces/{NAMESPACE}/configmaps")
+}
+
+/// Fewer samples than this, and a p99.9 is only the largest sample: not reported.
+const SAMPLES_FOR_P999: usize = 1000;
+
+/// Each kind's p50, p99 (and p99.9 where there are enough samples), then the targets'
+/// ratios: a bind through kube-apiserver against a ConfigMap's create (at most 1x) and
+/// get (at most 2x) there, and a bind straight to `serve` against raw `ClaimVM` (at most
+/// 1.5x at p50).
+fn rate_rows(rate: Rate, took: &[Vec<Duration>]) -> Vec<Row> {
+    let label = rate.label();
+    let mut rows = Vec::new();
+    for (kind, samples) in KINDS.iter().zip(took) {
+        let mut quantiles = vec![0.5, 0.99];
+        if samples.len() >= SAMPLES_FOR_P999 {
+            quantiles.push(0.999);
+        }
+        for p in quantiles {
+            rows.push(Row::millis(
+                ARRIVAL,
+                format!("{label}: {} {}", kind.name(), rank(p)),
+                quantile(samples, p),
+            ));
+        }
+    }
+    let of = |kind: Kind| &took[KINDS.iter().position(|k| *k == kind).expect("a kind")];
+    let ratio = |ours: Kind, reference: Kind, p: f64| {
+        Row::new(
+            ARRIVAL,
+            format!(
+                "{label}: {} / {} {}",
+                ours.name(),
+                reference.name(),
+                rank(p)
+            ),
+            millis(quantile(of(ours), p)) / millis(quantile(of(reference), p)),
+            Unit::Times,
+        )
+    };
+    for p in [0.5, 0.99] {
+        rows.push(ratio(Kind::BindThroughKube, Kind::ConfigMapCreate, p).at_most(1.0));
+    }
+    rows.push(ratio(Kind::BindThroughKube, Kind::ConfigMapGet, 0.5).at_most(2.0));
+    rows.push(ratio(Kind::BindDirect, Kind::RawClaimVm, 0.5).at_most(1.5));
+    rows
+}
+
+/// `serve`'s means over the rate's binds (both routes), from its histograms.
+fn split_rows(rate: Rate, before: &[Observed], after: &[Observed]) -> Vec<Row> {
+    served::SERIES
+        .iter()
+        .zip(before.iter().zip(after))
+        .filter_map(|((what, _, _), (before, after))| {
+            served::mean(*before, *after).map(|mean| {
+                Row::new(
+                    ARRIVAL,
+                    format!("{}: {what} mean, from its /metrics", rate.label()),
+                    mean,
+                    Unit::Millis,
+                )
+            })
+        })
+        .collect()
+}
