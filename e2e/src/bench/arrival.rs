@@ -100,7 +100,7 @@ impl Kind {
 /// The most requests in flight at once: past it an arrival waits for a slot, and its
 /// wait is part of its time, so an overloaded run shows as slow rather than as a bench
 /// that runs out of sockets or memory.
-const MAX_IN_FLIGHT: usize = 2048;
+pub(super) const MAX_IN_FLIGHT: usize = 2048;
 
 /// The ConfigMap every get reads.
 const REFERENCE: &str = "arrival-reference";
@@ -154,15 +154,13 @@ pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row
 
 /// Sends `rate`'s arrivals and returns each kind's times, in [`KINDS`]' order.
 async fn arrive(senders: &Senders, rate: Rate, pool: &str) -> Result<Vec<Vec<Duration>>> {
-    // The same gaps on every run at a rate, so runs differ by the server only.
-    let mut random = fastrand::Rng::with_seed(rate.per_second.to_bits());
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let start = tokio::time::Instant::now();
-    let mut at = Duration::ZERO;
     let mut tasks = Vec::with_capacity(rate.arrivals());
-    for i in 0..rate.arrivals() {
-        // Exponential gaps of mean 1/rate; 1 - f64() is in (0, 1], so ln is finite.
-        at += Duration::from_secs_f64(-(1.0 - random.f64()).ln() / rate.per_second);
+    for (i, at) in arrival_times(rate.per_second)
+        .take(rate.arrivals())
+        .enumerate()
+    {
         tokio::time::sleep_until(start + at).await;
         let arrived = Instant::now();
         let slot = slots.clone().acquire_owned().await?;
@@ -183,6 +181,18 @@ async fn arrive(senders: &Senders, rate: Rate, pool: &str) -> Result<Vec<Vec<Dur
         took[i % KINDS.len()].push(time);
     }
     Ok(took)
+}
+
+/// When each arrival of a Poisson process of mean rate `per_second` comes, from 0. The
+/// same on every run at a rate, so runs differ by the server only.
+pub(super) fn arrival_times(per_second: f64) -> impl Iterator<Item = Duration> {
+    let mut random = fastrand::Rng::with_seed(per_second.to_bits());
+    let mut at = Duration::ZERO;
+    std::iter::repeat_with(move || {
+        // Exponential gaps of mean 1/rate; 1 - f64() is in (0, 1], so ln is finite.
+        at += Duration::from_secs_f64(-(1.0 - random.f64()).ln() / per_second);
+        at
+    })
 }
 
 /// One arrival's request, timed from `arrived` to its answer.

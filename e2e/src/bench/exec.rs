@@ -39,8 +39,8 @@ const MB: f64 = 1_000_000.0;
 const THROUGHPUT_ROUNDS: usize = 5;
 
 /// When the first stdout byte came, and how many came in all, and when the last did.
-struct Run {
-    first_byte: Duration,
+pub(super) struct Run {
+    pub(super) first_byte: Duration,
     bytes: usize,
     took: Duration,
 }
@@ -152,7 +152,11 @@ fn median(mut rates: Vec<f64>) -> f64 {
 /// Runs `command` in the claim's MicroVM over the WebSocket channel protocol (v5), on a
 /// new connection as kubectl makes one per exec (to `serve`, or to kube-apiserver, which
 /// dials `serve` for it), timed from before the connection.
-async fn through_server(exec: &channel_exec::Client, claim: &str, command: &[&str]) -> Result<Run> {
+pub(super) async fn through_server(
+    exec: &channel_exec::Client,
+    claim: &str,
+    command: &[&str],
+) -> Result<Run> {
     let started = Instant::now();
     let path = format!(
         "{}?{}",

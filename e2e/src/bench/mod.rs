@@ -8,10 +8,11 @@
 //! `target/release/bench` measures release binaries. `docs/performance.md` holds a full
 //! run and what it found.
 //!
-//! Two phases, each on fresh processes so nothing one leaves behind weighs on the other:
+//! Three phases, each on fresh processes so nothing one leaves behind weighs on the other:
 //! binding (serial latency beside raw `ClaimVM`, throughput, burst, open-loop arrival
-//! rates, time to first output, exec, and agent-sandbox on the same kube-apiserver); then
-//! scale (lists, watches, memory). What users meet is measured through kube-apiserver
+//! rates, time to first output, exec, and agent-sandbox on the same kube-apiserver); the
+//! check of our SLOs (`docs/slo.md`, alone with `--phase slo`, which exits 1 on a miss);
+//! then scale (lists, watches, memory). What users meet is measured through kube-apiserver
 //! beside what `serve` does alone. Every scenario binds on a Pool of its own, sized so it
 //! never runs dry.
 
@@ -25,8 +26,10 @@ mod rig;
 mod sandbox;
 mod scale;
 mod served;
+mod slo;
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 
@@ -61,6 +64,10 @@ pub struct Args {
     /// 10,000; quick: 100). Each needs a MicroVM booted by the embedded battery first.
     #[arg(long)]
     pub claims: Option<usize>,
+    /// How many claims the SLO check holds while it measures, so that lists are of at
+    /// least this many (default: 1,000; quick: 20; the list SLO is stated up to 10,000).
+    #[arg(long)]
+    pub standing_claims: Option<usize>,
     /// Which phase to run: both (the default, the documented run), or one of them alone,
     /// as when profiling it.
     #[arg(long, value_enum, default_value_t = Phase::All)]
@@ -82,6 +89,8 @@ pub enum Phase {
     /// The open-loop arrival rates and time to first output alone, as when profiling a
     /// bind at low rates.
     Arrival,
+    /// The check of our SLOs (docs/slo.md) alone: exits 1 if any is missed.
+    Slo,
 }
 
 impl Phase {
@@ -107,6 +116,7 @@ struct Sizes {
     exec_rounds: usize,
     exec_bytes: usize,
     scale: scale::Sizes,
+    slo: slo::Load,
 }
 
 impl Sizes {
@@ -132,6 +142,13 @@ impl Sizes {
             watchers: 1000,
             watched_binds: 20,
         },
+        // The rate the SLOs are stated for, for a minute (the SLOs' window is five).
+        slo: slo::Load {
+            standing: 1000,
+            per_second: 100.0,
+            window: Duration::from_secs(60),
+            list_every: Duration::from_secs(1),
+        },
     };
 
     /// Seconds of work, every scenario still measured.
@@ -155,6 +172,12 @@ impl Sizes {
             watchers: 20,
             watched_binds: 3,
         },
+        slo: slo::Load {
+            standing: 20,
+            per_second: 20.0,
+            window: Duration::from_secs(3),
+            list_every: Duration::from_millis(250),
+        },
     };
 }
 
@@ -172,6 +195,17 @@ pub async fn main(args: Args) -> Result<()> {
     if let Some(path) = &args.json {
         let json = serde_json::to_vec_pretty(&report)?;
         std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if args.phase == Phase::Slo {
+        let missed: Vec<_> = report
+            .rows
+            .iter()
+            .filter(|row| row.met == Some(false))
+            .map(|row| row.figure.as_str())
+            .collect();
+        if !missed.is_empty() {
+            bail!("SLOs missed: {}", missed.join("; "));
+        }
     }
     Ok(())
 }
@@ -217,6 +251,17 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
     }
     if args.phase.runs(Phase::Binding) {
         binding_phase(args, binary, sizes, &serve_args, &mut rows).await?;
+    }
+    if args.phase.runs(Phase::Slo) {
+        eprintln!("bench: the SLO check");
+        let rig = Rig::start(binary, &serve_args).await?;
+        let load = slo::Load {
+            standing: args.standing_claims.unwrap_or(sizes.slo.standing),
+            ..sizes.slo
+        };
+        let pool = rig.create_pool("slo", load.microvms()).await?;
+        rows.extend(slo::run(&rig, &pool.name, load).await?);
+        rig.stop().await;
     }
     if !args.phase.runs(Phase::Scale) {
         return Ok(report(args, binary, rows));
@@ -338,6 +383,7 @@ fn report(args: &Args, binary: &Path, mut rows: Vec<report::Row>) -> Report {
                 Phase::Scale => ", scale phase only",
                 Phase::Exec => ", exec alone",
                 Phase::Arrival => ", arrivals and first output alone",
+                Phase::Slo => ", the SLO check alone",
             }
         ),
         machine: report::Machine::read(),
@@ -348,7 +394,8 @@ fn report(args: &Args, binary: &Path, mut rows: Vec<report::Row>) -> Report {
 }
 
 /// The scenarios in the order, which the table keeps.
-const ORDER: [&str; 10] = [
+const ORDER: [&str; 11] = [
+    slo::SLO,
     arrival::ARRIVAL,
     first_output::FIRST_OUTPUT,
     binds::LATENCY,

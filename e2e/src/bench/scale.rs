@@ -216,17 +216,17 @@ async fn lists(
 }
 
 /// Watches of the claims, each reporting the name of every claim it sees and when.
-struct Watchers {
+pub(super) struct Watchers {
     count: usize,
     /// Which watcher saw which claim, when.
-    seen: mpsc::UnboundedReceiver<(usize, String, Instant)>,
+    pub(super) seen: mpsc::UnboundedReceiver<(usize, String, Instant)>,
     _connections: Vec<Client>,
 }
 
 impl Watchers {
     /// Opens `count` watches from the current resourceVersion, so that none replays the
     /// claims already stored.
-    async fn open(rig: &Rig, route: Route, count: usize) -> Result<Self> {
+    pub(super) async fn open(rig: &Rig, route: Route, count: usize) -> Result<Self> {
         let path = client::claims_path();
         let first = rig.client_on(route).await?;
         let list = first
