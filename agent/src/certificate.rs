@@ -20,6 +20,8 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use thiserror::Error;
 
+use crate::ssh::SshIdentity;
+
 /// The first retry after a failed renewal; each next one waits twice as long.
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 /// The longest wait between renewal attempts.
@@ -30,6 +32,8 @@ const MAX_RETRY: Duration = Duration::from_secs(60);
 pub enum CertificateError {
     #[error("making the serving key")]
     Key(#[source] rcgen::Error),
+    #[error("making the SSH key")]
+    SshKey(#[source] russh::keys::ssh_key::Error),
     #[error("making the certificate signing request for Host {host:?}")]
     Request {
         host: String,
@@ -97,11 +101,13 @@ impl Issued {
     }
 }
 
-/// Asks the API server to sign a certificate for the Host `host` with `key`.
+/// Asks the API server to sign a certificate for the Host `host` with `key`, and to
+/// certify `ssh`'s key for logging in to the Host's MicroVMs, which `ssh` then keeps.
 pub async fn fetch(
     client: &kube::Client,
     host: &str,
     key: &AgentKey,
+    ssh: &SshIdentity,
 ) -> Result<Issued, CertificateError> {
     // Only the Host's name is asked for; the API server adds the host of its
     // agentAddress itself, so the agent need not know how it is dialled.
@@ -123,7 +129,10 @@ pub async fn fetch(
             name: Some(host.to_owned()),
             ..ObjectMeta::default()
         },
-        spec: HostCertificateRequestSpec { request: csr },
+        spec: HostCertificateRequestSpec {
+            request: csr,
+            ssh_public_key: ssh.public_key(),
+        },
         status: None,
     };
     let answer: HostCertificateRequest = Api::<Host>::all(client.clone())
@@ -133,12 +142,13 @@ pub async fn fetch(
             host: host.to_owned(),
             source,
         })?;
-    let pem = answer
-        .status
-        .map(|status| status.certificate)
-        .filter(|pem| !pem.is_empty())
-        .ok_or(CertificateError::NoCertificate)?;
-    issued(key, pem.as_bytes())
+    let status = answer.status.unwrap_or_default();
+    if status.certificate.is_empty() {
+        return Err(CertificateError::NoCertificate);
+    }
+    let issued = issued(key, status.certificate.as_bytes())?;
+    ssh.set_certificate(&status.ssh_certificate);
+    Ok(issued)
 }
 
 fn issued(key: &AgentKey, pem: &[u8]) -> Result<Issued, CertificateError> {
@@ -216,9 +226,10 @@ impl ResolvesServerCert for ServingCertificate {
 pub async fn first(
     client: &kube::Client,
     host: &str,
+    ssh: &SshIdentity,
 ) -> Result<(AgentKey, Issued, Arc<ServingCertificate>), CertificateError> {
     let key = AgentKey::generate()?;
-    let issued = fetch(client, host, &key).await?;
+    let issued = fetch(client, host, &key, ssh).await?;
     tracing::info!(host, serial = %issued.serial, "got the relay's serving certificate");
     let serving = Arc::new(ServingCertificate::new(issued.certified.clone()));
     Ok((key, issued, serving))
@@ -233,6 +244,7 @@ pub async fn keep_renewed(
     key: AgentKey,
     mut issued: Issued,
     serving: Arc<ServingCertificate>,
+    ssh: Arc<SshIdentity>,
 ) {
     loop {
         let wait = issued
@@ -242,7 +254,7 @@ pub async fn keep_renewed(
         tokio::time::sleep(wait).await;
         let mut retry = FIRST_RETRY;
         issued = loop {
-            match fetch(&client, &host, &key).await {
+            match fetch(&client, &host, &key, &ssh).await {
                 Ok(renewed) => break renewed,
                 Err(error) => {
                     let expired = SystemTime::now() >= issued.not_after;

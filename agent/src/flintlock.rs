@@ -1,5 +1,5 @@
-//! The client of flintlockd's exec API (`microvmexec.services.api.v1alpha1.MicroVMExec`,
-//! battery-api.md §2.3) on this Host: mTLS with the agent's client certificate, or plain
+//! The client of flintlockd's exec API (`microvmexec.services.api.v1alpha1.MicroVMExec`)
+//! and SSH proxy (`MicroVMSSHProxy`, battery-api.md §2.3) on this Host: mTLS with the agent's client certificate, or plain
 //! gRPC for a simulated Host.
 
 use std::time::Duration;
@@ -8,6 +8,8 @@ use battery_proto::microvmexec::services::api::v1alpha1::micro_vm_exec_client::M
 use battery_proto::microvmexec::services::api::v1alpha1::{
     ExecCommandRequest, ExecCommandResponse,
 };
+use battery_proto::microvmsshproxy::services::api::v1alpha1::micro_vmssh_proxy_client::MicroVmsshProxyClient;
+use battery_proto::microvmsshproxy::services::api::v1alpha1::{SshProxyRequest, SshProxyResponse};
 use tokio_stream::Stream;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Status, Streaming};
@@ -102,5 +104,16 @@ impl Flintlock {
     ) -> Result<Streaming<ExecCommandResponse>, Status> {
         let mut client = self.client.clone();
         Ok(client.exec_command(requests).await?.into_inner())
+    }
+
+    /// Opens one `SSHProxy` stream, a byte stream to the guest's sshd; `requests` must
+    /// start with the MicroVM's uid.
+    pub async fn ssh_proxy(
+        &self,
+        requests: impl Stream<Item = SshProxyRequest> + Send + 'static,
+    ) -> Result<Streaming<SshProxyResponse>, Status> {
+        let mut client = MicroVmsshProxyClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        Ok(client.ssh_proxy(requests).await?.into_inner())
     }
 }

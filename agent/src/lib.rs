@@ -15,6 +15,8 @@ pub mod logging;
 pub mod readiness;
 pub mod register;
 pub mod relay;
+pub mod ssh;
+mod terminal;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -41,6 +43,7 @@ pub use config::{Cli, Config, ConfigError, Serving};
 use crate::certificate::{CertificateError, ServingCertificate};
 use crate::flintlock::Flintlock;
 use crate::relay::RelayService;
+use crate::ssh::SshIdentity;
 
 /// The largest gRPC message the agent decodes, from either side: with the relay's
 /// bounded queues, what bounds a session's memory.
@@ -104,16 +107,23 @@ pub fn build(config: Config) -> Result<Agent, AgentError> {
         }
         Serving::FromApiServer => return Err(AgentError::NoServingCertificate),
     };
-    build_with(config, Arc::new(serving))
+    // No API server signs for it: sessions with a terminal are refused, saying why.
+    let ssh = SshIdentity::generate()
+        .map_err(|source| AgentError::ServingCertificate(CertificateError::SshKey(source)))?;
+    build_with(config, Arc::new(serving), Arc::new(ssh))
 }
 
 /// Builds the agent's server, serving the relay with whatever `serving` holds at each
-/// handshake.
-pub fn build_with(config: Config, serving: Arc<ServingCertificate>) -> Result<Agent, AgentError> {
+/// handshake, and logging in to guests for terminals with whatever `ssh` holds.
+pub fn build_with(
+    config: Config,
+    serving: Arc<ServingCertificate>,
+    ssh: Arc<SshIdentity>,
+) -> Result<Agent, AgentError> {
     let flintlock = Flintlock::new(config.flintlock).map_err(AgentError::FlintlockTls)?;
     let tls = tls_acceptor(&config.client_ca, serving)?;
     let registration = config.registration.map(|r| (r, flintlock.clone()));
-    let relay = RelayServer::new(RelayService::new(flintlock, config.max_sessions))
+    let relay = RelayServer::new(RelayService::new(flintlock, config.max_sessions, ssh))
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
     let router = Server::builder()
         .initial_stream_window_size(STREAM_WINDOW_BYTES)
@@ -249,12 +259,16 @@ pub async fn start(config: Config) -> Result<Agent, AgentError> {
         .map_err(AgentError::Kube)?;
     register::register(&client, registration).await;
     let host = registration.host.clone();
-    let (key, issued, serving) = certificate::first(&client, &host)
+    let ssh = Arc::new(
+        SshIdentity::generate()
+            .map_err(|source| AgentError::ServingCertificate(CertificateError::SshKey(source)))?,
+    );
+    let (key, issued, serving) = certificate::first(&client, &host, &ssh)
         .await
         .map_err(AgentError::ServingCertificate)?;
-    let mut agent = build_with(config, serving.clone())?;
+    let mut agent = build_with(config, serving.clone(), ssh.clone())?;
     agent._renewal = Some(AbortOnDropHandle::new(tokio::spawn(
-        certificate::keep_renewed(client.clone(), host, key, issued, serving),
+        certificate::keep_renewed(client.clone(), host, key, issued, serving, ssh),
     )));
     agent.kube = Some(client);
     Ok(agent)

@@ -1,5 +1,6 @@
 //! The `battery.agent.v1alpha1.Relay` service: each `Exec` stream from the API server
-//! becomes one `ExecCommand` stream to flintlockd, relayed in both directions.
+//! becomes one `ExecCommand` stream to flintlockd, relayed in both directions; one with a
+//! terminal becomes an SSH session over flintlockd's SSH proxy instead ([`crate::terminal`]).
 //!
 //! Backpressure holds end to end because every hop is bounded: stdin moves through a
 //! channel of [`STDIN_BUFFER`] messages and output through one of [`OUTPUT_BUFFER`], and
@@ -33,6 +34,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument as _, debug, info, info_span, warn};
 
 use crate::flintlock::Flintlock;
+use crate::ssh::{self, SshIdentity};
 
 /// stdin messages queued towards flintlockd before the agent stops reading the client.
 pub const STDIN_BUFFER: usize = 4;
@@ -42,7 +44,7 @@ pub const OUTPUT_BUFFER: usize = 4;
 /// (EA-021's exec-open-timeout).
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 
-type Reply = Result<ExecResponse, Status>;
+pub(crate) type Reply = Result<ExecResponse, Status>;
 
 /// The relay, one per agent.
 #[derive(Clone, Debug)]
@@ -50,13 +52,16 @@ pub struct RelayService {
     flintlock: Flintlock,
     /// One permit per session relayed, held until it ends.
     sessions: Arc<Semaphore>,
+    /// What sessions with a terminal log in to guests with.
+    ssh: Arc<SshIdentity>,
 }
 
 impl RelayService {
-    pub fn new(flintlock: Flintlock, max_sessions: NonZeroUsize) -> Self {
+    pub fn new(flintlock: Flintlock, max_sessions: NonZeroUsize, ssh: Arc<SshIdentity>) -> Self {
         Self {
             flintlock,
             sessions: Arc::new(Semaphore::new(max_sessions.get())),
+            ssh,
         }
     }
 }
@@ -98,6 +103,34 @@ impl Relay for RelayService {
             claim = %session.claim,
             microvm = %session.microvm_uid,
         );
+        if session.tty {
+            // Logged in before answering, so a guest that refuses is refused here, before
+            // the API server upgrades its client's connection.
+            let login = tokio::time::timeout(
+                OPEN_TIMEOUT,
+                ssh::login(&self.flintlock, &self.ssh, &session.microvm_uid),
+            )
+            .instrument(span.clone())
+            .await
+            .map_err(|_| {
+                Status::deadline_exceeded(format!(
+                    "the MicroVM's sshd did not accept the agent within {}s",
+                    OPEN_TIMEOUT.as_secs()
+                ))
+            })?
+            .inspect_err(|status| info!(parent: &span, %status, "no terminal session"))?;
+            debug!(parent: &span, "terminal session opened");
+            let command = ssh::command_line(&session.command, &session.env, &session.working_dir);
+            let (replies, stream) = mpsc::channel(OUTPUT_BUFFER);
+            tokio::spawn(
+                async move {
+                    crate::terminal::relay(login, command, inbound, replies).await;
+                    drop(permit);
+                }
+                .instrument(span),
+            );
+            return Ok(Response::new(ReceiverStream::new(stream)));
+        }
         let (to_flintlock, requests) = mpsc::channel(STDIN_BUFFER);
         // Room for one is guaranteed: the channel is new.
         if to_flintlock.try_send(session.start()).is_err() {
@@ -162,6 +195,7 @@ struct Session {
     env: std::collections::HashMap<String, String>,
     working_dir: String,
     attached: Attached,
+    tty: bool,
 }
 
 impl Session {
@@ -193,6 +227,7 @@ impl Session {
                 stdout: open.stdout,
                 stderr: open.stderr,
             },
+            tty: open.tty,
         })
     }
 
@@ -316,13 +351,13 @@ async fn relay(
     }
 }
 
-fn output(payload: exec_response::Payload) -> Reply {
+pub(crate) fn output(payload: exec_response::Payload) -> Reply {
     Ok(ExecResponse {
         payload: Some(payload),
     })
 }
 
-fn exit(outcome: exit_status::Outcome) -> Reply {
+pub(crate) fn exit(outcome: exit_status::Outcome) -> Reply {
     output(exec_response::Payload::Exit(ExitStatus {
         outcome: Some(outcome),
     }))
@@ -363,6 +398,11 @@ async fn forward_stdin(
                 ));
             }
             Some(exec_request::Payload::StdinEof(_)) => FlintlockRequest::StdinEof(true),
+            Some(exec_request::Payload::Resize(_)) => {
+                return StdinEnd::Invalid(Status::invalid_argument(
+                    "a resize sent, but `open` asked for no terminal",
+                ));
+            }
             Some(exec_request::Payload::Open(_)) => {
                 return StdinEnd::Invalid(Status::invalid_argument(
                     "only the first message of an exec session may be `open`",

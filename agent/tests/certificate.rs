@@ -15,6 +15,7 @@ use simhost::create_microvm;
 use axum::body::Body;
 use battery_agent::Cli;
 use battery_agent::certificate::{self, ServingCertificate};
+use battery_agent::ssh::SshIdentity;
 use battery_apiserver::api::UserInfo;
 use battery_apiserver::battery::BatteryClient;
 use battery_apiserver::meta_store::MetaStore;
@@ -233,7 +234,8 @@ async fn the_agent_serves_a_fetched_certificate_and_renews_it_under_an_open_sess
     let agent = listener.local_addr().unwrap();
     register(&client, agent).await;
 
-    let (key, issued, serving) = certificate::first(&client, HOST).await.unwrap();
+    let ssh = Arc::new(SshIdentity::generate().unwrap());
+    let (key, issued, serving) = certificate::first(&client, HOST, &ssh).await.unwrap();
     assert_eq!(
         issued.not_after.duration_since(issued.not_before).unwrap(),
         LIFETIME
@@ -281,7 +283,7 @@ async fn the_agent_serves_a_fetched_certificate_and_renews_it_under_an_open_sess
         ),
         "without a fetched certificate there is nothing to serve"
     );
-    let server = battery_agent::build_with(config(), serving.clone()).unwrap();
+    let server = battery_agent::build_with(config(), serving.clone(), ssh.clone()).unwrap();
     tokio::spawn(server.serve(listener, std::future::pending()));
     tokio::spawn(certificate::keep_renewed(
         client.clone(),
@@ -289,6 +291,7 @@ async fn the_agent_serves_a_fetched_certificate_and_renews_it_under_an_open_sess
         key,
         issued,
         serving.clone(),
+        ssh.clone(),
     ));
 
     let client_cert = client_ca.client("battery-apiserver");
@@ -400,7 +403,8 @@ async fn a_failed_renewal_is_retried_and_the_old_certificate_served_meanwhile() 
     let failing = Arc::new(AtomicBool::new(false));
     let (client, refused) = flaky_kube_client(&app, agent_user(), failing.clone());
     register(&client, SocketAddr::from(([127, 0, 0, 1], 10270))).await;
-    let (key, issued, serving) = certificate::first(&client, HOST).await.unwrap();
+    let ssh = Arc::new(SshIdentity::generate().unwrap());
+    let (key, issued, serving) = certificate::first(&client, HOST, &ssh).await.unwrap();
     let first = issued.certified.cert[0].clone();
     let renew_at = issued.renew_at();
 
@@ -411,6 +415,7 @@ async fn a_failed_renewal_is_retried_and_the_old_certificate_served_meanwhile() 
         key,
         issued,
         serving.clone(),
+        ssh.clone(),
     ));
     // Past the renewal time, two attempts were refused (the second after a backoff),
     // and the first certificate is still the one served.

@@ -14,12 +14,15 @@ mod simhost;
 use simhost::create_microvm;
 
 use battery_agent::Cli;
-use battery_embedded::simhost::{SimulatedHost, SimulatedHostConfig};
+use battery_agent::certificate::ServingCertificate;
+use battery_agent::ssh::SshIdentity;
+use battery_apiserver::resources::hosts::ssh_certificate::SshUserCa;
+use battery_embedded::simhost::{SimulatedHost, SimulatedHostConfig, SshProxyConfig};
 use battery_proto::Bytes;
 use battery_proto::agent::v1alpha1::relay_client::RelayClient;
 use battery_proto::agent::v1alpha1::{
-    ClaimRef, ExecOpen, ExecRequest, ExecResponse, StdinEof, exec_request, exec_response,
-    exit_status,
+    ClaimRef, ExecOpen, ExecRequest, ExecResponse, StdinEof, TerminalSize, exec_request,
+    exec_response, exit_status,
 };
 use clap::Parser as _;
 use common::Ca;
@@ -53,9 +56,34 @@ impl Fixture {
 
     /// As [`Fixture::start`], with more flags for the agent.
     async fn start_with(flags: &[&str]) -> Self {
+        Self::start_full(flags, None).await
+    }
+
+    /// As [`Fixture::start`], with terminals: the Host serves its SSH proxy with a real
+    /// sshd trusting an SSH CA, which has certified the agent's SSH key, as the API
+    /// server does at `hosts/<name>/certificate`.
+    async fn with_terminals() -> Self {
+        let ca = SshUserCa::generate().expect("an SSH CA");
+        let ssh = SshIdentity::generate().expect("an SSH key");
+        let in_an_hour = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + 3600;
+        ssh.set_certificate(
+            &ca.certify("host-0", &ssh.public_key(), in_an_hour)
+                .expect("certified"),
+        );
+        Self::start_full(&[], Some((ca, ssh))).await
+    }
+
+    async fn start_full(flags: &[&str], terminals: Option<(SshUserCa, SshIdentity)>) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let host = SimulatedHost::start(SimulatedHostConfig {
             state_dir: dir.path().join("host"),
+            ssh_proxy: terminals.as_ref().map(|(ca, _)| SshProxyConfig {
+                user_ca_public_key: ca.public_key(),
+            }),
             ..SimulatedHostConfig::default()
         })
         .await
@@ -86,8 +114,17 @@ impl Fixture {
             .chain(flags.iter().map(|flag| (*flag).to_owned())),
         )
         .expect("flags parse");
-        let agent =
-            battery_agent::build(cli.into_config().expect("valid config")).expect("agent builds");
+        let config = cli.into_config().expect("valid config");
+        let agent = match terminals {
+            Some((_, ssh)) => {
+                let serving =
+                    ServingCertificate::from_pem(serving.cert.as_bytes(), serving.key.as_bytes())
+                        .expect("a serving certificate");
+                battery_agent::build_with(config, Arc::new(serving), Arc::new(ssh))
+            }
+            None => battery_agent::build(config),
+        }
+        .expect("agent builds");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("address");
         let (stop, stopped) = oneshot::channel();
@@ -530,4 +567,103 @@ async fn sessions_past_max_sessions_are_refused_until_one_ends() {
     .await;
     let output = freed.unwrap().collect().await;
     assert_eq!(output.stdout, b"again\n");
+}
+
+/// A terminal session's open: stdin and stdout (which carries stderr) on a PTY.
+fn on_a_terminal(fixture: &Fixture, command: &[&str]) -> ExecOpen {
+    ExecOpen {
+        tty: true,
+        stdin: true,
+        stderr: false,
+        ..fixture.open(command)
+    }
+}
+
+fn resize(width: u32, height: u32) -> ExecRequest {
+    request(exec_request::Payload::Resize(TerminalSize {
+        width,
+        height,
+    }))
+}
+
+impl Session {
+    /// Reads output until it contains `text`, and returns all read so far.
+    async fn read_until(&mut self, seen: &mut Vec<u8>, text: &str) {
+        while !String::from_utf8_lossy(seen).contains(text) {
+            match self.next().await {
+                Some(exec_response::Payload::Stdout(bytes)) => seen.extend(bytes),
+                other => panic!(
+                    "{other:?} before {text:?}; so far {:?}",
+                    String::from_utf8_lossy(seen)
+                ),
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_terminal_starts_at_the_clients_size_follows_its_resizes_and_exits_with_the_code() {
+    let fixture = Fixture::with_terminals().await;
+    let mut client = fixture.trusted_client().await;
+    let script = "stty size; read line; stty size; echo \"got $line\"; exit 4";
+    let mut session = open(&mut client, on_a_terminal(&fixture, &["sh", "-c", script]))
+        .await
+        .expect("opened");
+    session.requests.send(resize(100, 30)).await.unwrap();
+    let mut seen = Vec::new();
+    session.read_until(&mut seen, "30 100").await;
+    session.requests.send(resize(120, 40)).await.unwrap();
+    // The terminal echoes what is typed, and turns Enter into a line.
+    session
+        .requests
+        .send(request(exec_request::Payload::Stdin(Bytes::from_static(
+            b"hi\r",
+        ))))
+        .await
+        .unwrap();
+    let rest = session.collect().await;
+    seen.extend(rest.stdout);
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.contains("40 120"), "{text:?}");
+    assert!(text.contains("got hi"), "{text:?}");
+    assert_eq!(rest.exit, Some(exit_status::Outcome::Code(4)), "{text:?}");
+}
+
+#[tokio::test]
+async fn ctrl_c_on_a_terminal_interrupts_the_command() {
+    let fixture = Fixture::with_terminals().await;
+    let mut client = fixture.trusted_client().await;
+    let script = "trap 'echo interrupted; exit 130' INT; echo ready; sleep 100 & wait";
+    let mut session = open(&mut client, on_a_terminal(&fixture, &["sh", "-c", script]))
+        .await
+        .expect("opened");
+    session.requests.send(resize(80, 24)).await.unwrap();
+    let mut seen = Vec::new();
+    session.read_until(&mut seen, "ready").await;
+    session
+        .requests
+        .send(request(exec_request::Payload::Stdin(Bytes::from_static(
+            b"\x03",
+        ))))
+        .await
+        .unwrap();
+    let rest = session.collect().await;
+    let text = String::from_utf8_lossy(&rest.stdout);
+    assert!(text.contains("interrupted"), "{text:?}");
+    assert_eq!(rest.exit, Some(exit_status::Outcome::Code(130)), "{text:?}");
+}
+
+#[tokio::test]
+async fn a_terminal_without_an_ssh_certificate_is_refused_before_it_opens() {
+    let fixture = Fixture::start().await;
+    let mut client = fixture.trusted_client().await;
+    let refused = open(&mut client, on_a_terminal(&fixture, &["sh"]))
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(
+        refused.message().contains("--agent-ssh-ca-key-file"),
+        "{refused:?}"
+    );
 }

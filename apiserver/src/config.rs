@@ -263,6 +263,17 @@ pub struct ServeArgs {
     )]
     pub agent_signing_key_file: Option<PathBuf>,
 
+    /// An SSH CA's private key (OpenSSH's format, as ssh-keygen writes it). With it,
+    /// hosts/<name>/certificate also certifies each agent's SSH key, which exec with a
+    /// terminal (tty) logs in to guests with; guests' sshd must trust its public key
+    /// (docs/exec.md). Without it, exec with a terminal is refused.
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_AGENT_SSH_CA_KEY_FILE",
+        requires = "agent_signing_cert_file"
+    )]
+    pub agent_ssh_ca_key_file: Option<PathBuf>,
+
     /// How long an exec agent's serving certificate lives; agents renew at 2/3 of it.
     /// Short lifetimes stand in for revocation. Between 1m and 30d.
     #[arg(
@@ -376,6 +387,13 @@ pub struct EmbeddedBatteryArgs {
     /// How long before expiry battery emits VM_EXPIRING_SOON.
     #[arg(long, env = "BATTERY_APISERVER_WARNING_WINDOW", default_value = "30s", value_parser = humantime::parse_duration)]
     pub warning_window: Duration,
+
+    /// The public key (one line) of the SSH user CA the simulated Hosts' guests trust:
+    /// with it, they serve flintlock's SSH proxy with the Host's own sshd (Debian's
+    /// openssh-server, run as root), for exec with a terminal. Give the same CA's private
+    /// key to serve's --agent-ssh-ca-key-file.
+    #[arg(long, env = "BATTERY_APISERVER_SSH_USER_CA_PUBLIC_KEY_FILE")]
+    pub ssh_user_ca_public_key_file: Option<PathBuf>,
 }
 
 #[cfg(test)]

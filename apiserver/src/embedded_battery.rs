@@ -1,14 +1,24 @@
 //! `battery-apiserver embedded-battery`: serve the embedded battery and its simulated
 //! Hosts until Ctrl-C or SIGTERM.
 
+use anyhow::Context as _;
 use battery_embedded::BatteryConfig;
 use battery_embedded::local::{LocalBattery, LocalBatteryConfig};
+use battery_embedded::simhost::SshProxyConfig;
 
 use crate::config::EmbeddedBatteryArgs;
 
 /// Starts the embedded battery, prints where it listens and the next command to try,
 /// and stops it cleanly on a signal.
 pub async fn run(args: EmbeddedBatteryArgs) -> anyhow::Result<()> {
+    let ssh_proxy = match &args.ssh_user_ca_public_key_file {
+        Some(path) => Some(SshProxyConfig {
+            user_ca_public_key: std::fs::read_to_string(path).with_context(|| {
+                format!("reading --ssh-user-ca-public-key-file {}", path.display())
+            })?,
+        }),
+        None => None,
+    };
     let local = LocalBattery::start(LocalBatteryConfig {
         listen: args.listen,
         data_dir: args.data_dir.clone(),
@@ -19,6 +29,7 @@ pub async fn run(args: EmbeddedBatteryArgs) -> anyhow::Result<()> {
             warning_window: args.warning_window,
             ..BatteryConfig::default()
         },
+        ssh_proxy,
     })
     .await?;
     let addr = local.address();

@@ -16,6 +16,7 @@ use crate::http::authn::{
 use crate::http::authz::{AuthenticatedOnly, Authorizer, SubjectAccessReviewer};
 use crate::meta_store::MetaStore;
 use crate::resources::hosts::certificate::AgentSigner;
+use crate::resources::hosts::ssh_certificate::SshUserCa;
 use crate::serve::{self, TlsFiles};
 use crate::server::{self, Settings};
 
@@ -73,11 +74,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("--battery-address {}", args.battery_address))?;
     let store = open_store(args.data_dir.as_deref())?;
     let agent_signer = match (&args.agent_signing_cert_file, &args.agent_signing_key_file) {
-        (Some(cert), Some(key)) => Some(Arc::new(AgentSigner::from_files(
-            cert,
-            key,
-            args.agent_certificate_lifetime,
-        )?)),
+        (Some(cert), Some(key)) => {
+            let signer = AgentSigner::from_files(cert, key, args.agent_certificate_lifetime)?;
+            Some(Arc::new(match &args.agent_ssh_ca_key_file {
+                Some(path) => signer.with_ssh_ca(SshUserCa::from_file(path)?),
+                None => signer,
+            }))
+        }
         _ => None,
     };
     let app = server::build(

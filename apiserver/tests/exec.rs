@@ -192,9 +192,11 @@ async fn refusals_are_statuses_before_the_upgrade() {
         body
     };
     let v5 = "v5.channel.k8s.io";
+    // A terminal is an SSH session, and this agent serves a certificate of its own
+    // (no API server signed it an SSH certificate): refused, saying what is missing.
     let tty = refused(
-        StatusCode::BAD_REQUEST,
-        "BadRequest",
+        StatusCode::SERVICE_UNAVAILABLE,
+        "ServiceUnavailable",
         exec.raw(
             DEV_USER,
             "c",
@@ -204,7 +206,10 @@ async fn refusals_are_statuses_before_the_upgrade() {
         .await,
     );
     assert!(
-        tty["message"].as_str().unwrap().contains("no terminal"),
+        tty["message"]
+            .as_str()
+            .unwrap()
+            .contains("--agent-ssh-ca-key-file"),
         "{tty}"
     );
     refused(

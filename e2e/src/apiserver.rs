@@ -102,7 +102,7 @@ impl ApiServer {
         let server = match route {
             Route::Direct => Self::start_dev(dir, slot).await,
             Route::Aggregated => {
-                Self::start_aggregated(dir, slot, Options::default(), &[], None).await
+                Self::start_aggregated(dir, slot, Options::default(), &[], &[], None).await
             }
         };
         assert!(
@@ -138,7 +138,7 @@ impl ApiServer {
     /// [`Route::Aggregated`], with more flags for `battery-apiserver serve` (limits).
     pub async fn aggregated_with(serve_args: &[&str]) -> Self {
         let (dir, slot) = Self::prepare().await;
-        Self::start_aggregated(dir, slot, Options::default(), serve_args, None).await
+        Self::start_aggregated(dir, slot, Options::default(), serve_args, &[], None).await
     }
 
     /// [`Route::Aggregated`] with kube-controller-manager beside kube-apiserver (the
@@ -149,7 +149,7 @@ impl ApiServer {
             controllers: true,
             ..Options::default()
         };
-        Self::start_aggregated(dir, slot, options, &[], None).await
+        Self::start_aggregated(dir, slot, options, &[], &[], None).await
     }
 
     /// [`Route::Aggregated`] with the exec path of a cluster: `serve` with the relay's
@@ -169,7 +169,9 @@ impl ApiServer {
             .iter()
             .map(|a| a.to_str().expect("UTF-8 paths"))
             .collect();
-        let mut server = Self::start_aggregated(dir, slot, options, &args, None).await;
+        let battery_args = agents.battery_args();
+        let mut server =
+            Self::start_aggregated(dir, slot, options, &args, &battery_args, None).await;
         server.agents = Some(tokio::sync::Mutex::new(agents));
         let hosts: kube::Api<battery_types::Host> =
             kube::Api::all(crate::kube_client(&server.kubeconfig).await);
@@ -315,7 +317,7 @@ impl ApiServer {
     /// there was no state yet, so a server started on a restored backup finds its own.
     pub async fn aggregated_on(data: &Path) -> Self {
         let (dir, slot) = Self::prepare().await;
-        Self::start_aggregated(dir, slot, Options::default(), &[], Some(data)).await
+        Self::start_aggregated(dir, slot, Options::default(), &[], &[], Some(data)).await
     }
 
     /// Stops `serve` (SIGKILL, as a crash or a lost node ends it), leaving battery and the
@@ -356,6 +358,7 @@ impl ApiServer {
         slot: SemaphorePermit<'static>,
         options: Options,
         serve_args: &[&str],
+        battery_args: &[std::ffi::OsString],
         data: Option<&Path>,
     ) -> Self {
         let fresh = data.is_none_or(|data| !data.join("apiserver").exists());
@@ -368,6 +371,7 @@ impl ApiServer {
             "--sweep-interval",
             SWEEP_INTERVAL,
         ]);
+        command.args(battery_args);
         if let Some(data) = data {
             command.arg("--data-dir").arg(data.join("battery"));
         }

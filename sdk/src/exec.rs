@@ -2,7 +2,9 @@
 //!
 //! The session is the WebSocket channel protocol of `pods/exec` (`v5.channel.k8s.io`,
 //! else `v4`): one task pumps frames between the socket and the process's pipes, so
-//! stdin, stdout and stderr are plain async streams with bounded buffers.
+//! stdin, stdout and stderr are plain async streams with bounded buffers. With a terminal
+//! ([`Command::tty`]), stdout carries the terminal's output and the session also sends
+//! its sizes ([`crate::tty`]).
 
 use std::io;
 use std::pin::Pin;
@@ -20,6 +22,7 @@ use tokio_util::sync::PollSender;
 use crate::claim::Claim;
 use crate::client::Client;
 use crate::error::Error;
+use crate::tty::{Resizer, Sizes, TerminalSize};
 
 /// The channels of the protocol, as kubelet numbers them.
 const STDIN: u8 = 0;
@@ -46,6 +49,7 @@ pub struct Command {
     env: Vec<(String, String)>,
     working_dir: Option<String>,
     stdin: bool,
+    tty: Option<TerminalSize>,
 }
 
 impl Command {
@@ -58,6 +62,7 @@ impl Command {
             env: Vec::new(),
             working_dir: None,
             stdin: true,
+            tty: None,
         }
     }
 
@@ -90,14 +95,43 @@ impl Command {
         self
     }
 
+    /// Runs the command in a terminal of `size`, as `kubectl exec -t` does: stdout then
+    /// carries the terminal's output (stderr merged in, so [`Process::stderr`] is `None`),
+    /// stdin goes to the terminal as it is written (so byte 3, Ctrl-C, interrupts the
+    /// command, and byte 4, Ctrl-D, is end of file to a shell), and
+    /// [`Process::resize`] (or a [`Resizer`]) follows the terminal's changes of size.
+    /// Nothing is translated on this side: to pass keys through one at a time, put the
+    /// local terminal in raw mode.
+    ///
+    /// ```no_run
+    /// # async fn example(claim: battery_sdk::Claim) -> Result<(), Box<dyn std::error::Error>> {
+    /// use battery_sdk::TerminalSize;
+    /// use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    ///
+    /// let mut shell = claim.command(["/bin/sh"]).tty(TerminalSize::new(80, 24)).spawn().await?;
+    /// let (mut stdin, mut stdout) = (shell.stdin().unwrap(), shell.stdout().unwrap());
+    /// shell.resize(TerminalSize::new(132, 43))?; // on the local terminal's SIGWINCH
+    /// stdin.write_all(b"stty size; exit 3\r").await?; // the Enter key is a carriage return
+    /// let mut screen = Vec::new();
+    /// stdout.read_to_end(&mut screen).await?; // "43 132", echo and prompts included
+    /// assert_eq!(shell.wait().await?, 3);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn tty(mut self, size: TerminalSize) -> Self {
+        self.tty = Some(size);
+        self
+    }
+
     /// Starts the command with stdin (unless [`Command::stdin`] said not), stdout and
-    /// stderr as streams.
+    /// stderr (unless it has a terminal, [`Command::tty`]) as streams.
     pub async fn spawn(self) -> Result<Process, Error> {
         let stdin = self.stdin;
         self.start(stdin).await
     }
 
-    /// Runs the command with an empty stdin and collects its output and exit code.
+    /// Runs the command with an empty stdin and collects its output and exit code
+    /// (with [`Command::tty`], all of it in [`Output::stdout`]).
     pub async fn output(self) -> Result<Output, Error> {
         let mut process = self.start(false).await?;
         let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
@@ -125,7 +159,8 @@ impl Command {
     }
 
     /// The exec request: `PodExecOptions` in the query, plus flintlock's `env` and
-    /// `workingDir`.
+    /// `workingDir`. A terminal merges stderr into stdout, so with one stderr is not
+    /// asked for, as kubectl does.
     fn request(&self, stdin: bool) -> Result<http::Request<Vec<u8>>, Error> {
         let mut query = form_urlencoded::Serializer::new(String::new());
         for arg in &self.argv {
@@ -135,7 +170,12 @@ impl Command {
             query.append_pair("stdin", "true");
         }
         query.append_pair("stdout", "true");
-        query.append_pair("stderr", "true");
+        if self.tty.is_some() {
+            query.append_pair("stderr", "false");
+            query.append_pair("tty", "true");
+        } else {
+            query.append_pair("stderr", "true");
+        }
         for (name, value) in &self.env {
             query.append_pair("env", &format!("{name}={value}"));
         }
@@ -163,14 +203,21 @@ impl Command {
         let can_close = connection.supports_stream_close();
         let (stdin_tx, stdin_rx) = mpsc::channel(STDIN_FRAMES);
         let (stdout, stdout_pipe) = tokio::io::duplex(OUTPUT_BUFFER);
-        let (stderr, stderr_pipe) = tokio::io::duplex(OUTPUT_BUFFER);
+        // A terminal's stderr is its stdout: no pipe of its own.
+        let (stderr, stderr_pipe) = self
+            .tty
+            .is_none()
+            .then(|| tokio::io::duplex(OUTPUT_BUFFER))
+            .unzip();
+        let (resizer, sizes) = self.tty.map(Resizer::new).unzip();
         let (finished, status) = oneshot::channel();
         let pump = Pump {
             ws: connection.into_stream(),
             can_close,
             stdin: stdin.then_some(stdin_rx),
+            sizes,
             stdout: Some(stdout_pipe),
-            stderr: Some(stderr_pipe),
+            stderr: stderr_pipe,
         };
         let task = tokio::spawn(async move {
             // Nobody waits only when the Process and its streams are all gone.
@@ -186,10 +233,11 @@ impl Command {
                 pipe: stdout,
                 _session: session.clone(),
             }),
-            stderr: Some(OutputStream {
-                pipe: stderr,
+            stderr: stderr.map(|pipe| OutputStream {
+                pipe,
                 _session: session.clone(),
             }),
+            resizer,
             status,
             pool: self.pool,
             can_close,
@@ -220,6 +268,9 @@ struct Pump<W> {
     ws: W,
     can_close: bool,
     stdin: Option<mpsc::Receiver<StdinFrame>>,
+    /// The terminal's sizes to send; `None` without a terminal, or once no [`Resizer`]
+    /// is left.
+    sizes: Option<Sizes>,
     /// `None` once its reader is gone: the rest of that output is dropped.
     stdout: Option<DuplexStream>,
     stderr: Option<DuplexStream>,
@@ -233,10 +284,20 @@ where
 {
     /// Relays until the server ends the session, and gives its closing Status.
     async fn run(mut self) -> Result<Option<Status>, Error> {
+        // A terminal's size comes before anything is typed into it.
+        if let Some(frame) = self.sizes.as_mut().map(Sizes::current_frame) {
+            self.send(frame).await?;
+        }
         let mut status = None;
         loop {
             tokio::select! {
-                frame = next_frame(&mut self.stdin) => self.send_stdin(frame).await?,
+                size = or_never(self.sizes.as_mut().map(Sizes::next_frame)) => match size {
+                    Some(frame) => self.send(frame).await?,
+                    None => self.sizes = None,
+                },
+                frame = or_never(self.stdin.as_mut().map(mpsc::Receiver::recv)) => {
+                    self.send_stdin(frame).await?;
+                }
                 message = self.ws.next() => match message {
                     // The server closes after the Status; a cut without one is the
                     // caller's `ExecIncomplete`.
@@ -275,20 +336,24 @@ where
             }
         };
         match message {
-            Some(message) => self
-                .ws
-                .send(Message::Binary(message.into()))
-                .await
-                .map_err(|e| Error::Exec(Box::new(e))),
+            Some(message) => self.send(message).await,
             None => Ok(()),
         }
     }
+
+    async fn send(&mut self, frame: Vec<u8>) -> Result<(), Error> {
+        self.ws
+            .send(Message::Binary(frame.into()))
+            .await
+            .map_err(|e| Error::Exec(Box::new(e)))
+    }
 }
 
-/// The next stdin frame, or never once stdin has ended.
-async fn next_frame(stdin: &mut Option<mpsc::Receiver<StdinFrame>>) -> Option<StdinFrame> {
-    match stdin {
-        Some(frames) => frames.recv().await,
+/// What `next` gives, or never without it: a half of the session that has ended (or
+/// was never there) is left out of the pump's `select!`.
+async fn or_never<F: Future>(next: Option<F>) -> F::Output {
+    match next {
+        Some(next) => next.await,
         None => std::future::pending().await,
     }
 }
@@ -306,6 +371,7 @@ pub struct Process {
     stdin: Option<Stdin>,
     stdout: Option<OutputStream>,
     stderr: Option<OutputStream>,
+    resizer: Option<Resizer>,
     status: oneshot::Receiver<Result<Option<Status>, Error>>,
     pool: String,
     /// Whether the protocol can end stdin (v5); v4 cannot, so a command reading to end
@@ -332,9 +398,27 @@ impl Process {
         self.stdout.take()
     }
 
-    /// The command's stderr, once.
+    /// The command's stderr, once; `None` with a terminal, whose output is all stdout.
     pub fn stderr(&mut self) -> Option<OutputStream> {
         self.stderr.take()
+    }
+
+    /// Gives the command's terminal ([`Command::tty`]) a new size, as
+    /// [`Resizer::resize`]. Fails with `Unsupported` for a command without a terminal, and
+    /// `BrokenPipe` once the session has ended.
+    pub fn resize(&self, size: TerminalSize) -> io::Result<()> {
+        self.resizer
+            .as_ref()
+            .ok_or_else(|| {
+                io::Error::new(io::ErrorKind::Unsupported, "the command has no terminal")
+            })?
+            .resize(size)
+    }
+
+    /// A handle that resizes the command's terminal, to keep after [`Process::wait`];
+    /// `None` without a terminal.
+    pub fn resizer(&self) -> Option<Resizer> {
+        self.resizer.clone()
     }
 
     /// Waits for the command to end and gives its exit code. Stdin not taken is closed
@@ -357,7 +441,7 @@ pub struct Stdin {
     _session: Arc<Session>,
 }
 
-fn session_ended() -> io::Error {
+pub(crate) fn session_ended() -> io::Error {
     io::Error::new(io::ErrorKind::BrokenPipe, "the exec session has ended")
 }
 
@@ -419,7 +503,7 @@ pub struct Output {
     pub code: i32,
     /// All it wrote to stdout.
     pub stdout: Vec<u8>,
-    /// All it wrote to stderr.
+    /// All it wrote to stderr; empty with a terminal, whose output is all stdout.
     pub stderr: Vec<u8>,
 }
 
@@ -501,9 +585,136 @@ impl Claim {
 
 #[cfg(test)]
 mod tests {
+    use futures::channel::mpsc as socket;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{StatusCause, StatusDetails};
 
     use super::*;
+
+    /// A WebSocket whose peer is the test: what the pump sends comes out of `sent`,
+    /// what the test pushes into `incoming` is what the pump receives.
+    struct FakeSocket {
+        incoming: socket::UnboundedReceiver<Message>,
+        sent: socket::UnboundedSender<Message>,
+    }
+
+    impl futures::Stream for FakeSocket {
+        type Item = Result<Message, WsError>;
+
+        fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+            self.incoming
+                .poll_next_unpin(cx)
+                .map(|message| message.map(Ok))
+        }
+    }
+
+    impl futures::Sink<Message> for FakeSocket {
+        type Error = WsError;
+
+        fn poll_ready(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<(), WsError>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn start_send(self: Pin<&mut Self>, message: Message) -> Result<(), WsError> {
+            self.sent
+                .unbounded_send(message)
+                .map_err(|_| WsError::ConnectionClosed)
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<(), WsError>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_close(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<(), WsError>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn binary(frame: &[u8]) -> Message {
+        Message::Binary(frame.to_vec().into())
+    }
+
+    #[tokio::test]
+    async fn a_terminal_session_sends_its_size_first_then_each_resize() {
+        let (to_pump, incoming) = socket::unbounded();
+        let (sent, mut from_pump) = socket::unbounded();
+        let (resizer, sizes) = Resizer::new(TerminalSize::new(80, 24));
+        let (stdin, stdin_frames) = mpsc::channel(STDIN_FRAMES);
+        let (mut stdout, stdout_pipe) = tokio::io::duplex(OUTPUT_BUFFER);
+        let pump = Pump {
+            ws: FakeSocket { incoming, sent },
+            can_close: true,
+            stdin: Some(stdin_frames),
+            sizes: Some(sizes),
+            stdout: Some(stdout_pipe),
+            stderr: None,
+        };
+        // Typed before the session starts, yet sent after the size.
+        stdin
+            .send(StdinFrame::Data(b"ls\r".to_vec()))
+            .await
+            .unwrap();
+        let session = tokio::spawn(pump.run());
+
+        let mut size = vec![4];
+        size.extend_from_slice(br#"{"Width":80,"Height":24}"#);
+        assert_eq!(from_pump.next().await, Some(binary(&size)));
+        assert_eq!(from_pump.next().await, Some(binary(b"\0ls\r")));
+        resizer.resize(TerminalSize::new(132, 43)).unwrap();
+        let mut resized = vec![4];
+        resized.extend_from_slice(br#"{"Width":132,"Height":43}"#);
+        assert_eq!(from_pump.next().await, Some(binary(&resized)));
+        // Ctrl-C is a byte like any other: the guest's terminal makes it SIGINT.
+        stdin.send(StdinFrame::Data(vec![3])).await.unwrap();
+        assert_eq!(from_pump.next().await, Some(binary(&[0, 3])));
+
+        to_pump.unbounded_send(binary(b"\x01$ ")).unwrap();
+        to_pump
+            .unbounded_send(binary(b"\x03{\"status\":\"Success\"}"))
+            .unwrap();
+        to_pump.unbounded_send(Message::Close(None)).unwrap();
+        let status = session.await.unwrap().unwrap();
+        assert_eq!(exit_code(status, "p").unwrap(), 0);
+        let mut screen = Vec::new();
+        stdout.read_to_end(&mut screen).await.unwrap();
+        assert_eq!(screen, b"$ ");
+        // The session is over: a resize now says so.
+        let error = resizer.resize(TerminalSize::new(1, 1)).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::BrokenPipe);
+    }
+
+    /// The query of `command`'s request.
+    async fn query(command: Command) -> Vec<(String, String)> {
+        let request = command.request(true).unwrap();
+        let query = request.uri().query().unwrap_or_default().to_owned();
+        form_urlencoded::parse(query.as_bytes())
+            .into_owned()
+            .filter(|(name, _)| name != "command")
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_terminal_asks_for_tty_and_no_stderr_as_kubectl_does() {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = Client::new(kube::Client::try_from(config).unwrap());
+        let pair = |name: &str, value: &str| (name.to_owned(), value.to_owned());
+        assert_eq!(
+            query(client.command("c", ["sh"])).await,
+            [
+                pair("stdin", "true"),
+                pair("stdout", "true"),
+                pair("stderr", "true")
+            ]
+        );
+        assert_eq!(
+            query(client.command("c", ["sh"]).tty(TerminalSize::new(80, 24))).await,
+            [
+                pair("stdin", "true"),
+                pair("stdout", "true"),
+                pair("stderr", "false"),
+                pair("tty", "true")
+            ]
+        );
+    }
 
     fn failure(reason: &str, causes: Vec<StatusCause>) -> Status {
         Status {

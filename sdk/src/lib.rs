@@ -3,8 +3,9 @@
 //!
 //! Built on kube-rs: a [`Client`] wraps a `kube::Client`; [`Client::claim`] binds a
 //! MicroVM of a Pool and gives a [`Claim`] that renews its own lease until it is
-//! released or dropped; [`Claim::exec`] and [`Claim::run`] run commands in the MicroVM,
-//! and [`Claim::upload`], [`Claim::download`] and the path copies move files in and out.
+//! released or dropped; [`Claim::exec`] and [`Claim::run`] run commands in the MicroVM
+//! ([`Command::tty`] in a terminal, as `kubectl exec -it`), and [`Claim::upload`],
+//! [`Claim::download`] and the path copies move files in and out.
 //! The API types are re-exported as [`types`], so a consumer needs no other crate of ours.
 //!
 //! ```no_run
@@ -35,6 +36,7 @@ mod error;
 mod exec;
 mod host_ready;
 mod transfer;
+mod tty;
 
 pub use battery_types as types;
 pub use claim::Claim;
@@ -48,3 +50,4 @@ pub use host_ready::HostReadiness;
 /// are of the same version.
 pub use kube;
 pub use transfer::{CopyPath, Download, Files, Transferred};
+pub use tty::{Resizer, TerminalSize};

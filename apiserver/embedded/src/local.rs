@@ -11,7 +11,7 @@ use battery_proto::poolmgr::v1alpha1::host_admin_client::HostAdminClient;
 use battery_proto::poolmgr::v1alpha1::{AddHostRequest, Host, HostTls, UpdateHostRequest};
 use tokio::net::TcpListener;
 
-use crate::simhost::{SimHostError, SimulatedHost, SimulatedHostConfig};
+use crate::simhost::{SimHostError, SimulatedHost, SimulatedHostConfig, SshProxyConfig};
 use crate::{BatteryConfig, BatteryError, EmbeddedBattery};
 
 /// What to start.
@@ -28,6 +28,8 @@ pub struct LocalBatteryConfig {
     pub provisioning_delay: Duration,
     /// The battery's own settings; its `data_dir` is taken from above.
     pub battery: BatteryConfig,
+    /// Whether the Hosts serve flintlock's SSH proxy, and whom their sshd trusts.
+    pub ssh_proxy: Option<SshProxyConfig>,
 }
 
 impl Default for LocalBatteryConfig {
@@ -38,6 +40,7 @@ impl Default for LocalBatteryConfig {
             hosts: 2,
             provisioning_delay: Duration::from_millis(200),
             battery: BatteryConfig::default(),
+            ssh_proxy: None,
         }
     }
 }
@@ -118,6 +121,7 @@ impl LocalBattery {
                 name: name.clone(),
                 state_dir,
                 provisioning_delay: config.provisioning_delay,
+                ssh_proxy: config.ssh_proxy.clone(),
                 ..SimulatedHostConfig::default()
             })
             .await

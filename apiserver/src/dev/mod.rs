@@ -13,6 +13,7 @@ use anyhow::Context;
 use axum::body::Body;
 use battery_embedded::BatteryConfig;
 use battery_embedded::local::{LocalBattery, LocalBatteryConfig};
+use battery_embedded::simhost::SshProxyConfig;
 use http::{Request, StatusCode};
 use tokio::net::TcpListener;
 use tower::ServiceExt;
@@ -24,6 +25,7 @@ use crate::config::DevArgs;
 use crate::http::authn::{Authentication, Trust, TrustConfig};
 use crate::http::authz::LocalPolicy;
 use crate::resources::hosts::certificate::AgentSigner;
+use crate::resources::hosts::ssh_certificate::SshUserCa;
 use crate::serve::{self, TlsFiles};
 use crate::serve_command::{open_store, shutdown_signal};
 use crate::server::{self, Settings};
@@ -42,7 +44,13 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         .dir
         .canonicalize()
         .with_context(|| format!("resolving {}", args.dir.display()))?;
+    // The simulated Hosts' sshd trusts it; the agents log in with its certificates for
+    // exec with a terminal.
+    let ssh_ca = SshUserCa::generate()?;
     let local = LocalBattery::start(LocalBatteryConfig {
+        ssh_proxy: Some(SshProxyConfig {
+            user_ca_public_key: ssh_ca.public_key(),
+        }),
         data_dir: args.data_dir.as_ref().map(|d| d.join("battery")),
         hosts: args.hosts,
         battery: BatteryConfig {
@@ -87,11 +95,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
                 client_cert_pem: std::fs::read(&pki.relay_client_cert)?,
                 client_key_pem: std::fs::read(&pki.relay_client_key)?,
             }),
-            agent_signer: Some(Arc::new(AgentSigner::from_files(
-                &pki.agent_ca_cert,
-                &pki.agent_ca_key,
-                DEV_AGENT_CERTIFICATE_LIFETIME,
-            )?)),
+            agent_signer: Some(Arc::new(
+                AgentSigner::from_files(
+                    &pki.agent_ca_cert,
+                    &pki.agent_ca_key,
+                    DEV_AGENT_CERTIFICATE_LIFETIME,
+                )?
+                .with_ssh_ca(ssh_ca),
+            )),
             ..Settings::default()
         },
     )?;

@@ -10,6 +10,7 @@ use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use battery_apiserver::resources::hosts::ssh_certificate::SshUserCa;
 use battery_types::agent_identity::{AGENT_GROUP, agent_username};
 use tokio::process::Command;
 
@@ -25,6 +26,9 @@ pub(super) struct RelayPki {
     agent_ca: (PathBuf, PathBuf),
     relay_client_ca: PathBuf,
     relay_client: (PathBuf, PathBuf),
+    /// The SSH user CA's private key (for `serve`) and public key (for the simulated
+    /// Hosts' sshd): terminals (ADR 33).
+    ssh_user_ca: (PathBuf, PathBuf),
 }
 
 impl RelayPki {
@@ -45,10 +49,17 @@ impl RelayPki {
         ca.client("battery-apiserver", &[], Validity::Current)
             .and_then(|cert| cert.write(&relay_client.0, &relay_client.1))
             .expect("write the relay client certificate");
+        let ssh_user_ca = (file("ssh-user-ca"), file("ssh-user-ca.pub"));
+        let ca = SshUserCa::generate().expect("an SSH user CA");
+        let key = ca.to_openssh().expect("the SSH CA's key");
+        crate::pki::write_file(&ssh_user_ca.0, key.as_bytes(), true)
+            .expect("write the SSH user CA's key");
+        std::fs::write(&ssh_user_ca.1, ca.public_key()).expect("write the SSH user CA");
         Self {
             agent_ca,
             relay_client_ca,
             relay_client,
+            ssh_user_ca,
         }
     }
 
@@ -60,6 +71,7 @@ impl RelayPki {
             ("--agent-client-key-file", &self.relay_client.1),
             ("--agent-signing-cert-file", &self.agent_ca.0),
             ("--agent-signing-key-file", &self.agent_ca.1),
+            ("--agent-ssh-ca-key-file", &self.ssh_user_ca.0),
         ]
         .into_iter()
         .flat_map(|(flag, path)| [OsString::from(flag), path.into()])
@@ -97,6 +109,15 @@ impl Agents {
 
     pub(crate) fn serve_args(&self) -> Vec<OsString> {
         self.pki.serve_args()
+    }
+
+    /// `battery-apiserver embedded-battery`'s flags: its Hosts' sshd trusts the SSH CA
+    /// `serve` certifies the agents' keys with.
+    pub(crate) fn battery_args(&self) -> Vec<OsString> {
+        vec![
+            "--ssh-user-ca-public-key-file".into(),
+            self.pki.ssh_user_ca.1.clone().into(),
+        ]
     }
 
     /// What the API server dials the agents' relay with, PEM files: the CA of the agents'

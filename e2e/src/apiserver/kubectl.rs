@@ -214,6 +214,25 @@ impl Invocation<'_> {
         self
     }
 
+    /// The command as `env`'s argv (its environment as `NAME=VALUE` words, then kubectl
+    /// and its arguments), for a program that starts it itself: tmux, on a terminal.
+    pub fn env_argv(&self) -> Vec<OsString> {
+        let command = self.kubectl.command(&self.args, &self.env);
+        let command = command.as_std();
+        let mut argv = vec![OsString::from("env")];
+        for (name, value) in command.get_envs() {
+            if let Some(value) = value {
+                let mut pair = name.to_owned();
+                pair.push("=");
+                pair.push(value);
+                argv.push(pair);
+            }
+        }
+        argv.push(command.get_program().to_owned());
+        argv.extend(command.get_args().map(ToOwned::to_owned));
+        argv
+    }
+
     /// Runs the command to its end, whatever its exit status. Panics if it outlives
     /// [`COMMAND_TIMEOUT`].
     pub async fn output(self) -> Output {

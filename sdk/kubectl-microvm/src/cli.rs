@@ -31,6 +31,13 @@ pub struct ClusterArgs {
     pub namespace: Option<String>,
 }
 
+/// Where `exec -t` and `shell` say what a terminal needs of the guest.
+const TTY_NEEDS_SSHD: &str = "A terminal (-t, shell) needs the guest to run sshd trusting \
+                              battery's SSH CA; docs/exec.md says how.";
+
+/// What `shell` runs: the guest user's login shell, or sh when it names none.
+const LOGIN_SHELL: [&str; 3] = ["/bin/sh", "-c", "exec \"${SHELL:-/bin/sh}\" -l"];
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Claim a MicroVM of POOL: when this returns, the claim is Bound.
@@ -42,8 +49,17 @@ pub enum Command {
     /// Run a command in the MicroVM of CLAIM, as kubectl exec runs one in a Pod.
     ///
     /// stdout and stderr are streamed; the exit code is the command's; Ctrl-C ends the
-    /// command. Only the claim's Holder may.
+    /// command. With -it (on a terminal) the command gets a terminal, as `kubectl exec
+    /// -it` gives one: `exec -it CLAIM -- vi notes`. Only the claim's Holder may.
+    #[command(after_help = TTY_NEEDS_SSHD)]
     Exec(ExecArgs),
+    /// Open the guest's login shell in the MicroVM of CLAIM, in a terminal.
+    ///
+    /// The same as `exec -it CLAIM -- /bin/sh -c 'exec "${SHELL:-/bin/sh}" -l'`: keys go
+    /// to the shell as typed (Ctrl-C and Ctrl-D too), and `exit` ends it. The exit code is
+    /// the shell's.
+    #[command(after_help = TTY_NEEDS_SSHD)]
+    Shell(ShellArgs),
     /// Claim a MicroVM of POOL, run a command in it, and release it.
     ///
     /// The exit code is the command's.
@@ -117,6 +133,11 @@ pub struct CommandArgs {
     /// Pass this terminal's stdin to the command (it sees end of file when stdin ends).
     #[arg(short = 'i', long)]
     pub stdin: bool,
+    /// With -i, run the command in a terminal, driven by this one in raw mode: keys go
+    /// as typed (Ctrl-C and Ctrl-D too), its size follows this one's. When stdin is not
+    /// a terminal, says so and runs without one, as kubectl does; without -i, ignored.
+    #[arg(short = 't', long)]
+    pub tty: bool,
     /// An environment variable for the command, NAME=VALUE; repeat for more.
     #[arg(short, long = "env", value_name = "NAME=VALUE", value_parser = key_value)]
     pub env: Vec<(String, String)>,
@@ -134,6 +155,28 @@ pub struct ExecArgs {
     pub claim: String,
     #[command(flatten)]
     pub command: CommandArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ShellArgs {
+    /// The claim (NAME or microvmclaim/NAME).
+    pub claim: String,
+}
+
+impl ShellArgs {
+    /// The `exec -it` that `shell` is.
+    pub fn into_exec(self) -> ExecArgs {
+        ExecArgs {
+            claim: self.claim,
+            command: CommandArgs {
+                stdin: true,
+                tty: true,
+                env: Vec::new(),
+                workdir: None,
+                command: LOGIN_SHELL.map(String::from).into(),
+            },
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -247,6 +290,54 @@ mod tests {
             Cli::try_parse_from(["kubectl-microvm", "exec", "c", "-e", "=x", "--", "true"])
                 .is_err()
         );
+    }
+
+    fn exec_of(args: &[&str]) -> ExecArgs {
+        let cli = Cli::try_parse_from(["kubectl-microvm"].iter().chain(args)).unwrap();
+        match cli.command {
+            Command::Exec(exec) => exec,
+            Command::Shell(shell) => shell.into_exec(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn exec_takes_i_and_t_as_kubectl_does() {
+        for flags in [&["-it"][..], &["-ti"], &["-i", "-t"], &["--stdin", "--tty"]] {
+            let args: Vec<&str> = ["exec", "c"]
+                .iter()
+                .chain(flags)
+                .chain(&["--", "vi"])
+                .copied()
+                .collect();
+            let exec = exec_of(&args);
+            assert!(exec.command.stdin && exec.command.tty, "{flags:?}");
+            assert_eq!(exec.command.command, ["vi"]);
+        }
+        // Before the claim too, as kubectl takes them.
+        assert!(exec_of(&["exec", "-it", "c", "--", "vi"]).command.tty);
+        let plain = exec_of(&["exec", "c", "--", "true"]);
+        assert!(!plain.command.stdin && !plain.command.tty);
+        let run =
+            Cli::try_parse_from(["kubectl-microvm", "run", "-it", "dev", "--", "sh"]).unwrap();
+        let Command::Run(run) = run.command else {
+            panic!("{:?}", run.command)
+        };
+        assert!(run.command.stdin && run.command.tty);
+    }
+
+    #[test]
+    fn shell_is_exec_it_with_the_login_shell() {
+        let shell = exec_of(&["shell", "microvmclaim/c", "-n", "ci"]);
+        assert_eq!(shell.claim, "microvmclaim/c");
+        assert!(shell.command.stdin && shell.command.tty);
+        assert_eq!(
+            shell.command.command,
+            ["/bin/sh", "-c", r#"exec "${SHELL:-/bin/sh}" -l"#]
+        );
+        // No command of its own.
+        assert!(Cli::try_parse_from(["kubectl-microvm", "shell", "c", "--", "sh"]).is_err());
+        assert!(Cli::try_parse_from(["kubectl-microvm", "shell"]).is_err());
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::cli::{
 };
 use crate::failure::Failure;
 use crate::progress::Progress;
-use crate::session::{self, Ended, INTERRUPTED};
+use crate::session;
 
 /// The client and, for messages, the API server it talks to.
 pub struct Context {
@@ -99,25 +99,19 @@ pub async fn exec(cx: &Context, args: ExecArgs) -> Result<i32, Failure> {
         claim_name(&args.claim),
         args.command.command.iter().cloned(),
     );
-    match session::attach(session::prepare(command, &args.command)).await {
-        Ok(Ended::Exited(code)) => Ok(code),
-        Ok(Ended::Interrupted) => Ok(INTERRUPTED),
-        Err(error) => Err(cx.fail(&error)),
-    }
+    session::attach(command, &args.command)
+        .await
+        .map_err(|e| cx.fail(&e))
 }
 
 pub async fn run(cx: &Context, args: RunArgs) -> Result<i32, Failure> {
     let claim = cx.bind(&args.request, None, &[]).await?;
     let command = claim.command(args.command.command.iter().cloned());
-    let ended = session::attach(session::prepare(command, &args.command)).await;
+    let ended = session::attach(command, &args.command).await;
     // Released whatever happened to the command: nothing is left behind.
     let name = claim.name().to_owned();
     let released = claim.release().await;
-    let code = match ended {
-        Ok(Ended::Exited(code)) => code,
-        Ok(Ended::Interrupted) => INTERRUPTED,
-        Err(error) => return Err(cx.fail(&error)),
-    };
+    let code = ended.map_err(|e| cx.fail(&e))?;
     released.map_err(|e| {
         Failure::new(format!(
             "the command exited with {code} but releasing microvmclaim/{name} failed: {}; \

@@ -1,8 +1,8 @@
 //! `kubectl-microvm`: claim battery MicroVMs, run commands in them and copy files in and
 //! out, from a terminal, on battery-sdk. On PATH, kubectl runs it as `kubectl microvm`.
 //!
-//! Every failure is one line on stderr that says what to do, and exit code 1; `exec`
-//! and `run` exit with the command's code (130 after Ctrl-C).
+//! Every failure is one line on stderr that says what to do, and exit code 1; `exec`,
+//! `shell` and `run` exit with the command's code (130 after Ctrl-C, 143 after SIGTERM).
 
 mod cli;
 mod commands;
@@ -42,6 +42,7 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
     match cli.command {
         Command::Claim(args) => commands::claim(&cx, args).await,
         Command::Exec(args) => commands::exec(&cx, args).await,
+        Command::Shell(args) => commands::exec(&cx, args.into_exec()).await,
         Command::Run(args) => commands::run(&cx, args).await,
         Command::Cp(args) => commands::cp(&cx, args).await,
         Command::Renew { claim } => commands::renew(&cx, &claim).await,

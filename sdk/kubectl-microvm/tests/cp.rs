@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use battery_e2e::apiserver::{ApiServer, Kubectl, Output, Route, Stream};
-use common::{kubectl, microvm, one_line, path_with_plugin};
+use battery_e2e::apiserver::{ApiServer, Kubectl, Output, Route};
+use common::{hold, kubectl, microvm, one_line, path_with_plugin};
 
 /// The big file: a GiB, as the issue asks.
 const BIG: u64 = 1024 * 1024 * 1024;
@@ -24,20 +24,6 @@ const BIG: u64 = 1024 * 1024 * 1024;
 const MEMORY_BOUND: u64 = 200 * 1024 * 1024;
 /// How long one copy of the big file may take on a loaded debug build.
 const BIG_COPY_TIMEOUT: Duration = Duration::from_secs(20 * 60);
-
-/// Claims `name` of Pool `dev`, renewed by the plugin until the returned process is
-/// interrupted or dropped: the copies may outlast a lease.
-async fn hold(kubectl: &Kubectl, name: &str) -> battery_e2e::apiserver::Background {
-    let mut hold = kubectl
-        .cmd(&["microvm", "claim", "dev", "--name", name, "--hold"])
-        .env("PATH", path_with_plugin())
-        .spawn();
-    hold.line(Stream::Stderr, "the holding line", |l| {
-        l.contains("Ctrl-C releases it")
-    })
-    .await;
-    hold
-}
 
 /// The sha256 of a local file, by the system's `sha256sum` (an independent check, and
 /// fast where this test is a debug build).

@@ -3,6 +3,8 @@
 //! it everything after `microvm`.
 
 mod common;
+#[path = "kubectl/terminal.rs"]
+mod terminal;
 
 use battery_e2e::apiserver::{ApiServer, Route, Stream};
 use battery_e2e::kube_client;

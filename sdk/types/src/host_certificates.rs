@@ -28,6 +28,11 @@ pub struct HostCertificateRequestSpec {
     /// those, whatever the request's subject says, and the request's public key.
     #[serde(default)]
     pub request: String,
+    /// The agent's SSH public key, in OpenSSH's one-line form, to be certified for
+    /// logging in to the Host's MicroVMs through flintlock's SSH proxy (interactive exec,
+    /// ADR 33). Left out, no SSH certificate is made.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ssh_public_key: String,
 }
 
 /// The signed certificate.
@@ -39,6 +44,11 @@ pub struct HostCertificateRequestStatus {
     /// When the certificate expires; the agent renews it before then.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expiration_time: Option<Time>,
+    /// The OpenSSH user certificate of `spec.sshPublicKey`, signed by the API server's SSH
+    /// user CA, for the principal `root`, with PTYs and port forwarding permitted; it
+    /// expires with `certificate`. Empty when no key was sent or the server has no SSH CA.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub ssh_certificate: String,
 }
 
 impl HostCertificateRequestSpec {

@@ -1,6 +1,7 @@
 //! The simulated Host's errors: [`SimHostError`] when it cannot start, and
 //! [`RequestError`] for a refused gRPC request, converted to a `Status` in one place.
 
+use std::error::Error;
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -83,6 +84,20 @@ pub enum SimHostError {
     /// The bound listener could not tell its address.
     #[error("reading the listener's address")]
     LocalAddr(#[source] io::Error),
+    /// [`SshProxyConfig::user_ca_public_key`](super::SshProxyConfig::user_ca_public_key)
+    /// is not an OpenSSH public key.
+    #[error("the ssh proxy's user_ca_public_key is not an OpenSSH public key")]
+    UserCaKey(#[source] Box<dyn Error + Send + Sync>),
+    /// The SSH proxy's directory, host key, user CA key or sshd configuration could not
+    /// be written.
+    #[error("preparing the ssh proxy's {path}")]
+    SshProxySetup {
+        /// The directory or file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: Box<dyn Error + Send + Sync>,
+    },
 }
 
 /// Why a MicroVM's record could not be written.
@@ -150,6 +165,30 @@ pub(super) enum RequestError {
     ShuttingDown,
     #[error("waiting for the command")]
     WaitCommand(#[source] io::Error),
+    #[error("the first message must be uid")]
+    UidFirst,
+    #[error("uid may only be sent once, as the first message")]
+    UidRepeated,
+    #[error(
+        "{path} is missing: the simulated host's ssh proxy runs OpenSSH's sshd (apt-get install openssh-server)"
+    )]
+    SshdMissing { path: PathBuf },
+    #[error("creating {path}, sshd's privilege separation directory")]
+    SshdPrivsepDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("starting {path}")]
+    StartSshd {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("sshd ended ({status}) before it said anything; its log is {log}")]
+    SshdFailed { status: String, log: PathBuf },
+    #[error("microvm {0} was deleted during the ssh session")]
+    DeletedDuringSsh(String),
 }
 
 impl RequestError {
@@ -165,15 +204,22 @@ impl RequestError {
             | Self::StartRepeated
             | Self::EmptyRequest
             | Self::CmdRequired
-            | Self::NegativeTimeout(_) => Code::InvalidArgument,
+            | Self::NegativeTimeout(_)
+            | Self::UidFirst
+            | Self::UidRepeated => Code::InvalidArgument,
             Self::InterfacesExhausted => Code::ResourceExhausted,
             Self::NotFound(_) => Code::NotFound,
             Self::Fault(_) => Code::Unavailable,
-            Self::CreateScratchDir { .. } | Self::Persist(_) | Self::WaitCommand(_) => {
-                Code::Internal
+            Self::CreateScratchDir { .. }
+            | Self::Persist(_)
+            | Self::WaitCommand(_)
+            | Self::StartSshd { .. }
+            | Self::SshdFailed { .. } => Code::Internal,
+            // The Host lacks what the proxy needs: fixed on the Host, not by retrying.
+            Self::NotCreated { .. } | Self::SshdMissing { .. } | Self::SshdPrivsepDir { .. } => {
+                Code::FailedPrecondition
             }
-            Self::NotCreated { .. } => Code::FailedPrecondition,
-            Self::DeletedDuringExec(_) => Code::Aborted,
+            Self::DeletedDuringExec(_) | Self::DeletedDuringSsh(_) => Code::Aborted,
             Self::ShuttingDown => Code::Unavailable,
         }
     }

@@ -16,7 +16,10 @@
 //! - `microvm.services.api.v1alpha1.MicroVM`: CreateMicroVM, DeleteMicroVM,
 //!   GetMicroVM, ListMicroVMs, ListMicroVMsStream and ServerInfo;
 //! - `microvmexec.services.api.v1alpha1.MicroVMExec`: ExecCommand;
-//! - `grpc.health.v1.Health`, SERVING for "" and both services.
+//! - `microvmsshproxy.services.api.v1alpha1.MicroVMSSHProxy`: SSHProxy, only with
+//!   [`SimulatedHostConfig::ssh_proxy`] (as flintlockd only with
+//!   `--enable-ssh-proxy-api`; without, the call is UNIMPLEMENTED);
+//! - `grpc.health.v1.Health`, SERVING for "" and each service served.
 //!
 //! # MicroVMs
 //!
@@ -74,11 +77,31 @@
 //!   or an empty request kills it and ends the stream with INVALID_ARGUMENT.
 //!   Deleting the MicroVM kills it and ends the stream with ABORTED; the Host
 //!   shutting down, with UNAVAILABLE.
+//!
+//! # SSH proxy
+//!
+//! Where flintlock relays the stream to the guest's sshd, the simulation runs the
+//! Host's OpenSSH `/usr/sbin/sshd -i` per stream (Debian's `openssh-server`), logging
+//! in **local users of the Host, with no isolation**.
+//! - The first request must be `uid`, else INVALID_ARGUMENT; the MicroVM is looked up
+//!   as for exec, with the same codes. Without sshd the call is FAILED_PRECONDITION.
+//! - Then the stream carries the SSH connection: `data` requests to sshd's stdin, its
+//!   stdout in `data` responses. The client half-closing closes sshd's stdin; the
+//!   stream ends when sshd has exited and all it wrote is sent. A later `uid` or an
+//!   empty request ends it with INVALID_ARGUMENT.
+//! - sshd accepts only certificates of [`SshProxyConfig::user_ca_public_key`]'s CA
+//!   (as any local user the certificate names, root included), with ptys and TCP
+//!   forwarding. Its host key is generated when the Host starts.
+//! - Commands and shells start in the MicroVM's directory, but nothing keeps them
+//!   there; the environment is what sshd gives a login.
+//! - The client going away kills sshd; deleting the MicroVM kills it and ends the
+//!   stream with ABORTED; the Host shutting down, with UNAVAILABLE.
 
 mod error;
 mod exec;
 mod microvm;
 mod registry;
+mod ssh;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -88,6 +111,7 @@ use std::time::Duration;
 
 use battery_proto::microvm::services::api::v1alpha1::micro_vm_server::MicroVmServer;
 use battery_proto::microvmexec::services::api::v1alpha1::micro_vm_exec_server::MicroVmExecServer;
+use battery_proto::microvmsshproxy::services::api::v1alpha1::micro_vmssh_proxy_server::MicroVmsshProxyServer;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -95,10 +119,12 @@ use tonic::transport::server::TcpIncoming;
 use tracing::{info, warn};
 
 pub use error::{PersistError, SimHostError};
+pub use ssh::SshProxyConfig;
 
 use exec::ExecService;
 use microvm::MicroVmService;
 use registry::{Registry, VmState};
+use ssh::{SshProxy, SshProxyService};
 
 /// How long [`SimulatedHost::shutdown`] lets open connections finish before it
 /// drops them, as flintlockd and poolmgrd force a stop after a grace period.
@@ -118,6 +144,9 @@ pub struct SimulatedHostConfig {
     pub provisioning_delay: Duration,
     /// The version ServerInfo reports; battery requires v0.15.2 or newer.
     pub version: String,
+    /// Serve MicroVMSSHProxy, with a local sshd; `None` (the default) leaves it
+    /// unimplemented.
+    pub ssh_proxy: Option<SshProxyConfig>,
 }
 
 impl Default for SimulatedHostConfig {
@@ -128,6 +157,7 @@ impl Default for SimulatedHostConfig {
             state_dir: PathBuf::new(),
             provisioning_delay: Duration::ZERO,
             version: "v0.15.2".to_owned(),
+            ssh_proxy: None,
         }
     }
 }
@@ -201,11 +231,17 @@ impl SimulatedHost {
     /// # Errors
     ///
     /// When `state_dir` is empty, cannot be created, or holds a state file that
-    /// cannot be read; or when `listen` cannot be bound.
+    /// cannot be read; when `listen` cannot be bound; or when `ssh_proxy`'s CA key is
+    /// not an OpenSSH public key or sshd's files cannot be written.
     pub async fn start(config: SimulatedHostConfig) -> Result<SimulatedHost, SimHostError> {
         if config.state_dir.as_os_str().is_empty() {
             return Err(SimHostError::StateDirRequired);
         }
+        let ssh_proxy = config
+            .ssh_proxy
+            .as_ref()
+            .map(SshProxy::prepare)
+            .transpose()?;
         let shutdown = CancellationToken::new();
         let (registry, pending) = Registry::open(&config.state_dir, shutdown.clone()).await?;
         let listener =
@@ -232,10 +268,18 @@ impl SimulatedHost {
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<MicroVmServer<MicroVmService>>().await;
         health.set_serving::<MicroVmExecServer<ExecService>>().await;
+        if ssh_proxy.is_some() {
+            health
+                .set_serving::<MicroVmsshProxyServer<SshProxyService>>()
+                .await;
+        }
         let router = tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(MicroVmServer::new(MicroVmService::new(Arc::clone(&host))))
-            .add_service(MicroVmExecServer::new(ExecService::new(Arc::clone(&host))));
+            .add_service(MicroVmExecServer::new(ExecService::new(Arc::clone(&host))))
+            .add_optional_service(ssh_proxy.map(|proxy| {
+                MicroVmsshProxyServer::new(SshProxyService::new(Arc::clone(&host), proxy))
+            }));
         let name = host.name.clone();
         let server = tokio::spawn(async move {
             // As flintlockd's Go server does: small HTTP/2 frames must not wait for an ACK.

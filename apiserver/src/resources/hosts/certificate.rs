@@ -13,7 +13,8 @@ use battery_api_machinery::status::ApiError;
 use battery_types::agent_identity::{agent_host, agent_username};
 use battery_types::validation::FieldError;
 use battery_types::{
-    GROUP, Host, HostCertificateRequest, HostCertificateRequestStatus, ResourceInfo,
+    GROUP, Host, HostCertificateRequest, HostCertificateRequestSpec, HostCertificateRequestStatus,
+    ResourceInfo,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -25,6 +26,7 @@ use rcgen::{
 use x509_parser::time::ASN1Time;
 
 use super::HostStorage;
+use super::ssh_certificate::SshUserCa;
 use crate::api::{RequestContext, Subresource};
 
 const KIND: &str = "HostCertificateRequest";
@@ -37,6 +39,8 @@ pub struct AgentSigner {
     /// No certificate outlives its CA.
     ca_not_after: i64,
     lifetime: Duration,
+    /// Certifies agents' SSH keys beside their serving certificates (ADR 33).
+    ssh_ca: Option<SshUserCa>,
 }
 
 impl fmt::Debug for AgentSigner {
@@ -68,7 +72,14 @@ impl AgentSigner {
             ca_pem: cert_pem.trim_end().to_owned() + "\n",
             ca_not_after,
             lifetime,
+            ssh_ca: None,
         })
+    }
+
+    /// Also certifies the SSH keys agents send, with `ca`.
+    pub fn with_ssh_ca(mut self, ca: SshUserCa) -> Self {
+        self.ssh_ca = Some(ca);
+        self
     }
 
     /// A signer from `--agent-signing-cert-file` and `--agent-signing-key-file`.
@@ -85,15 +96,17 @@ impl AgentSigner {
         .context("--agent-signing-cert-file and --agent-signing-key-file")
     }
 
-    /// Signs `csr_pem` for the Host `host`, whose certificate may name only `names`; a dry
-    /// run checks the request and signs nothing.
+    /// Signs the request's CSR for the Host `host`, whose certificate may name only
+    /// `names`, and certifies its SSH key if it sent one and there is an SSH CA; a dry run
+    /// checks the request and signs nothing.
     fn sign(
         &self,
         host: &str,
         names: &[SanType],
-        csr_pem: &str,
+        request: &HostCertificateRequestSpec,
         dry_run: bool,
     ) -> Result<Option<HostCertificateRequestStatus>, ApiError> {
+        let csr_pem = request.request.as_str();
         let invalid = |value: &str, detail: String| {
             ApiError::invalid_kind(
                 GROUP,
@@ -123,6 +136,23 @@ impl AgentSigner {
                 ),
             ));
         }
+        let not_after = {
+            let wanted = ASN1Time::now().to_datetime() + self.lifetime;
+            wanted.unix_timestamp().min(self.ca_not_after)
+        };
+        let ssh_certificate = match (&self.ssh_ca, request.ssh_public_key.as_str()) {
+            (Some(ca), key) if !key.is_empty() => ca
+                .certify(host, key, u64::try_from(not_after).unwrap_or_default())
+                .map_err(|detail| {
+                    ApiError::invalid_kind(
+                        GROUP,
+                        KIND,
+                        host,
+                        &[FieldError::invalid("spec.sshPublicKey", key, detail)],
+                    )
+                })?,
+            _ => String::new(),
+        };
         if dry_run {
             return Ok(None);
         }
@@ -137,11 +167,8 @@ impl AgentSigner {
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         params.use_authority_key_identifier_extension = true;
         params.not_before = now;
-        params.not_after = now + self.lifetime;
-        if params.not_after.unix_timestamp() > self.ca_not_after {
-            params.not_after =
-                ASN1Time::from_timestamp(self.ca_not_after).map_or(now, |t| t.to_datetime());
-        }
+        // No certificate outlives its CA.
+        params.not_after = ASN1Time::from_timestamp(not_after).map_or(now, |t| t.to_datetime());
         let mut serial = uuid::Uuid::new_v4().into_bytes();
         // A positive serial of 16 random bytes (RFC 5280 §4.1.2.2).
         serial[0] &= 0x7f;
@@ -155,11 +182,13 @@ impl AgentSigner {
             host,
             serial = %hex(&serial),
             expires = %expires.map(|t| t.to_string()).unwrap_or_default(),
+            ssh_certificate = !ssh_certificate.is_empty(),
             "signed an exec agent's serving certificate"
         );
         Ok(Some(HostCertificateRequestStatus {
             certificate: certificate.pem() + &self.ca_pem,
             expiration_time: expires.map(Time),
+            ssh_certificate,
         }))
     }
 }
@@ -258,7 +287,7 @@ impl Subresource for HostCertificates {
             return Err(ApiError::invalid_kind(GROUP, KIND, name, &errors));
         }
         let names = host_names(&host)?;
-        request.status = signer.sign(name, &names, &request.spec.request, dry_run)?;
+        request.status = signer.sign(name, &names, &request.spec, dry_run)?;
         request.metadata.name = Some(name.to_owned());
         Ok(request)
     }
@@ -287,6 +316,45 @@ mod tests {
         params.serialize_request(&key).unwrap().pem().unwrap()
     }
 
+    fn request() -> HostCertificateRequestSpec {
+        HostCertificateRequestSpec {
+            request: csr(),
+            ..HostCertificateRequestSpec::default()
+        }
+    }
+
+    #[test]
+    fn an_ssh_key_is_certified_with_an_ssh_ca_and_only_then() {
+        let (cert, key) = ca(Duration::from_secs(3600));
+        let names = host_names(&host(None)).unwrap();
+        let agent_key = SshUserCa::generate().unwrap().public_key();
+        let with_key = HostCertificateRequestSpec {
+            ssh_public_key: agent_key,
+            ..request()
+        };
+        let without_ca = AgentSigner::from_pem(&cert, &key, Duration::from_secs(60)).unwrap();
+        let status = without_ca.sign("host-0", &names, &with_key, false);
+        assert_eq!(status.unwrap().unwrap().ssh_certificate, "");
+        let signer = without_ca.with_ssh_ca(SshUserCa::generate().unwrap());
+        let status = signer.sign("host-0", &names, &with_key, false).unwrap();
+        let ssh = status.unwrap().ssh_certificate;
+        assert!(
+            ssh.starts_with("ssh-ed25519-cert-v01@openssh.com "),
+            "{ssh}"
+        );
+        let status = signer.sign("host-0", &names, &request(), false).unwrap();
+        assert_eq!(status.unwrap().ssh_certificate, "");
+        let bad = HostCertificateRequestSpec {
+            ssh_public_key: "not a key".to_owned(),
+            ..request()
+        };
+        let error = signer.sign("host-0", &names, &bad, false).unwrap_err();
+        assert!(
+            format!("{error:?}").contains("spec.sshPublicKey"),
+            "{error:?}"
+        );
+    }
+
     fn host(agent_address: Option<&str>) -> Host {
         Host::new(
             "host-0",
@@ -303,7 +371,7 @@ mod tests {
         let signer = AgentSigner::from_pem(&cert, &key, Duration::from_secs(86400)).unwrap();
         let names = host_names(&host(None)).unwrap();
         let status = signer
-            .sign("host-0", &names, &csr(), false)
+            .sign("host-0", &names, &request(), false)
             .unwrap()
             .unwrap();
         let expires = status.expiration_time.unwrap().0.as_second();

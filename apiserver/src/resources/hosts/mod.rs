@@ -13,6 +13,7 @@
 pub mod certificate;
 mod leaving;
 mod readiness;
+pub mod ssh_certificate;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

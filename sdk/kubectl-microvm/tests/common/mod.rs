@@ -3,7 +3,7 @@
 use std::ffi::OsString;
 use std::path::Path;
 
-use battery_e2e::apiserver::{ApiServer, Kubectl, Output};
+use battery_e2e::apiserver::{ApiServer, Background, Kubectl, Output, Stream};
 
 /// PATH with the plugin's directory first, as an installed plugin is found.
 pub fn path_with_plugin() -> OsString {
@@ -38,4 +38,18 @@ pub fn one_line(output: &Output) -> &str {
     assert!(!stderr.contains('\n'), "more than one line: {output}");
     assert!(stderr.starts_with("error: "), "{output}");
     stderr
+}
+
+/// Claims `name` of Pool `dev`, renewed by the plugin until the returned process is
+/// interrupted or dropped: what a test does with it may outlast a lease.
+pub async fn hold(kubectl: &Kubectl, name: &str) -> Background {
+    let mut hold = kubectl
+        .cmd(&["microvm", "claim", "dev", "--name", name, "--hold"])
+        .env("PATH", path_with_plugin())
+        .spawn();
+    hold.line(Stream::Stderr, "the holding line", |l| {
+        l.contains("Ctrl-C releases it")
+    })
+    .await;
+    hold
 }

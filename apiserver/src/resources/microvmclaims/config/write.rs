@@ -90,6 +90,7 @@ impl ClaimConfig {
             stdin: true,
             stdout: false,
             stderr: true,
+            tty: false,
         };
         tokio::time::timeout(
             WRITE_TIMEOUT,

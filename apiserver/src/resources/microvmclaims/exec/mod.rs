@@ -1,5 +1,6 @@
 //! `microvmclaims/<name>/exec`: runs a command in the claim's MicroVM, as `pods/exec`
-//! does in a container, through the exec agent on the claim's Host (DESIGN §4).
+//! does in a container, through the exec agent on the claim's Host (DESIGN §4); with
+//! `tty`, on a terminal the agent opens over SSH (ADR 33), resized from channel 4.
 //!
 //! Everything that can refuse does so before the upgrade, as a `Status`: the options,
 //! the handshake, the session cap, the claim (missing, Expired), the Holder rule, the
@@ -80,13 +81,10 @@ struct ExecOptions {
 
 impl ExecOptions {
     fn parse(query: &str) -> Result<Self, ApiError> {
-        let options: Self = decode_query(query)?;
-        if options.tty {
-            return Err(ApiError::bad_request(
-                "tty is not supported: flintlock's exec API gives a command no terminal \
-                 (no TTY, resize or signals); run it without a TTY (kubectl exec without -t)",
-            ));
-        }
+        let mut options: Self = decode_query(query)?;
+        // A terminal carries stderr with stdout, as kubelet has it (kubectl asks for
+        // stderr only without one).
+        options.stderr &= !options.tty;
         if !options.container.is_empty() {
             return Err(ApiError::bad_request(format!(
                 "a MicroVM has no containers: leave out container (given {:?})",
@@ -352,6 +350,7 @@ impl Connect for Arc<ClaimExec> {
                         stdin: options.stdin,
                         stdout: options.stdout,
                         stderr: options.stderr,
+                        tty: options.tty,
                     },
                 )
                 .await;
@@ -366,6 +365,7 @@ impl Connect for Arc<ClaimExec> {
             let session = Session {
                 protocol: handshake.protocol,
                 attached: options.attached(),
+                tty: options.tty,
                 command,
                 relay,
                 guard: sessions.register(&target.claim.uid, permit),

@@ -16,7 +16,8 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use battery_proto::Bytes;
 use battery_proto::agent::v1alpha1::{
-    ExecRequest, ExecResponse, ExitStatus, StdinEof, exec_request, exec_response, exit_status,
+    ExecRequest, ExecResponse, ExitStatus, StdinEof, TerminalSize, exec_request, exec_response,
+    exit_status,
 };
 use futures::{FutureExt as _, SinkExt, StreamExt};
 use serde_json::{Value, json};
@@ -34,6 +35,8 @@ const STDIN: u8 = 0;
 const STDOUT: u8 = 1;
 const STDERR: u8 = 2;
 const ERROR: u8 = 3;
+/// The client's terminal size, as JSON `{"Width": 80, "Height": 24}`.
+const RESIZE: u8 = 4;
 /// v5: the payload's byte names a channel the client will write no more to.
 const CLOSE: u8 = 255;
 /// The most output one frame carries (the agent's messages are at most 1 MiB too).
@@ -53,6 +56,8 @@ pub struct Attached {
 pub struct Session {
     pub protocol: Protocol,
     pub attached: Attached,
+    /// Whether the command runs on a terminal, whose resizes are relayed.
+    pub tty: bool,
     /// `[argv...]`, as kubelet names a command in its messages.
     pub command: String,
     pub relay: RelaySession,
@@ -130,6 +135,7 @@ impl Session {
         let Session {
             protocol,
             attached,
+            tty,
             command,
             relay,
             guard,
@@ -153,7 +159,7 @@ impl Session {
         }
         let ending = tokio::select! {
             ending = from_agent(&mut sink, &mut responses, protocol, &command) => ending,
-            () = to_agent(&mut stream, &requests, protocol, attached.stdin) => None,
+            () = to_agent(&mut stream, &requests, protocol, attached.stdin, tty) => None,
             () = guard.ended().cancelled() => Some(failure(format!(
                 "command {command} was ended: its claim was released or has expired"
             ))),
@@ -295,19 +301,20 @@ where
     }
 }
 
-/// Relays the client's stdin (and, in v5, its end) to the agent; returns when the
-/// client closes or goes away.
+/// Relays the client's stdin (and, in v5, its end) and, on a terminal, its resizes to
+/// the agent; returns when the client closes or goes away.
 async fn to_agent<R>(
     stream: &mut R,
     requests: &tokio::sync::mpsc::Sender<ExecRequest>,
     protocol: Protocol,
     stdin: bool,
+    tty: bool,
 ) where
     R: futures::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
 {
-    // Once the agent takes no more (the command exited), stdin is read and dropped
-    // until the exit status ends the session.
-    let mut open = stdin;
+    // Once the agent takes no more (the command exited), the client's messages are read
+    // and dropped until the exit status ends the session.
+    let mut open = true;
     while let Some(Ok(message)) = stream.next().await {
         if let Message::Close(_) = message {
             return;
@@ -318,12 +325,17 @@ async fn to_agent<R>(
         };
         let request = match channel {
             // Clients may open with an empty frame per channel.
-            STDIN if payload.is_empty() => continue,
+            STDIN if payload.is_empty() || !stdin => continue,
             STDIN => exec_request::Payload::Stdin(payload),
-            CLOSE if protocol == Protocol::V5 && payload.first() == Some(&STDIN) => {
+            CLOSE if protocol == Protocol::V5 && payload.first() == Some(&STDIN) && stdin => {
                 exec_request::Payload::StdinEof(StdinEof {})
             }
-            // Resize (4): flintlock's exec has no terminal. Anything else is not ours.
+            // A size that does not read is dropped, as kubelet drops it.
+            RESIZE if tty => match terminal_size(&payload) {
+                Some(size) => exec_request::Payload::Resize(size),
+                None => continue,
+            },
+            // Without a terminal there is nothing to resize. Anything else is not ours.
             _ => continue,
         };
         if open {
@@ -337,9 +349,37 @@ async fn to_agent<R>(
     }
 }
 
+/// A resize message's size: kubectl's `{"Width": 80, "Height": 24}`.
+fn terminal_size(payload: &[u8]) -> Option<TerminalSize> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "PascalCase")]
+    struct Size {
+        width: u16,
+        height: u16,
+    }
+    let Size { width, height } = serde_json::from_slice(payload).ok()?;
+    Some(TerminalSize {
+        width: width.into(),
+        height: height.into(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resize_reads_as_kubectl_writes_it() {
+        assert_eq!(
+            terminal_size(br#"{"Width":120,"Height":40}"#),
+            Some(TerminalSize {
+                width: 120,
+                height: 40
+            })
+        );
+        assert_eq!(terminal_size(b"120x40"), None);
+        assert_eq!(terminal_size(br#"{"Width":-1,"Height":40}"#), None);
+    }
 
     #[test]
     fn exit_statuses_are_kubelets() {
