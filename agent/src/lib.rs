@@ -11,6 +11,7 @@
 pub mod certificate;
 pub mod config;
 pub mod flintlock;
+mod forward;
 pub mod logging;
 pub mod readiness;
 pub mod register;

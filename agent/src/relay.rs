@@ -19,21 +19,22 @@ use std::time::Duration;
 
 use battery_proto::agent::v1alpha1::relay_server::Relay;
 use battery_proto::agent::v1alpha1::{
-    ClaimRef, ExecOpen, ExecRequest, ExecResponse, ExitStatus, exec_request, exec_response,
-    exit_status,
+    ClaimRef, ExecOpen, ExecRequest, ExecResponse, ExitStatus, PortForwardRequest, exec_request,
+    exec_response, exit_status, port_forward_request,
 };
 use battery_proto::microvmexec::services::api::v1alpha1::exec_command_request::Payload as FlintlockRequest;
 use battery_proto::microvmexec::services::api::v1alpha1::exec_command_response::Payload as FlintlockResponse;
 use battery_proto::microvmexec::services::api::v1alpha1::{
     ExecCommandRequest, ExecCommandResponse, ExecStart,
 };
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::task::AbortOnDropHandle;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument as _, debug, info, info_span, warn};
 
 use crate::flintlock::Flintlock;
+use crate::forward;
 use crate::ssh::{self, SshIdentity};
 
 /// stdin messages queued towards flintlockd before the agent stops reading the client.
@@ -74,21 +75,9 @@ impl Relay for RelayService {
         &self,
         request: Request<Streaming<ExecRequest>>,
     ) -> Result<Response<Self::ExecStream>, Status> {
-        let permit = self.sessions.clone().try_acquire_owned().map_err(|_| {
-            Status::resource_exhausted(
-                "the agent relays as many exec sessions as --max-sessions allows; retry later",
-            )
-        })?;
+        let permit = self.admit()?;
         let mut inbound = request.into_inner();
-        // A client that never says what to run must not hold a handler forever.
-        let first = tokio::time::timeout(OPEN_TIMEOUT, inbound.message())
-            .await
-            .map_err(|_| {
-                Status::deadline_exceeded(format!(
-                    "no `open` within {}s of the stream starting",
-                    OPEN_TIMEOUT.as_secs()
-                ))
-            })??;
+        let first = first_message(&mut inbound).await?;
         let Some(ExecRequest {
             payload: Some(exec_request::Payload::Open(open)),
         }) = first
@@ -106,19 +95,7 @@ impl Relay for RelayService {
         if session.tty {
             // Logged in before answering, so a guest that refuses is refused here, before
             // the API server upgrades its client's connection.
-            let login = tokio::time::timeout(
-                OPEN_TIMEOUT,
-                ssh::login(&self.flintlock, &self.ssh, &session.microvm_uid),
-            )
-            .instrument(span.clone())
-            .await
-            .map_err(|_| {
-                Status::deadline_exceeded(format!(
-                    "the MicroVM's sshd did not accept the agent within {}s",
-                    OPEN_TIMEOUT.as_secs()
-                ))
-            })?
-            .inspect_err(|status| info!(parent: &span, %status, "no terminal session"))?;
+            let login = self.login(&session.microvm_uid, &span).await?;
             debug!(parent: &span, "terminal session opened");
             let command = ssh::command_line(&session.command, &session.env, &session.working_dir);
             let (replies, stream) = mpsc::channel(OUTPUT_BUFFER);
@@ -177,6 +154,111 @@ impl Relay for RelayService {
         );
         Ok(Response::new(ReceiverStream::new(stream)))
     }
+
+    type PortForwardStream = ReceiverStream<forward::Reply>;
+
+    async fn port_forward(
+        &self,
+        request: Request<Streaming<PortForwardRequest>>,
+    ) -> Result<Response<Self::PortForwardStream>, Status> {
+        let permit = self.admit()?;
+        let mut inbound = request.into_inner();
+        let Some(PortForwardRequest {
+            payload: Some(port_forward_request::Payload::Open(open)),
+        }) = first_message(&mut inbound).await?
+        else {
+            return Err(Status::invalid_argument(
+                "the first message of a port-forward stream must be `open`",
+            ));
+        };
+        let port = u16::try_from(open.port)
+            .ok()
+            .filter(|port| *port != 0)
+            .ok_or_else(|| {
+                Status::invalid_argument(format!("open.port {} is not 1 to 65535", open.port))
+            })?;
+        if open.microvm_uid.is_empty() {
+            return Err(Status::invalid_argument("open.microvm_uid is required"));
+        }
+        let span = info_span!(
+            "port_forward",
+            claim = %claim_name(open.claim.as_ref()),
+            microvm = %open.microvm_uid,
+            port,
+        );
+        let login = self.login(&open.microvm_uid, &span).await?;
+        let channel = login.open_port(port).await.map_err(|error| {
+            info!(parent: &span, %error, "the guest refused the connection");
+            Status::failed_precondition(format!(
+                "connecting to port {port} in the MicroVM: {error} (is anything listening on \
+                 127.0.0.1:{port} there?)"
+            ))
+        })?;
+        debug!(parent: &span, "connection opened");
+        let (replies, stream) = mpsc::channel(OUTPUT_BUFFER);
+        tokio::spawn(
+            async move {
+                forward::relay(channel, inbound, replies).await;
+                // The login's connection ends with the channel.
+                drop(login);
+                drop(permit);
+            }
+            .instrument(span),
+        );
+        Ok(Response::new(ReceiverStream::new(stream)))
+    }
+}
+
+impl RelayService {
+    /// A slot under `--max-sessions`, held until the session ends.
+    fn admit(&self) -> Result<OwnedSemaphorePermit, Status> {
+        self.sessions.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(
+                "the agent relays as many sessions as --max-sessions allows; retry later",
+            )
+        })
+    }
+
+    /// Logs in to the MicroVM's sshd, within [`OPEN_TIMEOUT`].
+    async fn login(&self, uid: &str, span: &tracing::Span) -> Result<ssh::Login, Status> {
+        tokio::time::timeout(OPEN_TIMEOUT, ssh::login(&self.flintlock, &self.ssh, uid))
+            .instrument(span.clone())
+            .await
+            .map_err(|_| {
+                Status::deadline_exceeded(format!(
+                    "the MicroVM's sshd did not accept the agent within {}s",
+                    OPEN_TIMEOUT.as_secs()
+                ))
+            })?
+            .inspect_err(|status| info!(parent: span, %status, "no SSH login to the guest"))
+    }
+}
+
+/// A stream's first message: a client that never says what it wants must not hold a
+/// handler forever.
+async fn first_message<T: prost::Message + Default>(
+    inbound: &mut Streaming<T>,
+) -> Result<Option<T>, Status> {
+    tokio::time::timeout(OPEN_TIMEOUT, inbound.message())
+        .await
+        .map_err(|_| {
+            Status::deadline_exceeded(format!(
+                "no `open` within {}s of the stream starting",
+                OPEN_TIMEOUT.as_secs()
+            ))
+        })?
+}
+
+/// A claim as the logs name it.
+fn claim_name(claim: Option<&ClaimRef>) -> String {
+    claim.map_or_else(
+        || "<none>".to_owned(),
+        |ClaimRef {
+             namespace,
+             name,
+             uid,
+         }| format!("{namespace}/{name} ({uid})"),
+    )
 }
 
 /// Which streams the client attached.
@@ -208,14 +290,7 @@ impl Session {
                 "open.command needs at least the program to run",
             ));
         }
-        let claim = open.claim.as_ref().map_or_else(
-            || "<none>".to_owned(),
-            |ClaimRef {
-                 namespace,
-                 name,
-                 uid,
-             }| format!("{namespace}/{name} ({uid})"),
-        );
+        let claim = claim_name(open.claim.as_ref());
         Ok(Self {
             claim,
             microvm_uid: open.microvm_uid,

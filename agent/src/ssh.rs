@@ -1,6 +1,7 @@
-//! Sessions with a terminal (ADR 33): flintlock's `MicroVMExec` has no PTY, so the agent
-//! logs in to the guest's sshd over flintlockd's `MicroVMSSHProxy.SSHProxy` byte stream
-//! and runs the command there on a PTY.
+//! Sessions with a terminal and forwarded ports (ADR 33): flintlock's `MicroVMExec` has
+//! no PTY and no ports, so the agent logs in to the guest's sshd over flintlockd's
+//! `MicroVMSSHProxy.SSHProxy` byte stream, and runs the command there on a PTY or opens a
+//! `direct-tcpip` channel to the port.
 //!
 //! The agent authenticates with an SSH user certificate the API server signs for the key
 //! below, beside its serving certificate (`hosts/<name>/certificate`); the key never
@@ -35,6 +36,8 @@ pub const DEFAULT_SIZE: TerminalSize = TerminalSize {
     width: 80,
     height: 24,
 };
+/// Where forwarded connections go in the guest, and say they come from.
+const GUEST_LOOPBACK: &str = "127.0.0.1";
 /// What `TERM` the guest's programs see: what kubectl's and ssh's terminals are.
 const TERM: &str = "xterm-256color";
 
@@ -188,6 +191,13 @@ pub async fn login(
 }
 
 impl Login {
+    /// A TCP connection to `port` on the guest's loopback (`direct-tcpip`).
+    pub async fn open_port(&self, port: u16) -> Result<russh::Channel<client::Msg>, russh::Error> {
+        self.handle
+            .channel_open_direct_tcpip(GUEST_LOOPBACK, port.into(), GUEST_LOOPBACK, 0)
+            .await
+    }
+
     /// Runs `command` (already a shell command line) on a PTY of `size`.
     pub async fn run_on_terminal(
         &self,

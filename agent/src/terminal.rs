@@ -52,33 +52,36 @@ pub async fn relay(
             break;
         }
     }
-    let mut code = None;
-    let mut client_done = false;
-    loop {
-        tokio::select! {
-            biased;
-            () = replies.closed() => {
-                debug!("the API server's stream went away; ending the terminal session");
-                return;
-            }
-            message = inbound.message(), if !client_done => match message {
-                Ok(Some(ExecRequest { payload: Some(payload) })) => {
+    // Each direction is its own loop, so a paste the guest is slow to read never stops
+    // its output, nor the other way round. The client being done writing leaves the
+    // output and the exit status to come.
+    let upstream = async {
+        loop {
+            match inbound.message().await {
+                Ok(Some(ExecRequest {
+                    payload: Some(payload),
+                })) => {
                     if let Err(status) = check(&payload) {
                         let _ = replies.try_send(Err(status));
                         return;
                     }
                     if apply(&to_guest, payload).await.is_err() {
-                        client_done = true;
+                        break;
                     }
                 }
-                // The client half-closed: output and the exit status still come.
-                Ok(Some(ExecRequest { payload: None })) | Ok(None) => client_done = true,
+                Ok(Some(ExecRequest { payload: None }) | None) => break,
                 Err(status) => {
                     debug!(%status, "the API server's stream broke; ending the terminal session");
                     return;
                 }
-            },
-            message = from_guest.wait() => match message {
+            }
+        }
+        std::future::pending::<()>().await;
+    };
+    let downstream = async {
+        let mut code = None;
+        loop {
+            match from_guest.wait().await {
                 // With a PTY, stderr is the terminal too; a server may still send some
                 // apart (sshd's own messages).
                 Some(ChannelMsg::Data { data } | ChannelMsg::ExtendedData { data, .. }) => {
@@ -96,25 +99,34 @@ pub async fn relay(
                 Some(ChannelMsg::Failure) => {
                     let _ = replies
                         .send(exit(exit_status::Outcome::Error(
-                            "the MicroVM's sshd refused to run the command on a terminal".to_owned(),
+                            "the MicroVM's sshd refused to run the command on a terminal"
+                                .to_owned(),
                         )))
                         .await;
                     return;
                 }
-                Some(_) => {}
-                None => {
+                // The status comes before the channel closes; a close ends the session.
+                Some(ChannelMsg::Close) | None => {
                     let outcome = code.map_or_else(
-                        || exit_status::Outcome::Error(
-                            "the terminal session ended without an exit status".to_owned(),
-                        ),
+                        || {
+                            exit_status::Outcome::Error(
+                                "the terminal session ended without an exit status".to_owned(),
+                            )
+                        },
                         exit_status::Outcome::Code,
                     );
                     debug!(?outcome, "terminal session ended");
                     let _ = replies.send(exit(outcome)).await;
                     return;
                 }
-            },
+                Some(_) => {}
+            }
         }
+    };
+    tokio::select! {
+        () = replies.closed() => debug!("the API server's stream went away; ending the terminal session"),
+        () = upstream => {}
+        () = downstream => {}
     }
 }
 

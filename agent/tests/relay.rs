@@ -21,8 +21,8 @@ use battery_embedded::simhost::{SimulatedHost, SimulatedHostConfig, SshProxyConf
 use battery_proto::Bytes;
 use battery_proto::agent::v1alpha1::relay_client::RelayClient;
 use battery_proto::agent::v1alpha1::{
-    ClaimRef, ExecOpen, ExecRequest, ExecResponse, StdinEof, TerminalSize, exec_request,
-    exec_response, exit_status,
+    ClaimRef, ExecOpen, ExecRequest, ExecResponse, PortForwardOpen, PortForwardRequest, StdinEof,
+    TerminalSize, exec_request, exec_response, exit_status, port_forward_request,
 };
 use clap::Parser as _;
 use common::Ca;
@@ -666,4 +666,92 @@ async fn a_terminal_without_an_ssh_certificate_is_refused_before_it_opens() {
         refused.message().contains("--agent-ssh-ca-key-file"),
         "{refused:?}"
     );
+}
+
+/// Opens a `PortForward` stream to `port` of the fixture's MicroVM.
+async fn forward_port(
+    fixture: &Fixture,
+    port: u32,
+) -> Result<
+    (
+        mpsc::Sender<PortForwardRequest>,
+        Streaming<battery_proto::agent::v1alpha1::PortForwardResponse>,
+    ),
+    tonic::Status,
+> {
+    let mut client = fixture.trusted_client().await;
+    let (requests, rx) = mpsc::channel(1);
+    let open = PortForwardOpen {
+        claim: None,
+        microvm_uid: fixture.microvm_uid.clone(),
+        port,
+    };
+    requests
+        .send(PortForwardRequest {
+            payload: Some(port_forward_request::Payload::Open(open)),
+        })
+        .await
+        .expect("queued");
+    let responses = client
+        .port_forward(ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    Ok((requests, responses))
+}
+
+#[tokio::test]
+async fn a_forwarded_port_carries_bytes_both_ways_until_the_guest_closes() {
+    let fixture = Fixture::with_terminals().await;
+    // The simulated guest's loopback is this machine's.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let (mut connection, _) = listener.accept().await.unwrap();
+        let mut asked = [0; 4];
+        connection.read_exact(&mut asked).await.unwrap();
+        connection.write_all(b"pong:").await.unwrap();
+        connection.write_all(&asked).await.unwrap();
+    });
+    let (requests, mut responses) = forward_port(&fixture, port.into()).await.expect("opened");
+    requests
+        .send(PortForwardRequest {
+            payload: Some(port_forward_request::Payload::Data(Bytes::from_static(
+                b"ping",
+            ))),
+        })
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    while let Some(response) = tokio::time::timeout(DEADLINE, responses.message())
+        .await
+        .expect("in time")
+        .expect("a healthy stream")
+    {
+        answer.extend(response.data);
+    }
+    assert_eq!(answer, b"pong:ping");
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_closed_guest_port_is_refused_saying_so() {
+    let fixture = Fixture::with_terminals().await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let refused = forward_port(&fixture, closed.into())
+        .await
+        .expect_err("refused");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains(&format!("connecting to port {closed} in the MicroVM")),
+        "{refused:?}"
+    );
+    let zero = forward_port(&fixture, 0).await.expect_err("refused");
+    assert_eq!(zero.code(), Code::InvalidArgument, "{zero:?}");
 }

@@ -35,7 +35,8 @@ use crate::resources::follow::Follower;
 use crate::resources::hosts::certificate::{AgentSigner, HostCertificates};
 use crate::resources::hosts::{HostDirectory, HostStatusWriter, HostStorage};
 use crate::resources::microvmclaims::{
-    ClaimConfig, ClaimExec, ClaimLeases, ClaimStorage, DEFAULT_MAX_SESSIONS, ExecSessions,
+    ClaimConfig, ClaimExec, ClaimLeases, ClaimPortForward, ClaimStorage, DEFAULT_MAX_SESSIONS,
+    ExecSessions,
 };
 use crate::resources::pools::PoolStorage;
 
@@ -258,6 +259,10 @@ pub fn build(
         Arc::new(
             ResourceEndpoint::new(claims.clone(), store.clone())
                 .with_subresource("lease", Arc::new(Arc::new(ClaimLeases(claims.clone()))))
+                .with_connect(
+                    "portforward",
+                    Arc::new(Arc::new(ClaimPortForward(exec.clone()))),
+                )
                 .with_connect("exec", Arc::new(exec)),
         ),
         Arc::new(

@@ -213,7 +213,7 @@ impl Client {
 }
 
 /// An error and its causes on one line.
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut line = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

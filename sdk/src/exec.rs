@@ -158,10 +158,10 @@ impl Command {
         })
     }
 
-    /// The exec request: `PodExecOptions` in the query, plus flintlock's `env` and
+    /// The exec request's query: `PodExecOptions`, plus flintlock's `env` and
     /// `workingDir`. A terminal merges stderr into stdout, so with one stderr is not
     /// asked for, as kubectl does.
-    fn request(&self, stdin: bool) -> Result<http::Request<Vec<u8>>, Error> {
+    fn query(&self, stdin: bool) -> String {
         let mut query = form_urlencoded::Serializer::new(String::new());
         for arg in &self.argv {
             query.append_pair("command", arg);
@@ -182,24 +182,14 @@ impl Command {
         if let Some(dir) = &self.working_dir {
             query.append_pair("workingDir", dir);
         }
-        let url = format!(
-            "{}/{}/exec?{}",
-            self.client.claims().resource_url(),
-            self.claim,
-            query.finish()
-        );
-        http::Request::get(url)
-            .body(Vec::new())
-            .map_err(|e| Error::Api(kube::Error::HttpError(e)))
+        query.finish()
     }
 
     async fn start(self, stdin: bool) -> Result<Process, Error> {
         let connection = self
             .client
-            .kube()
-            .connect(self.request(stdin)?)
-            .await
-            .map_err(|e| Error::from_claims(e, &self.pool))?;
+            .connect(&self.claim, "exec", &self.query(stdin), &self.pool)
+            .await?;
         let can_close = connection.supports_stream_close();
         let (stdin_tx, stdin_rx) = mpsc::channel(STDIN_FRAMES);
         let (stdout, stdout_pipe) = tokio::io::duplex(OUTPUT_BUFFER);
@@ -532,6 +522,29 @@ fn exit_code(status: Option<Status>, pool: &str) -> Result<i32, Error> {
 }
 
 impl Client {
+    /// Opens the WebSocket of the connect subresource `subresource` (`exec`,
+    /// `portforward`) of the claim `claim`, asking with `query`. A refusal before the
+    /// upgrade is the server's Status, mapped as for any call on a claim of `pool`.
+    pub(crate) async fn connect(
+        &self,
+        claim: &str,
+        subresource: &str,
+        query: &str,
+        pool: &str,
+    ) -> Result<kube::client::Connection, Error> {
+        let url = format!(
+            "{}/{claim}/{subresource}?{query}",
+            self.claims().resource_url()
+        );
+        let request = http::Request::get(url)
+            .body(Vec::new())
+            .map_err(|e| Error::Api(kube::Error::HttpError(e)))?;
+        self.kube()
+            .connect(request)
+            .await
+            .map_err(|e| Error::from_claims(e, pool))
+    }
+
     /// `command` (a program and its arguments) for the claim `claim` of this client's
     /// namespace, which this client's user holds. Unlike [`Claim::command`], nothing
     /// renews that claim's lease meanwhile.
@@ -684,9 +697,7 @@ mod tests {
 
     /// The query of `command`'s request.
     async fn query(command: Command) -> Vec<(String, String)> {
-        let request = command.request(true).unwrap();
-        let query = request.uri().query().unwrap_or_default().to_owned();
-        form_urlencoded::parse(query.as_bytes())
+        form_urlencoded::parse(command.query(true).as_bytes())
             .into_owned()
             .filter(|(name, _)| name != "command")
             .collect()

@@ -4,8 +4,10 @@
 //! Built on kube-rs: a [`Client`] wraps a `kube::Client`; [`Client::claim`] binds a
 //! MicroVM of a Pool and gives a [`Claim`] that renews its own lease until it is
 //! released or dropped; [`Claim::exec`] and [`Claim::run`] run commands in the MicroVM
-//! ([`Command::tty`] in a terminal, as `kubectl exec -it`), and [`Claim::upload`],
-//! [`Claim::download`] and the path copies move files in and out.
+//! ([`Command::tty`] in a terminal, as `kubectl exec -it`), [`Claim::upload`],
+//! [`Claim::download`] and the path copies move files in and out, and
+//! [`Claim::port_forward`] (or [`Claim::connect_port`], one connection) reaches a port of
+//! the MicroVM, as `kubectl port-forward` does a Pod's.
 //! The API types are re-exported as [`types`], so a consumer needs no other crate of ours.
 //!
 //! ```no_run
@@ -35,6 +37,7 @@ mod client;
 mod error;
 mod exec;
 mod host_ready;
+mod portforward;
 mod transfer;
 mod tty;
 
@@ -49,5 +52,6 @@ pub use host_ready::HostReadiness;
 /// The kube-rs this SDK is built on, so a consumer's `kube::Config` and `kube::Client`
 /// are of the same version.
 pub use kube;
+pub use portforward::{ForwardError, PortForward, PortStream};
 pub use transfer::{CopyPath, Download, Files, Transferred};
 pub use tty::{Resizer, TerminalSize};

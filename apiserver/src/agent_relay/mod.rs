@@ -1,5 +1,6 @@
 //! The client of the exec agents' relay (`battery.agent.v1alpha1.Relay`): one `Exec`
-//! stream per exec session, to the agent on the claim's Host. The one place that knows
+//! stream per exec session, and one `PortForward` stream per forwarded connection, to
+//! the agent on the claim's Host. The one place that knows
 //! the relay's gRPC, as `battery/` is for battery's.
 //!
 //! mTLS both ways: the agent's serving certificate must chain to the agent CA *and*
@@ -11,7 +12,10 @@ use std::time::Duration;
 
 use battery_api_machinery::status::ApiError;
 use battery_proto::agent::v1alpha1::relay_client::RelayClient;
-use battery_proto::agent::v1alpha1::{ExecOpen, ExecRequest, ExecResponse, exec_request};
+use battery_proto::agent::v1alpha1::{
+    ExecOpen, ExecRequest, ExecResponse, PortForwardOpen, PortForwardRequest, PortForwardResponse,
+    exec_request, port_forward_request,
+};
 use moka::sync::Cache;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -60,6 +64,14 @@ pub struct RelaySession {
     pub requests: mpsc::Sender<ExecRequest>,
     /// stdout, stderr and, last, the exit status.
     pub responses: tonic::Streaming<ExecResponse>,
+}
+
+/// A forwarded connection the agent made.
+pub struct RelayPort {
+    /// Bytes for the guest's port; dropping it ends the connection's writing side.
+    pub requests: mpsc::Sender<PortForwardRequest>,
+    /// The guest's bytes; the stream ends when the guest closes.
+    pub responses: tonic::Streaming<PortForwardResponse>,
 }
 
 /// Opens relay sessions; `None` TLS when `serve` was given no `--agent-*` files.
@@ -159,6 +171,54 @@ impl AgentRelay {
                 }
             })?;
         Ok(RelaySession {
+            requests,
+            responses: opened.into_inner(),
+        })
+    }
+}
+
+impl AgentRelay {
+    /// Opens a connection to a port of a MicroVM through its Host's agent. The error is
+    /// for a person, to go on the port's error channel: the client's WebSocket is
+    /// already upgraded, and other ports of it go on.
+    pub async fn open_port(
+        &self,
+        host: &str,
+        address: &str,
+        open: PortForwardOpen,
+    ) -> Result<RelayPort, String> {
+        let port = open.port;
+        let channel = self
+            .channel(host, address)
+            .map_err(|error| error.message().to_owned())?;
+        let (requests, queue) = mpsc::channel(STDIN_BUFFER);
+        // The queue is new, so there is room for the first message.
+        requests
+            .try_send(PortForwardRequest {
+                payload: Some(port_forward_request::Payload::Open(open)),
+            })
+            .map_err(|_| "queueing the port-forward open failed".to_owned())?;
+        let mut client = RelayClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let opened = tokio::time::timeout(
+            OPEN_TIMEOUT,
+            client.port_forward(ReceiverStream::new(queue)),
+        )
+        .await
+        .map_err(|_| {
+            format!(
+                "the exec agent of Host {host} did not connect to port {port} within {}s",
+                OPEN_TIMEOUT.as_secs()
+            )
+        })?
+        .map_err(|status| match status.code() {
+            // The agent's own words: what the guest said about the port.
+            tonic::Code::FailedPrecondition => status.message().to_owned(),
+            _ => format!(
+                "the exec agent of Host {host} at {address} could not connect to port {port}: {}",
+                describe(&status)
+            ),
+        })?;
+        Ok(RelayPort {
             requests,
             responses: opened.into_inner(),
         })

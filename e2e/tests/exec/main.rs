@@ -246,53 +246,64 @@ async fn a_hundred_megabytes_round_trip_through_cat_in_bounded_memory() {
     );
 }
 
+/// For exec and for port-forward alike.
 #[tokio::test]
 async fn only_the_holder_with_rbac_may_exec() {
     let server = ApiServer::aggregated_with_agents().await;
     let claims: Api<MicroVMClaim> =
         Api::namespaced(kube_client(server.kubeconfig()).await, NAMESPACE);
     claim(&claims, "mine").await;
-    // Someone allowed to exec into claims, but not this claim's Holder.
+    // Someone allowed to exec into claims and forward their ports, but not this claim's
+    // Holder.
     let rules = vec![front::battery_rule(
-        &["microvmclaims", "microvmclaims/exec"],
+        &[
+            "microvmclaims",
+            "microvmclaims/exec",
+            "microvmclaims/portforward",
+        ],
         &["get", "create"],
     )];
     let account = front::service_account(NAMESPACE, "other");
     let cluster = server.cluster().expect("aggregated");
     cluster.grant("e2e:exec", rules, account).await;
-    let path = format!(
+    let exec = format!(
         "{}?{}",
         channel_exec::exec_path(NAMESPACE, "mine"),
         channel_exec::query(&["echo", "hi"], false)
     );
-    // The Holder rule is ours; without RBAC, kube-apiserver itself refuses the upgrade,
-    // a GET, as `get` on `microvmclaims/exec`, in its own words.
-    for (account, why, refusal) in [
-        ("other", "not the Holder", "only its Holder"),
-        (
-            "nobody",
-            "no RBAC",
-            "cannot get resource \"microvmclaims/exec\"",
-        ),
+    let portforward = format!(
+        "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/{NAMESPACE}/microvmclaims/mine/portforward?ports=80"
+    );
+    for (subresource, path, protocol) in [
+        ("exec", exec, "v5.channel.k8s.io"),
+        ("portforward", portforward, "v4.channel.k8s.io"),
     ] {
-        let user = battery_types::service_account_username(NAMESPACE, account);
-        let (cert, key, _) = server.client_certificate(&user, &["system:serviceaccounts"]);
-        let refused = server
-            .exec_client(Some((cert, key)))
-            .open(&path, "v5.channel.k8s.io")
-            .await
-            .err()
-            .unwrap_or_else(|| panic!("{user} ({why}) may not exec"));
-        assert_eq!(refused.0, 403, "{why}: {}", refused.1);
-        assert_eq!(refused.1["reason"], "Forbidden", "{why}: {}", refused.1);
-        assert!(
-            refused.1["message"]
-                .as_str()
-                .unwrap_or_default()
-                .contains(refusal),
-            "{why}: {}",
-            refused.1
-        );
+        // The Holder rule is ours; without RBAC, kube-apiserver itself refuses the
+        // upgrade, a GET, as `get` on the subresource, in its own words.
+        let no_rbac = format!("cannot get resource \"microvmclaims/{subresource}\"");
+        for (account, why, refusal) in [
+            ("other", "not the Holder", "only its Holder"),
+            ("nobody", "no RBAC", no_rbac.as_str()),
+        ] {
+            let user = battery_types::service_account_username(NAMESPACE, account);
+            let (cert, key, _) = server.client_certificate(&user, &["system:serviceaccounts"]);
+            let refused = server
+                .exec_client(Some((cert, key)))
+                .open(&path, protocol)
+                .await
+                .err()
+                .unwrap_or_else(|| panic!("{user} ({why}) may not {subresource}"));
+            assert_eq!(refused.0, 403, "{subresource}, {why}: {}", refused.1);
+            assert_eq!(refused.1["reason"], "Forbidden", "{why}: {}", refused.1);
+            assert!(
+                refused.1["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains(refusal),
+                "{subresource}, {why}: {}",
+                refused.1
+            );
+        }
     }
 }
 

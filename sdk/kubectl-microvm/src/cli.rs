@@ -1,12 +1,13 @@
 //! The command line: global flags as kubectl has them, and one subcommand per verb.
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-/// Claim battery MicroVMs, run commands in them and copy files in and out. On PATH,
-/// kubectl runs it as `kubectl microvm`.
+/// Claim battery MicroVMs, run commands in them, copy files in and out and forward their
+/// ports. On PATH, kubectl runs it as `kubectl microvm`.
 #[derive(Debug, Parser)]
 #[command(name = "kubectl-microvm", version, propagate_version = true)]
 pub struct Cli {
@@ -34,6 +35,11 @@ pub struct ClusterArgs {
 /// Where `exec -t` and `shell` say what a terminal needs of the guest.
 const TTY_NEEDS_SSHD: &str = "A terminal (-t, shell) needs the guest to run sshd trusting \
                               battery's SSH CA; docs/exec.md says how.";
+
+/// Where `port-forward` says what reaching a guest port needs of the guest.
+const FORWARD_NEEDS_SSHD: &str = "A guest port is reached through the guest's sshd \
+                                  (direct-tcpip), so the guest must run sshd trusting \
+                                  battery's SSH CA, as for a terminal; docs/exec.md says how.";
 
 /// What `shell` runs: the guest user's login shell, or sh when it names none.
 const LOGIN_SHELL: [&str; 3] = ["/bin/sh", "-c", "exec \"${SHELL:-/bin/sh}\" -l"];
@@ -73,6 +79,15 @@ pub enum Command {
     /// its size and sha256 in the guest; a directory travels as a tar stream, so the
     /// guest needs tar. A progress bar shows on a terminal.
     Cp(CpArgs),
+    /// Forward local ports to ports of the MicroVM of CLAIM, as kubectl port-forward
+    /// forwards them to a Pod.
+    ///
+    /// Each mapping is [LOCAL:]REMOTE: `8080:80` listens on 8080 for the guest's port 80,
+    /// `:80` on a free local port, `80` on port 80 here too. Runs until Ctrl-C (exit 0); a
+    /// connection that fails prints an error line and the others go on. Only the claim's
+    /// Holder may.
+    #[command(after_help = FORWARD_NEEDS_SSHD)]
+    PortForward(PortForwardArgs),
     /// Renew the lease of CLAIM once.
     Renew {
         /// The claim (NAME or microvmclaim/NAME).
@@ -195,6 +210,74 @@ pub struct CpArgs {
     /// Where to: CLAIM:PATH in the guest, or a local path.
     #[arg(value_name = "DST")]
     pub dst: String,
+}
+
+#[derive(Debug, Args)]
+pub struct PortForwardArgs {
+    /// The claim (NAME or microvmclaim/NAME).
+    pub claim: String,
+    /// A port to forward, [LOCAL:]REMOTE: 8080:80, :80 (a free local port) or 80.
+    #[arg(required = true, value_name = "[LOCAL:]REMOTE", value_parser = Mapping::parse)]
+    pub ports: Vec<Mapping>,
+    /// The local addresses to listen on, comma-separated: IP addresses, or localhost.
+    #[arg(
+        long = "address",
+        value_name = "ADDRESS",
+        value_delimiter = ',',
+        default_value = "127.0.0.1",
+        value_parser = address
+    )]
+    pub addresses: Vec<IpAddr>,
+}
+
+/// One `[LOCAL:]REMOTE` of `port-forward`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    /// The local port; 0 for a free one.
+    pub local: u16,
+    /// The guest's port.
+    pub remote: u16,
+}
+
+impl Mapping {
+    /// As kubectl port-forward reads its ports: `LOCAL:REMOTE`, `:REMOTE` (or
+    /// `0:REMOTE`) for a free local port, `PORT` for the same port on both sides.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (local, remote) = match text.split_once(':') {
+            Some(("", remote)) => (0, port(remote)?),
+            Some((local, remote)) => (port(local)?, port(remote)?),
+            None => {
+                let port = port(text)?;
+                (port, port)
+            }
+        };
+        if remote == 0 {
+            return Err(
+                "the guest's port cannot be 0; give one from 1 to 65535, as in 8080:80 (:80 \
+                 picks a free local port)"
+                    .to_owned(),
+            );
+        }
+        Ok(Self { local, remote })
+    }
+}
+
+fn port(text: &str) -> Result<u16, String> {
+    text.parse().map_err(|_| {
+        format!("{text:?} is not a port; ports are numbers from 1 to 65535, as in 8080:80")
+    })
+}
+
+/// An address to listen on: an IP address, or `localhost` for 127.0.0.1.
+fn address(text: &str) -> Result<IpAddr, String> {
+    if text == "localhost" {
+        return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    }
+    text.parse().map_err(|_| {
+        format!(
+            "{text:?} is not an IP address; give one as 127.0.0.1, ::1 or 0.0.0.0, or localhost"
+        )
+    })
 }
 
 /// One side of `cp`.
@@ -369,6 +452,74 @@ mod tests {
         assert_eq!((cp.src.as_str(), cp.dst.as_str()), ("./dir", "c:/work"));
         assert_eq!(cli.cluster.namespace.as_deref(), Some("ci"));
         assert!(Cli::try_parse_from(["kubectl-microvm", "cp", "./dir"]).is_err());
+    }
+
+    fn port_forward_of(args: &[&str]) -> Result<PortForwardArgs, clap::Error> {
+        let cli = Cli::try_parse_from(["kubectl-microvm", "port-forward"].iter().chain(args))?;
+        match cli.command {
+            Command::PortForward(args) => Ok(args),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn ports_are_mapped_as_kubectl_port_forward_maps_them() {
+        let mapping = |local, remote| Mapping { local, remote };
+        assert_eq!(Mapping::parse("8080:80"), Ok(mapping(8080, 80)));
+        assert_eq!(Mapping::parse(":80"), Ok(mapping(0, 80)));
+        assert_eq!(Mapping::parse("0:80"), Ok(mapping(0, 80)));
+        assert_eq!(Mapping::parse("5432"), Ok(mapping(5432, 5432)));
+        assert_eq!(Mapping::parse("65535:1"), Ok(mapping(65535, 1)));
+        for bad in [
+            "http",
+            "80x",
+            "8080:",
+            ":",
+            "",
+            "-1",
+            "65536",
+            "8080:65536",
+            "1:2:3",
+        ] {
+            let error = Mapping::parse(bad).unwrap_err();
+            assert!(error.contains("is not a port"), "{bad}: {error}");
+            assert!(
+                error.contains("8080:80") && !error.contains('\n'),
+                "{bad}: {error}"
+            );
+        }
+        for zero in ["0", "8080:0", ":0"] {
+            let error = Mapping::parse(zero).unwrap_err();
+            assert!(error.contains("cannot be 0"), "{zero}: {error}");
+        }
+    }
+
+    #[test]
+    fn port_forward_takes_mappings_and_addresses() {
+        let args = port_forward_of(&["microvmclaim/c", "8080:80", ":22", "-n", "ci"]).unwrap();
+        assert_eq!(claim_name(&args.claim), "c");
+        assert_eq!(
+            args.ports,
+            [
+                Mapping {
+                    local: 8080,
+                    remote: 80
+                },
+                Mapping {
+                    local: 0,
+                    remote: 22
+                }
+            ]
+        );
+        assert_eq!(args.addresses, [IpAddr::V4(Ipv4Addr::LOCALHOST)]);
+        let args = port_forward_of(&["c", "80", "--address", "localhost,::1,0.0.0.0"]).unwrap();
+        let addresses: Vec<String> = args.addresses.iter().map(ToString::to_string).collect();
+        assert_eq!(addresses, ["127.0.0.1", "::1", "0.0.0.0"]);
+        // A port is required, and each must be one; an address must be an address.
+        assert!(port_forward_of(&["c"]).is_err());
+        let bad = port_forward_of(&["c", "80", "8080:0"]).unwrap_err();
+        assert_eq!(bad.kind(), clap::error::ErrorKind::ValueValidation);
+        assert!(port_forward_of(&["c", "80", "--address", "example.com"]).is_err());
     }
 
     #[test]

@@ -1,15 +1,18 @@
 //! One function per subcommand; each gives the process's exit code.
 
+use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
 use battery_sdk::types::{ClaimPhase, MicroVMClaim};
-use battery_sdk::{Claim, Client};
+use battery_sdk::{Claim, Client, ForwardError, PortForward};
+use futures::StreamExt as _;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::cli::{
-    ClaimArgs, ClaimRequest, CpArgs, ExecArgs, Location, Output, RunArgs, claim_name,
+    ClaimArgs, ClaimRequest, CpArgs, ExecArgs, Location, Mapping, Output, PortForwardArgs, RunArgs,
+    claim_name,
 };
-use crate::failure::Failure;
+use crate::failure::{self, Failure};
 use crate::progress::Progress;
 use crate::session;
 
@@ -145,6 +148,78 @@ pub async fn cp(cx: &Context, args: CpArgs) -> Result<i32, Failure> {
     let copied = copy.on_progress(progress.on_copy()).send().await;
     progress.done();
     copied.map(|_| 0).map_err(|e| cx.fail(&e))
+}
+
+pub async fn port_forward(cx: &Context, args: PortForwardArgs) -> Result<i32, Failure> {
+    // Caught rather than left to kill the process: as kubectl's port-forward, Ctrl-C is
+    // how it ends, with 0.
+    let interrupted = session::interrupts()
+        .map_err(|e| Failure::new(format!("cannot listen for Ctrl-C: {e}")))?;
+    tokio::select! {
+        failed = forward(cx, &args) => failed,
+        () = interrupted => Ok(0),
+    }
+}
+
+/// Listens on each address for each mapping, says so as kubectl does, then prints each
+/// connection that fails; it returns only when it cannot listen or find the claim.
+async fn forward(cx: &Context, args: &PortForwardArgs) -> Result<i32, Failure> {
+    let claim = claim_name(&args.claim);
+    let mut forwards = Vec::new();
+    for mapping in &args.ports {
+        let mut local_port = mapping.local;
+        for &address in &args.addresses {
+            let local = SocketAddr::new(address, local_port);
+            let forward = cx
+                .client
+                .port_forward_on(claim, mapping.remote, local)
+                .await
+                .map_err(|e| cannot_listen(cx, &e, local, mapping))?;
+            // As kubectl: a free port, once chosen, is the same on every address.
+            local_port = forward.local_addr().port();
+            println!(
+                "Forwarding from {} -> {}",
+                forward.local_addr(),
+                mapping.remote
+            );
+            forwards.push(forward);
+        }
+    }
+    let mut failures = futures::stream::select_all(forwards.iter_mut().map(PortForward::errors));
+    while let Some(failed) = failures.next().await {
+        eprintln!("error: {}", connection_failure(cx, &failed));
+    }
+    // Not reached: a forward's failures end only with the forward, which lives here.
+    std::future::pending().await
+}
+
+fn cannot_listen(
+    cx: &Context,
+    error: &battery_sdk::Error,
+    local: SocketAddr,
+    mapping: &Mapping,
+) -> Failure {
+    match error {
+        battery_sdk::Error::Local { source, .. } => Failure::new(format!(
+            "cannot listen on {local}: {source}; choose another local port (:{} picks a free \
+             one) or --address",
+            mapping.remote
+        )),
+        other => cx.fail(other),
+    }
+}
+
+/// A failed connection in a line: the server's words for what happened in the MicroVM,
+/// ours for a refusal of the SDK's.
+fn connection_failure(cx: &Context, failed: &ForwardError) -> String {
+    match failed
+        .error
+        .get_ref()
+        .and_then(|e| e.downcast_ref::<battery_sdk::Error>())
+    {
+        Some(error) => cx.fail(error).to_string(),
+        None => failure::chain(&failed.error),
+    }
 }
 
 pub async fn renew(cx: &Context, claim: &str) -> Result<i32, Failure> {

@@ -1,8 +1,10 @@
-//! `kubectl-microvm`: claim battery MicroVMs, run commands in them and copy files in and
-//! out, from a terminal, on battery-sdk. On PATH, kubectl runs it as `kubectl microvm`.
+//! `kubectl-microvm`: claim battery MicroVMs, run commands in them, copy files in and
+//! out and forward their ports, from a terminal, on battery-sdk. On PATH, kubectl runs it
+//! as `kubectl microvm`.
 //!
 //! Every failure is one line on stderr that says what to do, and exit code 1; `exec`,
-//! `shell` and `run` exit with the command's code (130 after Ctrl-C, 143 after SIGTERM).
+//! `shell` and `run` exit with the command's code (130 after Ctrl-C, 143 after SIGTERM);
+//! `port-forward` runs until Ctrl-C, then exits 0, as kubectl's does.
 
 mod cli;
 mod commands;
@@ -45,6 +47,7 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
         Command::Shell(args) => commands::exec(&cx, args.into_exec()).await,
         Command::Run(args) => commands::run(&cx, args).await,
         Command::Cp(args) => commands::cp(&cx, args).await,
+        Command::PortForward(args) => commands::port_forward(&cx, args).await,
         Command::Renew { claim } => commands::renew(&cx, &claim).await,
         Command::Release { claim } => commands::release(&cx, &claim).await,
         Command::Ls => commands::list(&cx).await,

@@ -3,6 +3,8 @@
 //! it everything after `microvm`.
 
 mod common;
+#[path = "kubectl/port_forward.rs"]
+mod port_forward;
 #[path = "kubectl/terminal.rs"]
 mod terminal;
 

@@ -251,6 +251,15 @@ impl HasResourceInfo for MicroVMClaim {
                 verbs: &[Verb::Create, Verb::Get],
                 strategic_merge_patch: false,
             },
+            SubresourceInfo {
+                name: "portforward",
+                group: GROUP,
+                version: VERSION,
+                // Named after `pods/portforward`'s `PodPortForwardOptions` (`ports`).
+                kind: "MicroVMClaimPortForwardOptions",
+                verbs: &[Verb::Create, Verb::Get],
+                strategic_merge_patch: false,
+            },
         ],
     };
 }

@@ -40,7 +40,7 @@ mod recovery;
 mod stored;
 
 pub use config::ClaimConfig;
-pub use exec::{ClaimExec, DEFAULT_MAX_SESSIONS, ExecSessions};
+pub use exec::{ClaimExec, ClaimPortForward, DEFAULT_MAX_SESSIONS, ExecSessions};
 pub use lease::ClaimLeases;
 pub use quota::{ClaimQuotas, QuotaSource};
 

@@ -7,6 +7,7 @@
 //! Host's agent (none registered, unreachable, refusing). Only then is the connection
 //! upgraded and the session relayed (`session`).
 
+mod portforward;
 mod session;
 mod sessions;
 
@@ -27,6 +28,7 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
+pub use portforward::ClaimPortForward;
 pub use sessions::{DEFAULT_MAX_SESSIONS, ExecSessions};
 
 use super::lease::check_holder;
@@ -129,6 +131,31 @@ impl ExecOptions {
     }
 }
 
+/// The request's connection, to upgrade once the answer is `101`.
+fn take_upgrade(parts: &mut Parts) -> Result<hyper::upgrade::OnUpgrade, ApiError> {
+    parts
+        .extensions
+        .remove::<hyper::upgrade::OnUpgrade>()
+        .ok_or_else(|| ApiError::bad_request("this connection cannot be upgraded to a WebSocket"))
+}
+
+/// The server's side of an upgraded connection's WebSocket, its messages bounded as the
+/// agent's are.
+async fn server_websocket(
+    upgraded: hyper::upgrade::Upgraded,
+) -> WebSocketStream<TokioIo<hyper::upgrade::Upgraded>> {
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(MAX_MESSAGE_BYTES))
+        .max_frame_size(Some(MAX_MESSAGE_BYTES));
+    WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(config)).await
+}
+
+/// `protocols`' names, for a person.
+fn names(protocols: &[Protocol]) -> String {
+    let names: Vec<&str> = protocols.iter().map(|p| p.name()).collect();
+    names.join(", ")
+}
+
 /// A WebSocket handshake we can accept.
 struct Handshake {
     accept: String,
@@ -136,7 +163,8 @@ struct Handshake {
 }
 
 impl Handshake {
-    fn of(headers: &HeaderMap) -> Result<Self, ApiError> {
+    /// The handshake's answer, with the best of `served` the client offered.
+    fn of(headers: &HeaderMap, served: &[Protocol]) -> Result<Self, ApiError> {
         let has_token = |name: header::HeaderName, token: &str| {
             headers.get_all(name).iter().any(|value| {
                 value
@@ -146,13 +174,13 @@ impl Handshake {
         };
         let key = headers.get(header::SEC_WEBSOCKET_KEY);
         let (true, Some(key)) = (has_token(header::UPGRADE, "websocket"), key) else {
-            return Err(ApiError::bad_request(
-                "exec needs a WebSocket upgrade (v5.channel.k8s.io, v4.channel.k8s.io or \
-                 v4.base64.channel.k8s.io); SPDY is not served",
-            ));
+            return Err(ApiError::bad_request(format!(
+                "this needs a WebSocket upgrade ({}); SPDY is not served",
+                names(served)
+            )));
         };
         if headers.get(header::SEC_WEBSOCKET_VERSION) != Some(&HeaderValue::from_static("13")) {
-            return Err(ApiError::bad_request("exec needs WebSocket version 13"));
+            return Err(ApiError::bad_request("this needs WebSocket version 13"));
         }
         let offered: Vec<&str> = headers
             .get_all(header::SEC_WEBSOCKET_PROTOCOL)
@@ -161,14 +189,15 @@ impl Handshake {
             .flat_map(|v| v.split(','))
             .map(str::trim)
             .collect();
-        let protocol = Protocol::ALL
-            .into_iter()
+        let protocol = served
+            .iter()
+            .copied()
             .find(|p| offered.contains(&p.name()))
             .ok_or_else(|| {
                 ApiError::bad_request(format!(
-                    "none of the offered WebSocket subprotocols ({}) is served: offer \
-                     v5.channel.k8s.io, v4.channel.k8s.io or v4.base64.channel.k8s.io",
-                    offered.join(", ")
+                    "none of the offered WebSocket subprotocols ({}) is served: offer {}",
+                    offered.join(", "),
+                    names(served)
                 ))
             })?;
         Ok(Self {
@@ -250,15 +279,20 @@ impl ClaimExec {
         }
     }
 
-    /// The claim's MicroVM and its Host's agent, if `ctx` may exec into it.
-    async fn target(&self, ctx: &RequestContext, name: &str) -> Result<Target, ApiError> {
+    /// The claim's MicroVM and its Host's agent, if `ctx` may `act` on it ("exec into").
+    async fn target(
+        &self,
+        ctx: &RequestContext,
+        name: &str,
+        act: &str,
+    ) -> Result<Target, ApiError> {
         let namespace = ctx.namespace.as_deref().unwrap_or_default();
         let record = self
             .claims
             .store
             .get::<ClaimRecord>(&key(namespace, name))?
             .ok_or_else(|| ApiError::not_found(info(), name))?;
-        check_holder(ctx, &record, "exec into")?;
+        check_holder(ctx, &record, act)?;
         let followed = record
             .leased()
             .is_some_and(|leased| self.claims.lease_followed(leased.expires));
@@ -276,7 +310,7 @@ impl ClaimExec {
         };
         if let Some(why) = host_not_ready(&record.status) {
             return Err(ApiError::service_unavailable(format!(
-                "cannot exec into microvmclaim {namespace}/{name}: its Host {} is not ready: {why}",
+                "cannot {act} microvmclaim {namespace}/{name}: its Host {} is not ready: {why}",
                 host.node_name
             )));
         }
@@ -289,7 +323,7 @@ impl ClaimExec {
             .or_else(|| host.agent_address.clone())
             .ok_or_else(|| {
                 ApiError::service_unavailable(format!(
-                    "cannot exec into microvmclaim {namespace}/{name}: its Host {} has no \
+                    "cannot {act} microvmclaim {namespace}/{name}: its Host {} has no \
                      exec agent registered (the Host's spec.agentAddress is empty)",
                     host.node_name
                 ))
@@ -324,17 +358,12 @@ impl Connect for Arc<ClaimExec> {
         let exec = self.clone();
         Box::pin(async move {
             let options = ExecOptions::parse(parts.uri.query().unwrap_or_default())?;
-            let handshake = Handshake::of(&parts.headers)?;
-            let upgrade = parts
-                .extensions
-                .remove::<hyper::upgrade::OnUpgrade>()
-                .ok_or_else(|| {
-                    ApiError::bad_request("this connection cannot be upgraded to a WebSocket")
-                })?;
+            let handshake = Handshake::of(&parts.headers, &Protocol::ALL)?;
+            let upgrade = take_upgrade(&mut parts)?;
             let bulk = parts.extensions.remove::<BulkOutput>();
             let sessions = &exec.claims.exec_sessions;
             let permit = sessions.admit()?;
-            let target = exec.target(&ctx, &name).await?;
+            let target = exec.target(&ctx, &name, "exec into").await?;
             let command = format!("[{}]", options.command.join(" "));
             let opened = exec
                 .relay
@@ -377,16 +406,7 @@ impl Connect for Arc<ClaimExec> {
                         if let Some(bulk) = bulk {
                             bulk.enable();
                         }
-                        let config = WebSocketConfig::default()
-                            .max_message_size(Some(MAX_MESSAGE_BYTES))
-                            .max_frame_size(Some(MAX_MESSAGE_BYTES));
-                        let ws = WebSocketStream::from_raw_socket(
-                            TokioIo::new(upgraded),
-                            Role::Server,
-                            Some(config),
-                        )
-                        .await;
-                        session.run(ws).await;
+                        session.run(server_websocket(upgraded).await).await;
                     }
                     // Dropping the session ends the command the agent started.
                     Err(error) => tracing::debug!(%error, "an exec upgrade did not complete"),

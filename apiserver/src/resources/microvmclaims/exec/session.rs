@@ -66,7 +66,7 @@ pub struct Session {
 
 /// A message on `channel`: binary, or in the base64 protocol a text frame whose first
 /// character is the channel's digit.
-fn frame(protocol: Protocol, channel: u8, payload: &[u8]) -> Message {
+pub(super) fn frame(protocol: Protocol, channel: u8, payload: &[u8]) -> Message {
     frame_of_parts(protocol, channel, &[payload])
 }
 
@@ -88,7 +88,7 @@ fn frame_of_parts<P: AsRef<[u8]>>(protocol: Protocol, channel: u8, parts: &[P]) 
 
 /// A client's message as its channel and payload; `None` for what is not a frame of
 /// `protocol`.
-fn unframe(protocol: Protocol, message: Message) -> Option<(u8, Bytes)> {
+pub(super) fn unframe(protocol: Protocol, message: Message) -> Option<(u8, Bytes)> {
     match (protocol, message) {
         (Protocol::V4Base64, Message::Text(text)) => {
             let text = text.as_str();

@@ -53,17 +53,23 @@ fn upgrade(protocols: &str) -> HeaderMap {
 
 #[test]
 fn the_handshake_picks_v5_over_v4_and_refuses_others() {
-    let both = Handshake::of(&upgrade("v4.channel.k8s.io, v5.channel.k8s.io")).unwrap();
+    let both = Handshake::of(
+        &upgrade("v4.channel.k8s.io, v5.channel.k8s.io"),
+        &Protocol::ALL,
+    )
+    .unwrap();
     assert_eq!(both.protocol, Protocol::V5);
     // RFC 6455's example key and answer.
     assert_eq!(both.accept, "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
-    let v4 = Handshake::of(&upgrade("v4.channel.k8s.io")).unwrap();
+    let v4 = Handshake::of(&upgrade("v4.channel.k8s.io"), &Protocol::ALL).unwrap();
     assert_eq!(v4.protocol, Protocol::V4);
-    let base64 = Handshake::of(&upgrade("base64.channel.k8s.io"))
+    let base64 = Handshake::of(&upgrade("base64.channel.k8s.io"), &Protocol::ALL)
         .err()
         .unwrap();
     assert_eq!(base64.code(), StatusCode::BAD_REQUEST);
-    let spdy = Handshake::of(&HeaderMap::new()).err().unwrap();
+    let spdy = Handshake::of(&HeaderMap::new(), &Protocol::ALL)
+        .err()
+        .unwrap();
     assert!(spdy.message().contains("SPDY"), "{}", spdy.message());
 }
 

@@ -1,0 +1,339 @@
+//! `microvmclaims/<name>/portforward`: TCP connections to ports of the claim's MicroVM, as
+//! `pods/portforward` makes them to a Pod's, through the exec agent on its Host and the
+//! guest's sshd (ADR 33). Only the Holder may, with RBAC `create` on
+//! `microvmclaims/portforward`; kube-apiserver treats the subresource as long-running.
+//!
+//! kubelet's WebSocket protocol: the query names the ports (`ports=80&ports=443`); the
+//! i-th port's data goes on channel `2i` and its errors on `2i+1`, and the first frame on
+//! each of them is the port, two bytes little-endian. Each port is one connection to the
+//! guest, made once the WebSocket is up; one that cannot be made (nothing listening, no
+//! SSH into the guest) is a message on its error channel, and the other ports go on. The
+//! session ends when every port's connection has ended, the client goes, or the claim
+//! is released or expires.
+
+use std::sync::Arc;
+
+use axum::response::Response;
+use battery_api_machinery::params::decode_query;
+use battery_api_machinery::status::ApiError;
+use battery_proto::Bytes;
+use battery_proto::agent::v1alpha1::{PortForwardOpen, PortForwardRequest, port_forward_request};
+use futures::future::BoxFuture;
+use futures::{SinkExt as _, StreamExt as _};
+use http::request::Parts;
+use serde::Deserialize;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+
+use super::session::{frame, unframe};
+use super::sessions::SessionGuard;
+use super::{ClaimExec, Handshake, Protocol, Target, server_websocket, take_upgrade};
+use crate::agent_relay::{AgentRelay, RelayPort};
+use crate::api::{Connect, RequestContext};
+
+/// kubelet's port-forward protocols: binary, and base64 for clients that cannot send
+/// binary. v5's close channel has no meaning here.
+const PROTOCOLS: [Protocol; 2] = [Protocol::V4, Protocol::V4Base64];
+/// The most ports one session forwards: each is a connection through the agent.
+const MAX_PORTS: usize = 32;
+/// Frames queued towards the client, from all ports, before their connections wait.
+const OUTPUT_FRAMES: usize = 8;
+/// Chunks from the client queued towards each port's connection.
+const INPUT_CHUNKS: usize = 4;
+
+/// `PodPortForwardOptions`, as the query gives it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct PortForwardOptions {
+    ports: Vec<u16>,
+}
+
+impl PortForwardOptions {
+    fn parse(query: &str) -> Result<Self, ApiError> {
+        let options: Self = decode_query(query)?;
+        if options.ports.is_empty() {
+            return Err(ApiError::bad_request(
+                "you must specify at least one port to forward (ports=80)",
+            ));
+        }
+        if options.ports.contains(&0) {
+            return Err(ApiError::bad_request(
+                "port 0 is not a port: give 1 to 65535",
+            ));
+        }
+        if options.ports.len() > MAX_PORTS {
+            return Err(ApiError::bad_request(format!(
+                "at most {MAX_PORTS} ports at once; open another session for more"
+            )));
+        }
+        Ok(options)
+    }
+}
+
+/// The `portforward` subresource of claims.
+pub struct ClaimPortForward(pub Arc<ClaimExec>);
+
+impl Connect for Arc<ClaimPortForward> {
+    fn connect(
+        &self,
+        ctx: RequestContext,
+        name: String,
+        mut parts: Parts,
+    ) -> BoxFuture<'static, Result<Response, ApiError>> {
+        let exec = self.0.clone();
+        Box::pin(async move {
+            let options = PortForwardOptions::parse(parts.uri.query().unwrap_or_default())?;
+            let handshake = Handshake::of(&parts.headers, &PROTOCOLS)?;
+            let upgrade = take_upgrade(&mut parts)?;
+            let sessions = &exec.claims.exec_sessions;
+            let permit = sessions.admit()?;
+            let target = exec.target(&ctx, &name, "forward a port of").await?;
+            let guard = sessions.register(&target.claim.uid, permit);
+            let response = handshake.response()?;
+            let (protocol, relay) = (handshake.protocol, exec.relay.clone());
+            tokio::spawn(async move {
+                match upgrade.await {
+                    Ok(upgraded) => {
+                        let ws = server_websocket(upgraded).await;
+                        let ports = Ports {
+                            protocol,
+                            ports: options.ports,
+                            relay,
+                            target,
+                        };
+                        ports.run(ws, guard).await;
+                    }
+                    Err(error) => {
+                        tracing::debug!(%error, "a port-forward upgrade did not complete");
+                    }
+                }
+            });
+            Ok(response)
+        })
+    }
+}
+
+/// One session's ports, and where their connections go.
+struct Ports {
+    protocol: Protocol,
+    ports: Vec<u16>,
+    relay: Arc<AgentRelay>,
+    target: Target,
+}
+
+impl Ports {
+    async fn run<S: AsyncRead + AsyncWrite + Unpin>(
+        self,
+        ws: WebSocketStream<S>,
+        guard: SessionGuard,
+    ) {
+        let Ports {
+            protocol,
+            ports,
+            relay,
+            target,
+        } = self;
+        let (mut sink, mut stream) = ws.split();
+        // As kubelet does: each channel opens with its port.
+        for (i, port) in ports.iter().enumerate() {
+            for channel in [data_channel(i), error_channel(i)] {
+                if sink
+                    .feed(frame(protocol, channel, &port.to_le_bytes()))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        }
+        if sink.flush().await.is_err() {
+            return;
+        }
+        let (to_client, mut outgoing) = mpsc::channel(OUTPUT_FRAMES);
+        let mut inputs = Vec::with_capacity(ports.len());
+        for (i, port) in ports.iter().enumerate() {
+            let (input, chunks) = mpsc::channel(INPUT_CHUNKS);
+            inputs.push(Some(input));
+            let connection = Connection {
+                index: i,
+                port: *port,
+                protocol,
+                to_client: to_client.clone(),
+            };
+            let (relay, target) = (relay.clone(), open_for(&target, *port));
+            tokio::spawn(connection.run(relay, target, chunks));
+        }
+        // Once every connection has ended, `outgoing` ends.
+        drop(to_client);
+        // The client's bytes and the guest's each move on their own, so a client that
+        // is slow to read never stops what it writes, nor the other way round.
+        let to_client = async {
+            while let Some(frame) = outgoing.recv().await {
+                if sink.send(frame).await.is_err() {
+                    return;
+                }
+            }
+        };
+        let from_client = async {
+            while let Some(Ok(message)) = stream.next().await {
+                if let Message::Close(_) = message {
+                    return;
+                }
+                let Some((channel, payload)) = unframe(protocol, message) else {
+                    continue;
+                };
+                // Only data channels carry the client's bytes; an empty frame is none.
+                let index = usize::from(channel / 2);
+                if channel % 2 != 0 || payload.is_empty() {
+                    continue;
+                }
+                let Some(Some(input)) = inputs.get(index) else {
+                    continue;
+                };
+                // A connection that ended takes no more; its error is already sent.
+                if input.send(payload).await.is_err() {
+                    inputs[index] = None;
+                }
+            }
+        };
+        tokio::select! {
+            () = to_client => {}
+            () = from_client => {}
+            () = guard.ended().cancelled() => {}
+            () = guard.shutting_down().cancelled() => {}
+        }
+        // Dropping the inputs and `outgoing` ends every connection still open.
+        let _ = sink.close().await;
+    }
+}
+
+fn data_channel(index: usize) -> u8 {
+    u8::try_from(index * 2).unwrap_or(u8::MAX)
+}
+
+fn error_channel(index: usize) -> u8 {
+    data_channel(index).saturating_add(1)
+}
+
+fn open_for(target: &Target, port: u16) -> (String, String, PortForwardOpen) {
+    (
+        target.host.clone(),
+        target.agent_address.clone(),
+        PortForwardOpen {
+            claim: Some(target.claim.clone()),
+            microvm_uid: target.microvm_uid.clone(),
+            port: port.into(),
+        },
+    )
+}
+
+/// One port's connection through the agent.
+struct Connection {
+    index: usize,
+    port: u16,
+    protocol: Protocol,
+    to_client: mpsc::Sender<Message>,
+}
+
+impl Connection {
+    async fn run(
+        self,
+        relay: Arc<AgentRelay>,
+        (host, address, open): (String, String, PortForwardOpen),
+        mut chunks: mpsc::Receiver<Bytes>,
+    ) {
+        let RelayPort {
+            requests,
+            mut responses,
+        } = match relay.open_port(&host, &address, open).await {
+            Ok(port) => port,
+            Err(message) => return self.fail(&message).await,
+        };
+        // Each direction on its own, as the session's: the client's bytes go on while the
+        // guest's wait for the client, and the other way round.
+        let upstream = async {
+            while let Some(data) = chunks.recv().await {
+                let request = PortForwardRequest {
+                    payload: Some(port_forward_request::Payload::Data(data)),
+                };
+                if requests.send(request).await.is_err() {
+                    // The agent takes no more: its answer, or why, still comes.
+                    std::future::pending::<()>().await;
+                }
+            }
+            // The session is over: the connection goes with it.
+        };
+        let downstream = async {
+            loop {
+                match responses.message().await {
+                    Ok(Some(response)) => {
+                        let data = frame(self.protocol, data_channel(self.index), &response.data);
+                        if self.to_client.send(data).await.is_err() {
+                            return None;
+                        }
+                    }
+                    // The guest closed the connection.
+                    Ok(None) => return None,
+                    Err(status) => {
+                        return Some(format!(
+                            "the connection to port {} in the MicroVM failed: {}",
+                            self.port,
+                            status.message()
+                        ));
+                    }
+                }
+            }
+        };
+        let failed = tokio::select! {
+            () = upstream => None,
+            failed = downstream => failed,
+        };
+        if let Some(message) = failed {
+            self.fail(&message).await;
+        }
+    }
+
+    /// Says on the port's error channel why its connection failed or could not be made.
+    async fn fail(self, message: &str) {
+        tracing::debug!(port = self.port, message, "a forwarded connection failed");
+        let error = frame(self.protocol, error_channel(self.index), message.as_bytes());
+        let _ = self.to_client.send(error).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::StatusCode;
+
+    use super::*;
+
+    #[test]
+    fn ports_are_required_and_bounded() {
+        let options = PortForwardOptions::parse("ports=80&ports=443").unwrap();
+        assert_eq!(options.ports, [80, 443]);
+        for (query, says) in [
+            ("", "at least one port"),
+            ("ports=0", "port 0"),
+            ("ports=65536", ""),
+            ("ports=http", ""),
+        ] {
+            let error = PortForwardOptions::parse(query).unwrap_err();
+            assert_eq!(error.code(), StatusCode::BAD_REQUEST, "{query}");
+            assert!(
+                error.message().contains(says),
+                "{query}: {}",
+                error.message()
+            );
+        }
+        let many = vec!["ports=1"; MAX_PORTS + 1].join("&");
+        assert!(PortForwardOptions::parse(&many).is_err());
+    }
+
+    #[test]
+    fn each_port_has_a_data_and_an_error_channel() {
+        assert_eq!((data_channel(0), error_channel(0)), (0, 1));
+        assert_eq!((data_channel(3), error_channel(3)), (6, 7));
+    }
+}
