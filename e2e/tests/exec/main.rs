@@ -121,23 +121,30 @@ async fn basic_session(route: Route) {
     assert_eq!(String::from_utf8_lossy(&outcome.stderr), "err\n");
     assert_eq!(outcome.status["status"], "Success", "{}", outcome.status);
 
-    // flintlock's exec has no terminal: refused before the upgrade, saying so.
-    let refused = client
+    // With a terminal, the command runs on a PTY (an SSH session into the guest, ADR 33):
+    // stdout is a terminal, stderr comes on it, and the exit code ends it as before.
+    let mut session = client
         .open(
-            &format!("{path}?command=sh&stdin=true&stdout=true&tty=true"),
+            &format!(
+                "{path}?command=sh&command=-c&command=test%20-t%201%20%26%26%20echo%20on-a-tty%20%3E%262%3B%20exit%205&stdin=true&stdout=true&tty=true"
+            ),
             "v5.channel.k8s.io",
         )
         .await
-        .err()
-        .expect("tty=true is refused");
-    assert_eq!(refused.0, 400, "{}", refused.1);
-    assert!(
-        refused.1["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("terminal"),
+        .unwrap();
+    session.close_stdin().await;
+    let outcome = session.finish().await;
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout).trim_end(),
+        "on-a-tty",
         "{}",
-        refused.1
+        outcome.status
+    );
+    assert_eq!(outcome.stderr, b"", "{}", outcome.status);
+    assert_eq!(
+        outcome.status["details"]["causes"][0]["message"], "5",
+        "{}",
+        outcome.status
     );
 }
 
