@@ -42,14 +42,16 @@ const RESOURCES: &[[&str; 6]] = &[
     ["pools", "bpool", "true", "Pool", ALL_VERBS, "battery"],
 ];
 
-/// The subresources discovery must list, with their verbs (DESIGN §4; `exec` is a
-/// connect subresource, which discovery shows as `create` and `get` like `pods/exec`;
+/// The subresources discovery must list, with their verbs (DESIGN §4; `exec` and
+/// `portforward` are connect subresources, which discovery shows as `create` and `get`
+/// like `pods/exec` and `pods/portforward`;
 /// `pools/scale` is checked further in `scale.rs`).
 const SUBRESOURCES: &[(&str, &[&str])] = &[
     ("hosts/certificate", &["create"]),
     ("hosts/status", &["get", "patch", "update"]),
     ("microvmclaims/exec", &["create", "get"]),
     ("microvmclaims/lease", &["create", "get", "patch", "update"]),
+    ("microvmclaims/portforward", &["create", "get"]),
     ("microvmclaims/status", &["get"]),
     ("pools/scale", &["get", "patch", "update"]),
     ("pools/status", &["get"]),
