@@ -59,7 +59,7 @@ fn microvmclaims() {
     assert_eq!(info.scope, Scope::Namespaced);
     assert_eq!(verbs(info.verbs).len(), 8);
     let names: Vec<&str> = info.subresources.iter().map(|s| s.name).collect();
-    assert_eq!(names, ["status", "lease", "exec"]);
+    assert_eq!(names, ["status", "lease", "exec", "portforward"]);
 
     let status = info.subresource("status").unwrap();
     assert_eq!(
@@ -75,6 +75,11 @@ fn microvmclaims() {
     let exec = info.subresource("exec").unwrap();
     assert_eq!(verbs(exec.verbs), ["create", "get"]);
     assert!(exec.has_verb(Verb::Create) && !exec.has_verb(Verb::Delete));
+    let portforward = info.subresource("portforward").unwrap();
+    assert_eq!(
+        (portforward.kind, verbs(portforward.verbs)),
+        ("MicroVMClaimPortForwardOptions", vec!["create", "get"])
+    );
 }
 
 #[test]
