@@ -100,7 +100,7 @@ impl Kind {
 /// The most requests in flight at once: past it an arrival waits for a slot, and its
 /// wait is part of its time, so an overloaded run shows as slow rather than as a bench
 /// that runs out of sockets or memory.
-pub(super) const MAX_IN_FLIGHT: usize = 2048;
+const MAX_IN_FLIGHT: usize = 2048;
 
 /// The ConfigMap every get reads.
 const REFERENCE: &str = "arrival-reference";
@@ -154,38 +154,59 @@ pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row
 
 /// Sends `rate`'s arrivals and returns each kind's times, in [`KINDS`]' order.
 async fn arrive(senders: &Senders, rate: Rate, pool: &str) -> Result<Vec<Vec<Duration>>> {
-    let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
-    let start = tokio::time::Instant::now();
-    let mut tasks = Vec::with_capacity(rate.arrivals());
-    for (i, at) in arrival_times(rate.per_second)
-        .take(rate.arrivals())
-        .enumerate()
-    {
-        tokio::time::sleep_until(start + at).await;
-        let arrived = Instant::now();
-        let slot = slots.clone().acquire_owned().await?;
+    let times = open_loop(rate.per_second, rate.arrivals(), |i, arrived| {
         let kind = KINDS[i % KINDS.len()];
         let (senders, name, pool) = (
             senders.clone(),
             format!("arrival-{}-{i}", rate.per_second),
             pool.to_owned(),
         );
-        tasks.push(tokio::spawn(async move {
-            let _slot = slot;
-            send(&senders, kind, &name, &pool, arrived).await
-        }));
-    }
+        async move { send(&senders, kind, &name, &pool, arrived).await }
+    })
+    .await?;
     let mut took = vec![Vec::new(); KINDS.len()];
-    for (i, task) in tasks.into_iter().enumerate() {
-        let time = task.await.context("an arrival panicked")??;
+    for (i, time) in times.into_iter().enumerate() {
         took[i % KINDS.len()].push(time);
     }
     Ok(took)
 }
 
+/// Starts `count` arrivals of a Poisson process of mean rate `per_second`, each as
+/// `arrival(i, when it arrived)` when it arrives, whatever the ones before it are doing
+/// (up to [`MAX_IN_FLIGHT`] at once), and returns their results in arrival order.
+pub(super) async fn open_loop<T, F, Fut>(
+    per_second: f64,
+    count: usize,
+    mut arrival: F,
+) -> Result<Vec<T>>
+where
+    T: Send + 'static,
+    F: FnMut(usize, Instant) -> Fut,
+    Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+{
+    let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let start = tokio::time::Instant::now();
+    let mut tasks = Vec::with_capacity(count);
+    for (i, at) in arrival_times(per_second).take(count).enumerate() {
+        tokio::time::sleep_until(start + at).await;
+        let arrived = Instant::now();
+        let slot = slots.clone().acquire_owned().await?;
+        let arrived = arrival(i, arrived);
+        tasks.push(tokio::spawn(async move {
+            let _slot = slot;
+            arrived.await
+        }));
+    }
+    let mut results = Vec::with_capacity(count);
+    for task in tasks {
+        results.push(task.await.context("an arrival panicked")??);
+    }
+    Ok(results)
+}
+
 /// When each arrival of a Poisson process of mean rate `per_second` comes, from 0. The
 /// same on every run at a rate, so runs differ by the server only.
-pub(super) fn arrival_times(per_second: f64) -> impl Iterator<Item = Duration> {
+fn arrival_times(per_second: f64) -> impl Iterator<Item = Duration> {
     let mut random = fastrand::Rng::with_seed(per_second.to_bits());
     let mut at = Duration::ZERO;
     std::iter::repeat_with(move || {

@@ -11,9 +11,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use http::{Method, StatusCode};
-use tokio::sync::Semaphore;
 
-use super::arrival::{MAX_IN_FLIGHT, arrival_times};
+use super::arrival::open_loop;
 use super::binds::{bind, bind_many};
 use super::client::{self, Client};
 use super::exec::through_server;
@@ -114,27 +113,17 @@ pub async fn run(rig: &Rig, pool: &str, load: Load) -> Result<Vec<Row>> {
         load.arrivals(),
         load.per_second
     );
-    let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
-    let start = tokio::time::Instant::now();
-    let mut tasks = Vec::with_capacity(load.arrivals());
-    for (i, at) in arrival_times(load.per_second)
-        .take(load.arrivals())
-        .enumerate()
-    {
-        tokio::time::sleep_until(start + at).await;
-        let arrived = Instant::now();
-        let slot = slots.clone().acquire_owned().await?;
+    let lives = open_loop(load.per_second, load.arrivals(), |i, arrived| {
         let (kube, exec, pool) = (kube.clone(), exec.clone(), pool.to_owned());
-        tasks.push(tokio::spawn(async move {
-            let _slot = slot;
+        async move {
             let exec = (i % EXEC_EVERY == 0).then_some(&*exec);
             lifecycle(&kube, exec, &format!("slo-{i}"), &pool, arrived).await
-        }));
-    }
+        }
+    })
+    .await?;
     let mut took: HashMap<Sli, Vec<Duration>> = HashMap::new();
-    let mut bound_at = HashMap::with_capacity(tasks.len());
-    for task in tasks {
-        let life = task.await.context("an arrival panicked")??;
+    let mut bound_at = HashMap::with_capacity(lives.len());
+    for life in lives {
         for (sli, time) in life.took {
             took.entry(sli).or_default().push(time);
         }
