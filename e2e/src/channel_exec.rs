@@ -119,6 +119,29 @@ impl Session {
         self.send(CLOSE, &[STDIN]).await;
     }
 
+    /// Reads stdout until it has shown `text`; returns what it read. Other channels'
+    /// frames are dropped: this is for waiting until a command is under way.
+    pub async fn read_stdout_until(&mut self, text: &str) -> String {
+        let mut stdout = Vec::new();
+        while !String::from_utf8_lossy(&stdout).contains(text) {
+            let message = tokio::time::timeout(QUIET_LIMIT, self.ws.next())
+                .await
+                .expect("the session said nothing for a minute")
+                .unwrap_or_else(|| {
+                    panic!(
+                        "the session ended before {text:?}: {}",
+                        String::from_utf8_lossy(&stdout)
+                    )
+                });
+            if let Ok(Message::Binary(data)) = message
+                && let Some((&STDOUT, payload)) = data.split_first()
+            {
+                stdout.extend_from_slice(payload);
+            }
+        }
+        String::from_utf8_lossy(&stdout).into_owned()
+    }
+
     /// Reads until the server closes the connection.
     pub async fn finish(mut self) -> Outcome {
         let mut outcome = Outcome::default();

@@ -33,16 +33,16 @@ pub const EXEC: &str = "exec";
 
 /// A session may stay quiet this long before the run fails.
 const QUIET_LIMIT: Duration = Duration::from_secs(60);
-const MB: f64 = 1_000_000.0;
+pub(super) const MB: f64 = 1_000_000.0;
 /// Throughput runs of each kind, interleaved; each rate is their median, so that one run
 /// slowed by the rest of this 2-core machine does not set it.
-const THROUGHPUT_ROUNDS: usize = 5;
+pub(super) const THROUGHPUT_ROUNDS: usize = 5;
 
 /// When the first stdout byte came, and how many came in all, and when the last did.
 pub(super) struct Run {
     pub(super) first_byte: Duration,
     bytes: usize,
-    took: Duration,
+    pub(super) took: Duration,
 }
 
 /// `rounds` runs of `echo` for the first byte, then `head -c bytes /dev/zero` for the
@@ -144,7 +144,7 @@ pub async fn run(rig: &Rig, pool: &str, rounds: usize, bytes: usize) -> Result<V
     Ok(rows)
 }
 
-fn median(mut rates: Vec<f64>) -> f64 {
+pub(super) fn median(mut rates: Vec<f64>) -> f64 {
     rates.sort_by(f64::total_cmp);
     rates[rates.len() / 2]
 }
@@ -386,7 +386,7 @@ async fn read_stdout<M: Send + 'static>(
 }
 
 /// Runs `command` here with its stdout on a pipe read by the bench.
-async fn on_a_pipe(command: &[&str]) -> Result<Run> {
+pub(super) async fn on_a_pipe(command: &[&str]) -> Result<Run> {
     let started = Instant::now();
     let mut child = tokio::process::Command::new(command[0])
         .args(&command[1..])

@@ -10,7 +10,7 @@
 //!
 //! Three phases, each on fresh processes so nothing one leaves behind weighs on the other:
 //! binding (serial latency beside raw `ClaimVM`, throughput, burst, open-loop arrival
-//! rates, time to first output, exec, and agent-sandbox on the same kube-apiserver); the
+//! rates, time to first output, exec, terminals and ports, and agent-sandbox on the same kube-apiserver); the
 //! check of our SLOs (`docs/slo.md`, alone with `--phase slo`, which exits 1 on a miss);
 //! then scale (lists, watches, memory). What users meet is measured through kube-apiserver
 //! beside what `serve` does alone. Every scenario binds on a Pool of its own, sized so it
@@ -27,6 +27,7 @@ mod sandbox;
 mod scale;
 mod served;
 mod slo;
+mod terminal;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -79,12 +80,13 @@ pub struct Args {
 pub enum Phase {
     All,
     /// Bind latency, per-claim configuration, throughput, burst, arrival rates, time to
-    /// first output, exec, then agent-sandbox.
+    /// first output, exec, terminals and ports, then agent-sandbox.
     Binding,
     /// Lists, watches and memory.
     Scale,
-    /// Exec alone, on a Pool of its own, for profiling its path (the binding phase runs
-    /// it on the bind latency scenario's Pool, with thousands of leases).
+    /// Exec, terminals and ports alone, on a Pool of their own, for profiling their paths
+    /// (the binding phase runs them on the bind latency scenario's Pool, with thousands of
+    /// leases).
     Exec,
     /// The open-loop arrival rates and time to first output alone, as when profiling a
     /// bind at low rates.
@@ -115,6 +117,7 @@ struct Sizes {
     agent_sandbox: (usize, usize),
     exec_rounds: usize,
     exec_bytes: usize,
+    terminal: terminal::Sizes,
     scale: scale::Sizes,
     slo: slo::Load,
 }
@@ -137,6 +140,11 @@ impl Sizes {
         agent_sandbox: (100, 300),
         exec_rounds: 20,
         exec_bytes: 256_000_000,
+        terminal: terminal::Sizes {
+            starts: 20,
+            keystrokes: 200,
+            forwarded_bytes: 64_000_000,
+        },
         scale: scale::Sizes {
             lists: [1000, 10_000],
             watchers: 1000,
@@ -167,6 +175,11 @@ impl Sizes {
         agent_sandbox: (3, 10),
         exec_rounds: 3,
         exec_bytes: 1_000_000,
+        terminal: terminal::Sizes {
+            starts: 3,
+            keystrokes: 10,
+            forwarded_bytes: 1_000_000,
+        },
         scale: scale::Sizes {
             lists: [30, 100],
             watchers: 20,
@@ -228,8 +241,10 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
     if args.phase == Phase::Exec {
         eprintln!("bench: exec");
         let rig = Rig::start(binary, &serve_args).await?;
-        let pool = rig.create_pool("exec", 1).await?;
+        let pool = rig.create_pool("exec", 2).await?;
         rows.extend(exec::run(&rig, &pool.name, sizes.exec_rounds, sizes.exec_bytes).await?);
+        eprintln!("bench: terminals and ports");
+        rows.extend(terminal::run(&rig, &pool.name, sizes.terminal).await?);
         rig.stop().await;
         return Ok(report(args, binary, rows));
     }
@@ -305,9 +320,9 @@ async fn binding_phase(
     let rig = Rig::start(binary, serve_args).await?;
     let serial_binds = args.binds.unwrap_or(sizes.serial_binds);
     let config_binds = args.config_binds.unwrap_or(sizes.config_binds);
-    // Two claims a round, ours and the raw one, and the exec scenario's claim: a
-    // MicroVM booted for each beforehand.
-    let serial_pool = (serial_binds * 2 + 1) as i32;
+    // Two claims a round, ours and the raw one, and the exec and terminal scenarios'
+    // claims: a MicroVM booted for each beforehand.
+    let serial_pool = (serial_binds * 2 + 2) as i32;
     let mut pools = vec![
         ("latency", serial_pool),
         // A burst straight to serve, then one through kube-apiserver.
@@ -364,6 +379,8 @@ async fn binding_phase(
     rows.extend(first_output::run(&rig, &pools[3].name, serial, burst).await?);
     eprintln!("bench: exec");
     rows.extend(exec::run(&rig, &pools[0].name, sizes.exec_rounds, sizes.exec_bytes).await?);
+    eprintln!("bench: terminals and ports");
+    rows.extend(terminal::run(&rig, &pools[0].name, sizes.terminal).await?);
     eprintln!("bench: agent-sandbox beside us");
     let (serial, burst) = sizes.agent_sandbox;
     rows.extend(sandbox::run(&rig, serial, burst).await?);
@@ -381,7 +398,7 @@ fn report(args: &Args, binary: &Path, mut rows: Vec<report::Row>) -> Report {
                 Phase::All => "",
                 Phase::Binding => ", binding phase only",
                 Phase::Scale => ", scale phase only",
-                Phase::Exec => ", exec alone",
+                Phase::Exec => ", exec, terminals and ports alone",
                 Phase::Arrival => ", arrivals and first output alone",
                 Phase::Slo => ", the SLO check alone",
             }
@@ -394,7 +411,7 @@ fn report(args: &Args, binary: &Path, mut rows: Vec<report::Row>) -> Report {
 }
 
 /// The scenarios in the order, which the table keeps.
-const ORDER: [&str; 11] = [
+const ORDER: [&str; 12] = [
     slo::SLO,
     arrival::ARRIVAL,
     first_output::FIRST_OUTPUT,
@@ -405,6 +422,7 @@ const ORDER: [&str; 11] = [
     scale::LIST,
     scale::WATCH,
     exec::EXEC,
+    terminal::TERMINAL,
     scale::MEMORY,
 ];
 

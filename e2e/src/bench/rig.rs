@@ -99,15 +99,18 @@ impl Rig {
             ..Options::default()
         };
         let cluster = Box::new(Cluster::start(dir.path(), binary, options).await);
+        let agents = Agents::new(&dir.path().join("agents"));
         let mut command = Command::new(binary);
-        command.args(["embedded-battery", "--listen", "127.0.0.1:0"]);
+        // The Hosts' sshd trusts the agents' SSH CA, for terminals and ports.
+        command
+            .args(["embedded-battery", "--listen", "127.0.0.1:0"])
+            .args(agents.battery_args());
         let (battery_process, battery) = Process::start(
             command,
             &dir.path().join("battery.log"),
             BATTERY_SERVING_PREFIX,
         )
         .await;
-        let agents = Agents::new(&dir.path().join("agents"));
         let mut command = crate::apiserver::serve_command(binary, &battery, &cluster);
         // On disk, as deployed (`deploy/base/apiserver.yaml`): each commit is durable, so
         // a bind's figures include its store's fsyncs.

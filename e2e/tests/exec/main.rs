@@ -314,28 +314,42 @@ async fn only_the_holder_with_rbac_may_exec() {
     }
 }
 
+/// Both kinds of session (a pipe on `MicroVMExec`, a terminal on the SSH proxy) end with a
+/// `Status` saying the agent went away, not a dropped connection.
 #[tokio::test]
-async fn a_killed_agent_fails_the_session_and_its_successor_serves() {
+async fn a_killed_agent_ends_pipe_and_terminal_sessions_with_a_clear_error_and_its_successor_serves()
+ {
     let server = ApiServer::aggregated_with_agents().await;
     let claims: Api<MicroVMClaim> =
         Api::namespaced(kube_client(server.kubeconfig()).await, NAMESPACE);
     let host = host_of(&claim(&claims, "victim").await);
     let client = server.exec_client(None);
     let path = channel_exec::exec_path(NAMESPACE, "victim");
-    let mut session = client
-        .open(
-            &format!(
-                "{path}?{}",
-                channel_exec::query(&["sh", "-c", "echo started; sleep 300"], false)
-            ),
-            "v5.channel.k8s.io",
-        )
-        .await
-        .unwrap();
-    session.send(STDIN, b"").await;
+    let command = channel_exec::query(&["sh", "-c", "echo started; sleep 300"], true);
+    let mut sessions = Vec::new();
+    for tty in ["false", "true"] {
+        let mut session = client
+            .open(&format!("{path}?{command}&tty={tty}"), "v5.channel.k8s.io")
+            .await
+            .unwrap();
+        session.read_stdout_until("started").await;
+        sessions.push((tty, session));
+    }
     let spec = server.kill_agent(&host).await;
-    let outcome = session.finish().await;
-    assert_eq!(outcome.status["status"], "Failure", "{}", outcome.status);
+    for (tty, session) in sessions {
+        let outcome = session.finish().await;
+        assert_eq!(
+            outcome.status["status"], "Failure",
+            "tty={tty}: {}",
+            outcome.status
+        );
+        let message = outcome.status["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("did not finish") && message.contains("exec agent"),
+            "tty={tty}: {}",
+            outcome.status
+        );
+    }
 
     server.start_agent(spec).await;
     let (stdout, status) = eventually(WITHIN, "an exec through the new agent", async || {
