@@ -22,7 +22,7 @@
 //! missing, so after changing the server run `cargo build -p battery-apiserver` before
 //! the suite.
 
-pub(crate) mod agents;
+pub mod agents;
 pub mod front;
 mod kubectl;
 
@@ -505,7 +505,7 @@ async fn start_serve(args: &[std::ffi::OsString], log: &Path) -> (Process, Strin
 
 /// `binary serve` in front of the battery at `battery` (`host:port`), behind `cluster`:
 /// where it listens, its serving certificate, and the cluster it asks.
-pub(crate) fn serve_command(binary: &Path, battery: &str, cluster: &Cluster) -> Command {
+pub fn serve_command(binary: &Path, battery: &str, cluster: &Cluster) -> Command {
     let mut command = Command::new(binary);
     command
         .args(["serve", "--battery-address"])

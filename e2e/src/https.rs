@@ -57,7 +57,7 @@ impl Client {
     }
 
     /// A TLS connection to the server offering `alpn`, as this client's identity.
-    pub(crate) async fn connect(
+    pub async fn connect(
         &self,
         alpn: &[u8],
     ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
@@ -75,7 +75,7 @@ impl Client {
             .unwrap()
     }
 
-    pub(crate) fn authority(&self) -> &str {
+    pub fn authority(&self) -> &str {
         self.url.trim_start_matches("https://")
     }
 

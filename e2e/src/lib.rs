@@ -8,7 +8,10 @@
 //! - [`https`]: a client that sends exactly the certificate and headers a test chooses;
 //! - [`channel_exec`]: an exec client written from the WebSocket channel protocol, the
 //!   second client beside kube-rs's;
-//! - [`bench`]: the `bench` command, issue 13's benchmark on the real binaries.
+//! - [`process`]: the processes they start, each logging to a file and stopped with the
+//!   test.
+//!
+//! `bench` (`e2e/bench/`, crate `battery-bench`) measures on the same harness.
 //!
 //! The rest serves the battery conformance suite. The tests in `tests/battery_conformance/` check battery's gRPC API
 //! (`poolmgr.v1alpha1`, see `reference/battery-api.md`) against either a real poolmgrd
@@ -27,7 +30,6 @@
 
 pub mod apiserver;
 mod assert;
-pub mod bench;
 pub mod channel_exec;
 pub mod control_plane;
 mod env;
@@ -37,7 +39,7 @@ mod gate;
 pub mod https;
 mod ops;
 pub mod pki;
-mod process;
+pub mod process;
 mod spec;
 mod suite;
 mod wait;

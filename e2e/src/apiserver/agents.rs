@@ -64,7 +64,7 @@ impl RelayPki {
     }
 
     /// `battery-apiserver serve`'s flags for the relay and the signer.
-    pub(crate) fn serve_args(&self) -> Vec<OsString> {
+    pub fn serve_args(&self) -> Vec<OsString> {
         [
             ("--agent-ca-file", &self.agent_ca.0),
             ("--agent-client-cert-file", &self.relay_client.0),
@@ -92,14 +92,14 @@ pub struct AgentSpec {
 }
 
 /// The agents of one server, by Host.
-pub(crate) struct Agents {
+pub struct Agents {
     pki: RelayPki,
     dir: PathBuf,
     pub(super) running: BTreeMap<String, (AgentSpec, Process)>,
 }
 
 impl Agents {
-    pub(crate) fn new(dir: &Path) -> Self {
+    pub fn new(dir: &Path) -> Self {
         Self {
             pki: RelayPki::write(&dir.join("relay")),
             dir: dir.to_owned(),
@@ -107,13 +107,13 @@ impl Agents {
         }
     }
 
-    pub(crate) fn serve_args(&self) -> Vec<OsString> {
+    pub fn serve_args(&self) -> Vec<OsString> {
         self.pki.serve_args()
     }
 
     /// `battery-apiserver embedded-battery`'s flags: its Hosts' sshd trusts the SSH CA
     /// `serve` certifies the agents' keys with.
-    pub(crate) fn battery_args(&self) -> Vec<OsString> {
+    pub fn battery_args(&self) -> Vec<OsString> {
         vec![
             "--ssh-user-ca-public-key-file".into(),
             self.pki.ssh_user_ca.1.clone().into(),
@@ -122,7 +122,7 @@ impl Agents {
 
     /// What the API server dials the agents' relay with, PEM files: the CA of the agents'
     /// serving certificates, and its relay client certificate and key.
-    pub(crate) fn relay_client_tls(&self) -> [&Path; 3] {
+    pub fn relay_client_tls(&self) -> [&Path; 3] {
         [
             &self.pki.agent_ca.0,
             &self.pki.relay_client.0,
@@ -133,7 +133,7 @@ impl Agents {
     /// Starts the agent `spec` describes, as its Host's identity (a client certificate
     /// of the cluster's CA, as `deploy/README.md` has a Host's agent get one) through
     /// kube-apiserver. The binding `deploy/` ships for the agents' group lets it in.
-    pub(crate) async fn start(&mut self, cluster: &Cluster, spec: AgentSpec) {
+    pub async fn start(&mut self, cluster: &Cluster, spec: AgentSpec) {
         let (cert, key) = cluster.client_certificate(&agent_username(&spec.host), &[AGENT_GROUP]);
         let dir = self.dir.join(format!("agent-{}", spec.host));
         std::fs::create_dir_all(&dir).expect("create the agent's directory");

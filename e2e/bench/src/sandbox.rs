@@ -42,8 +42,8 @@ use super::binds;
 use super::client::Client;
 use super::report::{Row, Unit, millis, percentiles, quantile, rank};
 use super::rig::{Rig, eventually};
-use crate::control_plane::binaries;
-use crate::process::Process;
+use battery_e2e::control_plane::binaries;
+use battery_e2e::process::Process;
 
 pub const AGENT_SANDBOX: &str = "agent-sandbox (CRD design)";
 

@@ -4,7 +4,7 @@
 //! `battery-agent` per simulated Host (see [`rig`]), runs each scenario, stops
 //! every process, and prints one table (and, with `--json`, writes it as JSON). It builds
 //! nothing: the binaries are the ones beside `bench` (or `--binary`), so
-//! `cargo build --release -p battery-apiserver -p battery-agent -p battery-e2e` then
+//! `cargo build --release -p battery-apiserver -p battery-agent -p battery-bench` then
 //! `target/release/bench` measures release binaries. `docs/performance.md` holds a full
 //! run and what it found.
 //!
@@ -438,7 +438,7 @@ fn beside_me(name: &str) -> Result<PathBuf> {
     if !path.is_file() {
         bail!(
             "{} is missing: build it first, as in \
-             cargo build --release -p battery-apiserver -p battery-agent -p battery-e2e",
+             cargo build --release -p battery-apiserver -p battery-agent -p battery-bench",
             path.display()
         );
     }

@@ -27,7 +27,7 @@ use super::binds::bind;
 use super::client::NAMESPACE;
 use super::report::{Row, Unit, percentiles, quantile};
 use super::rig::{Rig, Route};
-use crate::channel_exec::{self, ERROR, STDOUT};
+use battery_e2e::channel_exec::{self, ERROR, STDOUT};
 
 pub const EXEC: &str = "exec";
 

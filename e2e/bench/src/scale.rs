@@ -13,7 +13,7 @@ use super::binds::{bind, bind_many};
 use super::client::{self, Client};
 use super::report::{Row, Unit, percentiles, quantile};
 use super::rig::{Rig, Route};
-use crate::api::ListLeasesRequest;
+use battery_e2e::api::ListLeasesRequest;
 
 pub const LIST: &str = "list at scale";
 pub const WATCH: &str = "watch fan-out";

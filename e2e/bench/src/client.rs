@@ -14,7 +14,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::ServerName;
 use serde_json::Value;
 
-use crate::pki;
+use battery_e2e::pki;
 
 /// The API group's path.
 pub const GROUP_VERSION: &str = "/apis/battery.liquidmetal-x.dev/v1alpha1";

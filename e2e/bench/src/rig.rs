@@ -1,5 +1,5 @@
 //! The processes one phase of the bench runs against, as a cluster runs them: a real
-//! control plane (etcd and kube-apiserver, [`crate::control_plane`]) with battery-apiserver
+//! control plane (etcd and kube-apiserver, [`battery_e2e::control_plane`]) with battery-apiserver
 //! installed into it, `battery-apiserver embedded-battery` in its own process,
 //! `battery-apiserver serve` behind the APIService in front of it, and one
 //! `battery-agent` per simulated Host. The bench talks to `serve` directly with the
@@ -17,12 +17,12 @@ use tempfile::TempDir;
 use tokio::process::Command;
 
 use super::client::{self, Client, GROUP_VERSION, NAMESPACE};
-use crate::api::PoolRef;
-use crate::api::lease_client::LeaseClient;
-use crate::apiserver::agents::Agents;
-use crate::apiserver::{AgentSpec, Cluster, free_loopback_address};
-use crate::control_plane::Options;
-use crate::process::Process;
+use battery_e2e::api::PoolRef;
+use battery_e2e::api::lease_client::LeaseClient;
+use battery_e2e::apiserver::agents::Agents;
+use battery_e2e::apiserver::{AgentSpec, Cluster, free_loopback_address};
+use battery_e2e::control_plane::Options;
+use battery_e2e::process::Process;
 use battery_proto::agent::v1alpha1::relay_client::RelayClient;
 use tonic::transport::Channel;
 
@@ -111,7 +111,7 @@ impl Rig {
             BATTERY_SERVING_PREFIX,
         )
         .await;
-        let mut command = crate::apiserver::serve_command(binary, &battery, &cluster);
+        let mut command = battery_e2e::apiserver::serve_command(binary, &battery, &cluster);
         // On disk, as deployed (`deploy/base/apiserver.yaml`): each commit is durable, so
         // a bind's figures include its store's fsyncs.
         command
@@ -128,7 +128,7 @@ impl Rig {
         cluster.wait_serving().await;
         // The kubectl user's ServiceAccount, as a client certificate: `serve` verifies it
         // itself, with no TokenReview per connection.
-        let (namespace, account) = crate::apiserver::front::DEV_ACCOUNT;
+        let (namespace, account) = battery_e2e::apiserver::front::DEV_ACCOUNT;
         let identity = cluster.client_certificate(
             &battery_types::service_account_username(namespace, account),
             &["system:serviceaccounts"],
@@ -254,13 +254,16 @@ impl Rig {
     }
 
     /// An exec client as the kubectl user, by `route`.
-    pub fn exec_client(&self, route: Route) -> crate::channel_exec::Client {
+    pub fn exec_client(&self, route: Route) -> battery_e2e::channel_exec::Client {
         let (url, ca, server_name) = self.endpoint(route);
-        crate::channel_exec::Client {
-            https: crate::https::Client::new(
+        battery_e2e::channel_exec::Client {
+            https: battery_e2e::https::Client::new(
                 url,
                 &ca,
-                crate::https::Identity::Cert(self.identity.0.clone(), self.identity.1.clone()),
+                battery_e2e::https::Identity::Cert(
+                    self.identity.0.clone(),
+                    self.identity.1.clone(),
+                ),
             )
             .with_server_name(server_name),
         }

@@ -45,13 +45,15 @@ pub async fn run(rig: &Rig, pool: &str, sizes: Sizes) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-/// `echo` started `starts` times on a terminal and on pipes, interleaved, each timed to
+/// `echo` started `starts` times on pipes, then as many on a terminal, each timed to
 /// its first byte of output.
 async fn first_bytes(claim: &Claim, starts: usize) -> Result<Vec<Row>> {
     let (mut on_terminal, mut on_pipes) = (Vec::new(), Vec::new());
     for _ in 0..starts {
-        on_terminal.push(first_byte(claim, Some(SIZE)).await?);
         on_pipes.push(first_byte(claim, None).await?);
+    }
+    for _ in 0..starts {
+        on_terminal.push(first_byte(claim, Some(SIZE)).await?);
     }
     let [p50, _, p99] = percentiles(TERMINAL, "first byte of echo on a terminal", &on_terminal);
     let mut rows = vec![p50, p99];

@@ -19,7 +19,7 @@ use super::exec::through_server;
 use super::report::{Row, millis, quantile};
 use super::rig::{Rig, Route};
 use super::scale::Watchers;
-use crate::channel_exec;
+use battery_e2e::channel_exec;
 
 pub const SLO: &str = "SLO (docs/slo.md)";
 

@@ -24,7 +24,7 @@ use super::client::{Client, NAMESPACE};
 use super::report::{Row, Unit, millis, quantile, rank};
 use super::rig::Rig;
 use super::served::{self, Observed};
-use crate::api::{ClaimVmRequest, PoolRef, ReleaseVmRequest};
+use battery_e2e::api::{ClaimVmRequest, PoolRef, ReleaseVmRequest};
 
 pub const ARRIVAL: &str = "arrival rates";
 
@@ -110,7 +110,7 @@ const REFERENCE: &str = "arrival-reference";
 struct Senders {
     direct: Client,
     kube: Client,
-    lease: crate::api::lease_client::LeaseClient<tonic::transport::Channel>,
+    lease: battery_e2e::api::lease_client::LeaseClient<tonic::transport::Channel>,
 }
 
 /// Runs each rate on its own Pool (`pools[i]` for `rates[i]`, each of

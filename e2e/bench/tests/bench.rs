@@ -31,7 +31,7 @@ fn quick_bench_measures_every_scenario() {
     );
     let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let rows = report["rows"].as_array().expect("rows");
-    for scenario in battery_e2e::bench::scenarios() {
+    for scenario in battery_bench::scenarios() {
         let numbers: Vec<f64> = rows
             .iter()
             .filter(|row| row["scenario"] == *scenario)

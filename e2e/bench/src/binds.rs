@@ -12,7 +12,7 @@ use super::client::{self, Client};
 use super::report::{Row, Unit, millis, percentiles, quantile, rank};
 use super::rig::Route;
 use super::served::{self, Observed};
-use crate::api::{ClaimVmRequest, PoolRef, ReleaseVmRequest};
+use battery_e2e::api::{ClaimVmRequest, PoolRef, ReleaseVmRequest};
 
 pub const LATENCY: &str = "bind latency";
 pub const THROUGHPUT: &str = "bind throughput";
