@@ -18,6 +18,8 @@
 //! - [`agent_identity`]: how an exec agent's user names its Host;
 //!   [`HostCertificateRequest`] is what it posts to `hosts/<name>/certificate` for its
 //!   serving certificate.
+//! - [`strconv::quote`] is Go's `strconv.Quote`, as Kubernetes' messages quote names and
+//!   values.
 //! - [`Duration`] is `metav1.Duration` (Go's `"1m30s"` format); [`conditions`] holds
 //!   condition types, reasons and apimachinery's condition helpers.
 //!
@@ -48,6 +50,7 @@ mod hosts;
 mod microvmclaims;
 mod pools;
 mod resource_info;
+pub mod strconv;
 mod string_enum;
 mod template;
 pub mod validation;
