@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod common;
 mod simhost;
@@ -28,6 +28,7 @@ use battery_proto::agent::v1alpha1::relay_client::RelayClient;
 use battery_proto::agent::v1alpha1::{
     ClaimRef, ExecOpen, ExecRequest, StdinEof, exec_request, exec_response, exit_status,
 };
+use battery_telemetry::eventually;
 use battery_types::agent_identity::{AGENT_GROUP, agent_username};
 use clap::Parser as _;
 use http_body_util::BodyExt as _;
@@ -139,7 +140,7 @@ fn agent_user() -> UserInfo {
 async fn register(client: &kube::Client, agent: SocketAddr) {
     let hosts: kube::Api<battery_types::Host> = kube::Api::all(client.clone());
     let patch = serde_json::json!({ "spec": { "agentAddress": agent.to_string() } });
-    wait_until("the Host takes its agent address", async || {
+    eventually(DEADLINE, "the Host takes its agent address", async || {
         hosts
             .patch(
                 HOST,
@@ -150,14 +151,6 @@ async fn register(client: &kube::Client, agent: SocketAddr) {
             .is_ok()
     })
     .await;
-}
-
-async fn wait_until(what: &str, mut condition: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + DEADLINE;
-    while !condition().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// The relay's client side: trusts the signing CA, presents a client certificate.
@@ -344,10 +337,14 @@ async fn the_agent_serves_a_fetched_certificate_and_renews_it_under_an_open_sess
     }
 
     let mut renewed = String::new();
-    wait_until("a new handshake sees a renewed certificate", async || {
-        renewed = peer.handshake().await.0;
-        renewed != first_serial
-    })
+    eventually(
+        DEADLINE,
+        "a new handshake sees a renewed certificate",
+        async || {
+            renewed = peer.handshake().await.0;
+            renewed != first_serial
+        },
+    )
     .await;
 
     requests
@@ -372,7 +369,7 @@ async fn the_agent_serves_a_fetched_certificate_and_renews_it_under_an_open_sess
     assert_eq!(exit, Some(exit_status::Outcome::Code(0)));
 
     // The certificate keeps being renewed, each with a new serial.
-    wait_until("a second renewal", async || {
+    eventually(DEADLINE, "a second renewal", async || {
         let serial = peer.handshake().await.0;
         serial != renewed && serial != first_serial
     })
@@ -419,7 +416,7 @@ async fn a_failed_renewal_is_retried_and_the_old_certificate_served_meanwhile() 
     ));
     // Past the renewal time, two attempts were refused (the second after a backoff),
     // and the first certificate is still the one served.
-    wait_until("two renewals were refused", async || {
+    eventually(DEADLINE, "two renewals were refused", async || {
         refused.load(Ordering::SeqCst) >= 2
     })
     .await;
@@ -427,7 +424,7 @@ async fn a_failed_renewal_is_retried_and_the_old_certificate_served_meanwhile() 
     assert_eq!(serving.current().cert[0], first);
 
     failing.store(false, Ordering::SeqCst);
-    wait_until("a retry succeeds", async || {
+    eventually(DEADLINE, "a retry succeeds", async || {
         serving.current().cert[0] != first
     })
     .await;

@@ -24,6 +24,7 @@ use battery_proto::agent::v1alpha1::{
     ClaimRef, ExecOpen, ExecRequest, ExecResponse, PortForwardOpen, PortForwardRequest, StdinEof,
     TerminalSize, exec_request, exec_response, exit_status, port_forward_request,
 };
+use battery_telemetry::eventually;
 use clap::Parser as _;
 use common::Ca;
 use sha2::{Digest as _, Sha256};
@@ -181,15 +182,6 @@ impl Fixture {
             stderr: true,
             ..ExecOpen::default()
         }
-    }
-}
-
-/// Polls until `condition` holds, failing the test at [`DEADLINE`].
-async fn wait_until(what: &str, mut condition: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + DEADLINE;
-    while !condition().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -401,14 +393,18 @@ async fn twenty_megabytes_through_cat_come_back_whole_and_buffers_stay_bounded()
     // of the agent taking everything in.
     let mut last = 0;
     let mut still_since = Instant::now();
-    wait_until("stdin stops moving while stdout is not read", async || {
-        let now = sent.load(Ordering::SeqCst);
-        if now != last {
-            last = now;
-            still_since = Instant::now();
-        }
-        now > 0 && still_since.elapsed() > Duration::from_millis(500)
-    })
+    eventually(
+        DEADLINE,
+        "stdin stops moving while stdout is not read",
+        async || {
+            let now = sent.load(Ordering::SeqCst);
+            if now != last {
+                last = now;
+                still_since = Instant::now();
+            }
+            now > 0 && still_since.elapsed() > Duration::from_millis(500)
+        },
+    )
     .await;
     let stalled_at = sent.load(Ordering::SeqCst);
     assert!(
@@ -477,7 +473,10 @@ async fn dropping_the_stream_ends_the_command() {
         .to_owned();
     assert!(!process_gone(&pid), "sleep {pid} runs");
     drop(session);
-    wait_until(&format!("sleep {pid} is gone"), async || process_gone(&pid)).await;
+    eventually(DEADLINE, &format!("sleep {pid} is gone"), async || {
+        process_gone(&pid)
+    })
+    .await;
 }
 
 /// Whether a session with `ca`'s client certificate (or none) fails. The handshake may
@@ -558,7 +557,7 @@ async fn sessions_past_max_sessions_are_refused_until_one_ends() {
     // Ending the first frees its place.
     drop(first);
     let mut freed = None;
-    wait_until("a session can open again", async || {
+    eventually(DEADLINE, "a session can open again", async || {
         freed = open(&mut client, fixture.open(&["echo", "again"]))
             .await
             .ok();

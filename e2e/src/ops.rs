@@ -17,8 +17,8 @@ use crate::events::EventLog;
 use crate::flintlock::{self, ExecOutput};
 use crate::spec::PoolBuilder;
 use crate::suite::{HostRef, Suite};
-use crate::wait::{consistently, eventually};
 use crate::{expect_ok, ts_nanos};
+use battery_telemetry::{consistently, eventually};
 
 /// A Host spec for AddHost/UpdateHost: plaintext (`tls.insecure`).
 pub fn insecure_host(name: &str, address: &str) -> Host {

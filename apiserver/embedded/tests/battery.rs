@@ -3,7 +3,6 @@
 //! hook, a forced pool delete), plus a restart on the same data dir. The full
 //! conformance suite lives in /e2e; this checks the core end to end with fast timings.
 
-use std::future::Future;
 use std::time::Duration;
 
 use battery_embedded::simhost::{SimulatedHost, SimulatedHostConfig};
@@ -19,6 +18,7 @@ use battery_proto::poolmgr::v1alpha1::{
     ListLeasesRequest, PoolRef, PoolSpec, PoolStatus, ReleaseVmRequest, ReplenishmentStrategy,
     ReplenishmentStrategyType, SubscribeRequest,
 };
+use battery_telemetry::eventually;
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 use tonic::Code;
@@ -123,7 +123,7 @@ impl Rig {
     }
 
     async fn wait_status(&self, name: &str, what: &str, ok: impl Fn(&PoolStatus) -> bool) {
-        eventually(what, || async {
+        eventually(DEADLINE, what, || async {
             let status = self.status(name).await;
             ok(&status).then_some(())
         })
@@ -210,24 +210,6 @@ fn pool_spec(name: &str, size: i32, strategy: ReplenishmentStrategyType) -> Pool
             nanos: 0,
         }),
     }
-}
-
-/// Polls `check` until it yields a value, failing the test after DEADLINE.
-async fn eventually<T, F, Fut>(what: &str, check: F) -> T
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    tokio::time::timeout(DEADLINE, async {
-        loop {
-            if let Some(value) = check().await {
-                return value;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
 }
 
 fn kinds_for(events: &[Event], vm: &str) -> Vec<EventType> {
@@ -574,7 +556,7 @@ async fn failed_create_hooks_quarantine_and_forced_delete_drains() {
         kinds_for(&events, &claimed.vm_uid).last(),
         Some(&EventType::VmDeletedOnPoolDelete)
     );
-    eventually("the MicroVM deleted on the host", || async {
+    eventually(DEADLINE, "the MicroVM deleted on the host", || async {
         (!rig.host.microvm_uids().contains(&claimed.vm_uid)).then_some(())
     })
     .await;
@@ -624,7 +606,7 @@ async fn a_restart_keeps_pools_leases_and_events() {
             .into_inner();
         (pool.status?.available_count == 1).then_some(())
     };
-    eventually("one available VM", || available(channel.clone())).await;
+    eventually(DEADLINE, "one available VM", || available(channel.clone())).await;
     let claimed = LeaseClient::new(channel.clone())
         .claim_vm(ClaimVmRequest {
             pool: Some(pool_ref("kept")),

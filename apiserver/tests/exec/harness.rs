@@ -9,8 +9,6 @@ use std::time::Duration;
 use crate::common::{self, CLAIMS, HOSTS, Harness, POOLS, claim, pool, settings};
 use axum::extract::Request;
 use axum::middleware::Next;
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD as BASE64;
 use battery_agent::flintlock::{FlintlockConfig, FlintlockTls};
 use battery_api_machinery::request_info::RequestInfo;
 use battery_api_machinery::status::ApiError;
@@ -20,6 +18,7 @@ use battery_apiserver::dev::pki::DEV_USER;
 use battery_apiserver::http::authz::{Authorizer, Decision};
 use battery_apiserver::server::Settings;
 use battery_types::MicroVMClaim;
+use battery_types::channel::{self, ERROR, STDERR, STDOUT};
 use futures::future::BoxFuture;
 use futures::{SinkExt, StreamExt};
 use http::{HeaderName, HeaderValue, Request as HttpRequest, StatusCode};
@@ -124,8 +123,10 @@ impl AgentProcess {
         serving: &Signed,
         client_ca: &Ca,
     ) -> Self {
-        let listener =
-            common::eventually(DEADLINE, || async { std::net::TcpListener::bind(listen) }).await;
+        let listener = common::eventually(DEADLINE, "the agent's port free again", || async {
+            std::net::TcpListener::bind(listen)
+        })
+        .await;
         Self::serve(
             Some(listener),
             listen,
@@ -404,8 +405,7 @@ pub struct Raw {
 
 impl Raw {
     pub async fn send(&mut self, channel: u8, payload: &[u8]) {
-        let mut frame = vec![channel];
-        frame.extend_from_slice(payload);
+        let frame = channel::frame(channel, payload);
         self.ws.send(Message::Binary(frame.into())).await.unwrap();
     }
 
@@ -417,19 +417,20 @@ impl Raw {
             .unwrap()
         {
             let (channel, payload) = match message {
-                Ok(Message::Binary(data)) => (data[0], data[1..].to_vec()),
+                Ok(Message::Binary(data)) => channel::decode_binary(&data)
+                    .map(|(channel, payload)| (channel, payload.to_vec()))
+                    .expect("a binary frame has a channel"),
                 // v4.base64: the channel's digit, then base64.
-                Ok(Message::Text(text)) => (
-                    text.as_bytes()[0] - b'0',
-                    BASE64.decode(&text.as_str()[1..]).unwrap(),
-                ),
+                Ok(Message::Text(text)) => {
+                    channel::decode_text(&text).expect("a text frame is base64")
+                }
                 _ => continue,
             };
             output.largest_frame = output.largest_frame.max(payload.len());
             match channel {
-                1 => output.stdout.extend_from_slice(&payload),
-                2 => output.stderr.extend_from_slice(&payload),
-                3 => output.status = serde_json::from_slice(&payload).unwrap(),
+                STDOUT => output.stdout.extend_from_slice(&payload),
+                STDERR => output.stderr.extend_from_slice(&payload),
+                ERROR => output.status = serde_json::from_slice(&payload).unwrap(),
                 other => panic!("a frame on channel {other}"),
             }
         }
