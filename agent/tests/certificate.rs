@@ -8,9 +8,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 mod common;
-mod simhost;
-
-use simhost::create_microvm;
 
 use axum::body::Body;
 use battery_agent::Cli;
@@ -22,6 +19,7 @@ use battery_apiserver::meta_store::MetaStore;
 use battery_apiserver::resources::hosts::certificate::AgentSigner;
 use battery_apiserver::server::{self, App, Settings};
 use battery_embedded::local::{LocalBattery, LocalBatteryConfig};
+use battery_embedded::simhost::testing::create_microvm;
 use battery_embedded::simhost::{SimulatedHost, SimulatedHostConfig};
 use battery_proto::Bytes;
 use battery_proto::agent::v1alpha1::relay_client::RelayClient;
@@ -241,7 +239,7 @@ async fn the_agent_serves_a_fetched_certificate_and_renews_it_under_an_open_sess
     })
     .await
     .unwrap();
-    let microvm_uid = create_microvm(&flintlock).await;
+    let microvm_uid = create_microvm(&flintlock, "vm").await;
     let client_ca = common::Ca::new("API server client CA");
     let client_ca_file = dir.path().join("client-ca.crt");
     std::fs::write(&client_ca_file, &client_ca.pem).unwrap();

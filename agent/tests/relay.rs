@@ -9,14 +9,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 mod common;
-mod simhost;
-
-use simhost::create_microvm;
 
 use battery_agent::Cli;
 use battery_agent::certificate::ServingCertificate;
 use battery_agent::ssh::SshIdentity;
 use battery_apiserver::resources::hosts::ssh_certificate::SshUserCa;
+use battery_embedded::simhost::testing::create_microvm;
 use battery_embedded::simhost::{SimulatedHost, SimulatedHostConfig, SshProxyConfig};
 use battery_proto::Bytes;
 use battery_proto::agent::v1alpha1::relay_client::RelayClient;
@@ -89,7 +87,7 @@ impl Fixture {
         })
         .await
         .expect("simulated host starts");
-        let microvm_uid = create_microvm(&host).await;
+        let microvm_uid = create_microvm(&host, "vm").await;
 
         let ca = Ca::new("relay CA");
         let serving = ca.loopback_server();
