@@ -90,6 +90,22 @@ impl Fixture {
         Ok((requests, responses))
     }
 
+    /// An SSH connection to MicroVM `uid` as `root` with `key` and its `certificate`,
+    /// and whether sshd took them.
+    async fn login(
+        &self,
+        uid: &str,
+        key: PrivateKey,
+        certificate: Certificate,
+    ) -> (client::Handle<Guest>, AuthResult) {
+        let mut session = self.connect(uid).await;
+        let auth = session
+            .authenticate_openssh_cert("root", Arc::new(key), certificate)
+            .await
+            .expect("authentication ran");
+        (session, auth)
+    }
+
     /// An SSH connection to MicroVM `uid` through SSHProxy, carried by an in-memory pipe.
     async fn connect(&self, uid: &str) -> client::Handle<Guest> {
         let (requests, responses) = self
@@ -243,11 +259,7 @@ async fn a_certificate_of_the_user_ca_logs_in_and_runs_commands_in_the_microvm()
     let (key, certificate) = ca.user("root");
 
     tokio::time::timeout(DEADLINE, async {
-        let mut session = fixture.connect(&uid).await;
-        let auth = session
-            .authenticate_openssh_cert("root", Arc::new(key), certificate)
-            .await
-            .expect("authentication ran");
+        let (session, auth) = fixture.login(&uid, key, certificate).await;
         assert!(matches!(auth, AuthResult::Success), "refused: {auth:?}");
 
         // Sessions start in the MicroVM's directory.
@@ -281,11 +293,7 @@ async fn a_certificate_of_another_ca_is_refused() {
     let (key, certificate) = UserCa::new().user("root");
 
     tokio::time::timeout(DEADLINE, async {
-        let mut session = fixture.connect(&uid).await;
-        let auth = session
-            .authenticate_openssh_cert("root", Arc::new(key), certificate)
-            .await
-            .expect("authentication ran");
+        let (_session, auth) = fixture.login(&uid, key, certificate).await;
         assert!(
             matches!(auth, AuthResult::Failure { .. }),
             "accepted: {auth:?}"
