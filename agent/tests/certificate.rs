@@ -7,8 +7,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-mod common;
-
 use axum::body::Body;
 use battery_agent::Cli;
 use battery_agent::certificate::{self, ServingCertificate};
@@ -240,7 +238,7 @@ async fn the_agent_serves_a_fetched_certificate_and_renews_it_under_an_open_sess
     .await
     .unwrap();
     let microvm_uid = create_microvm(&flintlock, "vm").await;
-    let client_ca = common::Ca::new("API server client CA");
+    let client_ca = battery_agent::testing::Ca::new("API server client CA");
     let client_ca_file = dir.path().join("client-ca.crt");
     std::fs::write(&client_ca_file, &client_ca.pem).unwrap();
     let args = [
@@ -376,7 +374,7 @@ async fn the_agent_serves_a_fetched_certificate_and_renews_it_under_an_open_sess
 
 #[tokio::test]
 async fn a_static_certificate_must_match_its_key() {
-    let ca = common::Ca::new("serving CA");
+    let ca = battery_agent::testing::Ca::new("serving CA");
     let serving = ca.loopback_server();
     ServingCertificate::from_pem(serving.cert.as_bytes(), serving.key.as_bytes())
         .expect("a matching certificate and key load");

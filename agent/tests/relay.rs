@@ -8,11 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-mod common;
-
 use battery_agent::Cli;
 use battery_agent::certificate::ServingCertificate;
 use battery_agent::ssh::SshIdentity;
+use battery_agent::testing::Ca;
 use battery_apiserver::resources::hosts::ssh_certificate::SshUserCa;
 use battery_embedded::simhost::testing::create_microvm;
 use battery_embedded::simhost::{SimulatedHost, SimulatedHostConfig, SshProxyConfig};
@@ -24,7 +23,6 @@ use battery_proto::agent::v1alpha1::{
 };
 use battery_telemetry::eventually;
 use clap::Parser as _;
-use common::Ca;
 use sha2::{Digest as _, Sha256};
 use tempfile::TempDir;
 use tokio::net::TcpListener;

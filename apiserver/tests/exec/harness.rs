@@ -1,6 +1,6 @@
 //! The harness of `exec.rs`: the server on a real socket, behind a front end that names
-//! the caller by a header; one in-process agent per simulated Host; rcgen certificates;
-//! and the two clients.
+//! the caller by a header; one in-process agent per simulated Host; the agent's test
+//! certificates (`battery_agent::testing`); and the two clients.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -10,6 +10,7 @@ use crate::common::{self, CLAIMS, HOSTS, Harness, POOLS, claim, pool, settings};
 use axum::extract::Request;
 use axum::middleware::Next;
 use battery_agent::flintlock::{FlintlockConfig, FlintlockTls};
+use battery_agent::testing::{Ca, Signed};
 use battery_api_machinery::request_info::RequestInfo;
 use battery_api_machinery::status::ApiError;
 use battery_apiserver::agent_relay::AgentRelayTls;
@@ -23,9 +24,6 @@ use futures::future::BoxFuture;
 use futures::{SinkExt, StreamExt};
 use http::{HeaderName, HeaderValue, Request as HttpRequest, StatusCode};
 use kube::api::{Api, AttachParams};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 use tokio_tungstenite::tungstenite::Message;
@@ -35,54 +33,6 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 pub const USER_HEADER: &str = "x-test-user";
 pub const OTHER_USER: &str = "system:serviceaccount:default:someone-else";
 pub const DEADLINE: Duration = Duration::from_secs(60);
-
-/// A CA that signs one trust domain's certificates.
-pub struct Ca {
-    pub pem: String,
-    pub issuer: Issuer<'static, KeyPair>,
-}
-
-/// A signed certificate and its key, PEM.
-pub struct Signed {
-    pub cert: String,
-    pub key: String,
-}
-
-impl Ca {
-    pub fn new(name: &str) -> Self {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::default();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let pem = params.self_signed(&key).unwrap().pem();
-        Self {
-            pem,
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    pub fn sign(&self, mut params: CertificateParams, purpose: ExtendedKeyUsagePurpose) -> Signed {
-        params.extended_key_usages = vec![purpose];
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        Signed {
-            cert: cert.pem(),
-            key: key.serialize_pem(),
-        }
-    }
-
-    /// An agent's serving certificate for the Host `name`.
-    pub fn serving(&self, name: &str) -> Signed {
-        let params = CertificateParams::new(vec![name.to_owned()]).unwrap();
-        self.sign(params, ExtendedKeyUsagePurpose::ServerAuth)
-    }
-
-    pub fn client(&self, cn: &str) -> Signed {
-        let mut params = CertificateParams::default();
-        params.distinguished_name.push(DnType::CommonName, cn);
-        self.sign(params, ExtendedKeyUsagePurpose::ClientAuth)
-    }
-}
 
 /// An agent in its own runtime, so that killing it ends its connections and sessions at
 /// once, as a killed process would.
