@@ -43,6 +43,7 @@ mod spec;
 mod suite;
 
 pub use assert::{expect_code, expect_ok, nanos, ts_nanos};
+pub use battery_embedded::local::insecure_host;
 pub use battery_telemetry::{consistently, eventually};
 pub use env::{
     ADDRESS_VAR, HOSTS_VAR, KERNEL_IMAGE_VAR, LOG_VAR, ROOT_IMAGE_VAR, SWEEP_VAR, TIMEOUT_VAR,
@@ -50,7 +51,6 @@ pub use env::{
 };
 pub use events::{EventLog, event_type};
 pub use gate::Gate;
-pub use ops::insecure_host;
 pub use spec::{PoolBuilder, TEMPLATE_INTERFACE, default_template, proto_duration};
 pub use suite::{HostRef, Options, Suite, Timing, skip};
 

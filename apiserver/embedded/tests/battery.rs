@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use battery_embedded::local::insecure_host;
 use battery_embedded::simhost::{SimulatedHost, SimulatedHostConfig};
 use battery_embedded::{BatteryConfig, EmbeddedBattery};
 use battery_proto::flintlock::types::{MicroVmSpec, NetworkInterface};
@@ -14,8 +15,8 @@ use battery_proto::poolmgr::v1alpha1::lease_client::LeaseClient;
 use battery_proto::poolmgr::v1alpha1::pool_admin_client::PoolAdminClient;
 use battery_proto::poolmgr::v1alpha1::{
     AddHostRequest, ClaimVmRequest, CreatePoolRequest, DeletePoolRequest, Event, EventType,
-    GetHostRequest, GetPoolRequest, HeartbeatRequest, HookFailurePolicy, Host, HostTls,
-    ListLeasesRequest, PoolRef, PoolSpec, PoolStatus, ReleaseVmRequest, ReplenishmentStrategy,
+    GetHostRequest, GetPoolRequest, HeartbeatRequest, HookFailurePolicy, ListLeasesRequest,
+    PoolRef, PoolSpec, PoolStatus, ReleaseVmRequest, ReplenishmentStrategy,
     ReplenishmentStrategyType, SubscribeRequest,
 };
 use battery_telemetry::eventually;
@@ -72,15 +73,7 @@ impl Rig {
         let channel = connect(&battery).await;
         let added = HostAdminClient::new(channel.clone())
             .add_host(AddHostRequest {
-                host: Some(Host {
-                    name: host.name().to_owned(),
-                    address: host.address().to_string(),
-                    tls: Some(HostTls {
-                        insecure: true,
-                        ..HostTls::default()
-                    }),
-                    ..Host::default()
-                }),
+                host: Some(insecure_host(host.name(), &host.address().to_string())),
                 skip_validation: false,
             })
             .await
@@ -573,15 +566,7 @@ async fn a_restart_keeps_pools_leases_and_events() {
     let channel = connect(&battery).await;
     HostAdminClient::new(channel.clone())
         .add_host(AddHostRequest {
-            host: Some(Host {
-                name: "host-0".into(),
-                address: rig.host.address().to_string(),
-                tls: Some(HostTls {
-                    insecure: true,
-                    ..HostTls::default()
-                }),
-                ..Host::default()
-            }),
+            host: Some(insecure_host("host-0", &rig.host.address().to_string())),
             skip_validation: true,
         })
         .await
