@@ -581,7 +581,28 @@ fn resize(width: u32, height: u32) -> ExecRequest {
     }))
 }
 
+/// `sh -c script` on a terminal, through an agent that opens terminals; the fixture
+/// must outlive the session.
+async fn script_on_a_terminal(script: &str) -> (Fixture, Session) {
+    let fixture = Fixture::with_terminals().await;
+    let mut client = fixture.trusted_client().await;
+    let session = open(&mut client, on_a_terminal(&fixture, &["sh", "-c", script]))
+        .await
+        .expect("opened");
+    (fixture, session)
+}
+
 impl Session {
+    /// Sends `keys` as typed on the terminal.
+    async fn type_keys(&self, keys: &'static [u8]) {
+        self.requests
+            .send(request(exec_request::Payload::Stdin(Bytes::from_static(
+                keys,
+            ))))
+            .await
+            .unwrap();
+    }
+
     /// Reads output until it contains `text`, and returns all read so far.
     async fn read_until(&mut self, seen: &mut Vec<u8>, text: &str) {
         while !String::from_utf8_lossy(seen).contains(text) {
@@ -598,24 +619,14 @@ impl Session {
 
 #[tokio::test]
 async fn a_terminal_starts_at_the_clients_size_follows_its_resizes_and_exits_with_the_code() {
-    let fixture = Fixture::with_terminals().await;
-    let mut client = fixture.trusted_client().await;
     let script = "stty size; read line; stty size; echo \"got $line\"; exit 4";
-    let mut session = open(&mut client, on_a_terminal(&fixture, &["sh", "-c", script]))
-        .await
-        .expect("opened");
+    let (_fixture, mut session) = script_on_a_terminal(script).await;
     session.requests.send(resize(100, 30)).await.unwrap();
     let mut seen = Vec::new();
     session.read_until(&mut seen, "30 100").await;
     session.requests.send(resize(120, 40)).await.unwrap();
     // The terminal echoes what is typed, and turns Enter into a line.
-    session
-        .requests
-        .send(request(exec_request::Payload::Stdin(Bytes::from_static(
-            b"hi\r",
-        ))))
-        .await
-        .unwrap();
+    session.type_keys(b"hi\r").await;
     let rest = session.collect().await;
     seen.extend(rest.stdout);
     let text = String::from_utf8_lossy(&seen);
@@ -626,22 +637,12 @@ async fn a_terminal_starts_at_the_clients_size_follows_its_resizes_and_exits_wit
 
 #[tokio::test]
 async fn ctrl_c_on_a_terminal_interrupts_the_command() {
-    let fixture = Fixture::with_terminals().await;
-    let mut client = fixture.trusted_client().await;
     let script = "trap 'echo interrupted; exit 130' INT; echo ready; sleep 100 & wait";
-    let mut session = open(&mut client, on_a_terminal(&fixture, &["sh", "-c", script]))
-        .await
-        .expect("opened");
+    let (_fixture, mut session) = script_on_a_terminal(script).await;
     session.requests.send(resize(80, 24)).await.unwrap();
     let mut seen = Vec::new();
     session.read_until(&mut seen, "ready").await;
-    session
-        .requests
-        .send(request(exec_request::Payload::Stdin(Bytes::from_static(
-            b"\x03",
-        ))))
-        .await
-        .unwrap();
+    session.type_keys(b"\x03").await;
     let rest = session.collect().await;
     let text = String::from_utf8_lossy(&rest.stdout);
     assert!(text.contains("interrupted"), "{text:?}");
