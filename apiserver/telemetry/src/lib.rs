@@ -1,6 +1,6 @@
 //! What the binaries say about themselves: an error and its causes on one line
-//! ([`error_chain`]), and the one logging setup ([`init`], feature `logging`). Behind
-//! `test-util`, the one way tests wait for a condition ([`eventually`]).
+//! ([`error_chain`]), and the one logging setup (`init`, feature `logging`). Behind
+//! `test-util`, the one way tests wait for a condition (`eventually`).
 //!
 //! Every binary (the agent, the apiserver, e2e's) and the libraries under them format
 //! errors and logs alike, so this crate sits below all of them: without features it is
