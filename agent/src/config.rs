@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use battery_types::HostTls;
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use thiserror::Error;
 use tonic::transport::{Certificate, Identity};
 
@@ -177,14 +177,8 @@ pub struct Cli {
     pub skip_check: Vec<Check>,
 }
 
-/// The shape of a log line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// One readable line per event, coloured only when stderr is a terminal.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
+// One log-line shape for every binary; `--log-format` takes its values.
+pub use battery_telemetry::LogFormat;
 
 /// A configuration whose files have been read and whose addresses parse.
 #[derive(Debug)]

@@ -18,6 +18,8 @@ pub mod register;
 pub mod relay;
 pub mod ssh;
 mod terminal;
+#[cfg(feature = "test-util")]
+pub mod testing;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -11,7 +11,7 @@ const EXIT_USAGE: u8 = 64;
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = battery_agent::Cli::parse();
-    battery_agent::logging::init(cli.log_format);
+    battery_telemetry::init(cli.log_format);
     let config = match cli.into_config() {
         Ok(config) => config,
         Err(error) => {

@@ -92,8 +92,9 @@ impl SshIdentity {
     }
 }
 
-/// russh's callbacks: the host key is taken as the channel names it (see above).
-struct Guest;
+/// russh's callbacks: the host key is taken as the channel names it (see above). Public
+/// for the simulated Host's SSH tests, which reach a guest the same way.
+pub struct Guest;
 
 impl client::Handler for Guest {
     type Error = russh::Error;

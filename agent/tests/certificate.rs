@@ -5,12 +5,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
-
-mod common;
-mod simhost;
-
-use simhost::create_microvm;
+use std::time::Duration;
 
 use axum::body::Body;
 use battery_agent::Cli;
@@ -22,12 +17,14 @@ use battery_apiserver::meta_store::MetaStore;
 use battery_apiserver::resources::hosts::certificate::AgentSigner;
 use battery_apiserver::server::{self, App, Settings};
 use battery_embedded::local::{LocalBattery, LocalBatteryConfig};
+use battery_embedded::simhost::testing::create_microvm;
 use battery_embedded::simhost::{SimulatedHost, SimulatedHostConfig};
 use battery_proto::Bytes;
 use battery_proto::agent::v1alpha1::relay_client::RelayClient;
 use battery_proto::agent::v1alpha1::{
     ClaimRef, ExecOpen, ExecRequest, StdinEof, exec_request, exec_response, exit_status,
 };
+use battery_telemetry::eventually;
 use battery_types::agent_identity::{AGENT_GROUP, agent_username};
 use clap::Parser as _;
 use http_body_util::BodyExt as _;
@@ -139,7 +136,7 @@ fn agent_user() -> UserInfo {
 async fn register(client: &kube::Client, agent: SocketAddr) {
     let hosts: kube::Api<battery_types::Host> = kube::Api::all(client.clone());
     let patch = serde_json::json!({ "spec": { "agentAddress": agent.to_string() } });
-    wait_until("the Host takes its agent address", async || {
+    eventually(DEADLINE, "the Host takes its agent address", async || {
         hosts
             .patch(
                 HOST,
@@ -150,14 +147,6 @@ async fn register(client: &kube::Client, agent: SocketAddr) {
             .is_ok()
     })
     .await;
-}
-
-async fn wait_until(what: &str, mut condition: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + DEADLINE;
-    while !condition().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// The relay's client side: trusts the signing CA, presents a client certificate.
@@ -248,8 +237,8 @@ async fn the_agent_serves_a_fetched_certificate_and_renews_it_under_an_open_sess
     })
     .await
     .unwrap();
-    let microvm_uid = create_microvm(&flintlock).await;
-    let client_ca = common::Ca::new("API server client CA");
+    let microvm_uid = create_microvm(&flintlock, "vm").await;
+    let client_ca = battery_agent::testing::Ca::new("API server client CA");
     let client_ca_file = dir.path().join("client-ca.crt");
     std::fs::write(&client_ca_file, &client_ca.pem).unwrap();
     let args = [
@@ -344,10 +333,14 @@ async fn the_agent_serves_a_fetched_certificate_and_renews_it_under_an_open_sess
     }
 
     let mut renewed = String::new();
-    wait_until("a new handshake sees a renewed certificate", async || {
-        renewed = peer.handshake().await.0;
-        renewed != first_serial
-    })
+    eventually(
+        DEADLINE,
+        "a new handshake sees a renewed certificate",
+        async || {
+            renewed = peer.handshake().await.0;
+            renewed != first_serial
+        },
+    )
     .await;
 
     requests
@@ -372,7 +365,7 @@ async fn the_agent_serves_a_fetched_certificate_and_renews_it_under_an_open_sess
     assert_eq!(exit, Some(exit_status::Outcome::Code(0)));
 
     // The certificate keeps being renewed, each with a new serial.
-    wait_until("a second renewal", async || {
+    eventually(DEADLINE, "a second renewal", async || {
         let serial = peer.handshake().await.0;
         serial != renewed && serial != first_serial
     })
@@ -381,7 +374,7 @@ async fn the_agent_serves_a_fetched_certificate_and_renews_it_under_an_open_sess
 
 #[tokio::test]
 async fn a_static_certificate_must_match_its_key() {
-    let ca = common::Ca::new("serving CA");
+    let ca = battery_agent::testing::Ca::new("serving CA");
     let serving = ca.loopback_server();
     ServingCertificate::from_pem(serving.cert.as_bytes(), serving.key.as_bytes())
         .expect("a matching certificate and key load");
@@ -419,7 +412,7 @@ async fn a_failed_renewal_is_retried_and_the_old_certificate_served_meanwhile() 
     ));
     // Past the renewal time, two attempts were refused (the second after a backoff),
     // and the first certificate is still the one served.
-    wait_until("two renewals were refused", async || {
+    eventually(DEADLINE, "two renewals were refused", async || {
         refused.load(Ordering::SeqCst) >= 2
     })
     .await;
@@ -427,7 +420,7 @@ async fn a_failed_renewal_is_retried_and_the_old_certificate_served_meanwhile() 
     assert_eq!(serving.current().cert[0], first);
 
     failing.store(false, Ordering::SeqCst);
-    wait_until("a retry succeeds", async || {
+    eventually(DEADLINE, "a retry succeeds", async || {
         serving.current().cert[0] != first
     })
     .await;

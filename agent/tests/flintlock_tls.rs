@@ -3,11 +3,10 @@
 //! simulated Hosts serve no TLS, so a stand-in `MicroVMExec` here does, and requires a
 //! client certificate, so an exec that completes proves both directions.
 
-mod common;
-
 use std::time::Duration;
 
 use battery_agent::Cli;
+use battery_agent::testing::Ca;
 use battery_proto::Bytes;
 use battery_proto::agent::v1alpha1::relay_client::RelayClient;
 use battery_proto::agent::v1alpha1::{
@@ -21,7 +20,6 @@ use battery_proto::microvmexec::services::api::v1alpha1::{
     ExecCommandRequest, ExecCommandResponse,
 };
 use clap::Parser as _;
-use common::Ca;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity, Server, ServerTlsConfig};

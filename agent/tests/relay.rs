@@ -8,15 +8,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-mod common;
-mod simhost;
-
-use simhost::create_microvm;
-
 use battery_agent::Cli;
 use battery_agent::certificate::ServingCertificate;
 use battery_agent::ssh::SshIdentity;
+use battery_agent::testing::Ca;
 use battery_apiserver::resources::hosts::ssh_certificate::SshUserCa;
+use battery_embedded::simhost::testing::create_microvm;
 use battery_embedded::simhost::{SimulatedHost, SimulatedHostConfig, SshProxyConfig};
 use battery_proto::Bytes;
 use battery_proto::agent::v1alpha1::relay_client::RelayClient;
@@ -24,8 +21,8 @@ use battery_proto::agent::v1alpha1::{
     ClaimRef, ExecOpen, ExecRequest, ExecResponse, PortForwardOpen, PortForwardRequest, StdinEof,
     TerminalSize, exec_request, exec_response, exit_status, port_forward_request,
 };
+use battery_telemetry::eventually;
 use clap::Parser as _;
-use common::Ca;
 use sha2::{Digest as _, Sha256};
 use tempfile::TempDir;
 use tokio::net::TcpListener;
@@ -88,7 +85,7 @@ impl Fixture {
         })
         .await
         .expect("simulated host starts");
-        let microvm_uid = create_microvm(&host).await;
+        let microvm_uid = create_microvm(&host, "vm").await;
 
         let ca = Ca::new("relay CA");
         let serving = ca.loopback_server();
@@ -181,15 +178,6 @@ impl Fixture {
             stderr: true,
             ..ExecOpen::default()
         }
-    }
-}
-
-/// Polls until `condition` holds, failing the test at [`DEADLINE`].
-async fn wait_until(what: &str, mut condition: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + DEADLINE;
-    while !condition().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -401,14 +389,18 @@ async fn twenty_megabytes_through_cat_come_back_whole_and_buffers_stay_bounded()
     // of the agent taking everything in.
     let mut last = 0;
     let mut still_since = Instant::now();
-    wait_until("stdin stops moving while stdout is not read", async || {
-        let now = sent.load(Ordering::SeqCst);
-        if now != last {
-            last = now;
-            still_since = Instant::now();
-        }
-        now > 0 && still_since.elapsed() > Duration::from_millis(500)
-    })
+    eventually(
+        DEADLINE,
+        "stdin stops moving while stdout is not read",
+        async || {
+            let now = sent.load(Ordering::SeqCst);
+            if now != last {
+                last = now;
+                still_since = Instant::now();
+            }
+            now > 0 && still_since.elapsed() > Duration::from_millis(500)
+        },
+    )
     .await;
     let stalled_at = sent.load(Ordering::SeqCst);
     assert!(
@@ -477,7 +469,10 @@ async fn dropping_the_stream_ends_the_command() {
         .to_owned();
     assert!(!process_gone(&pid), "sleep {pid} runs");
     drop(session);
-    wait_until(&format!("sleep {pid} is gone"), async || process_gone(&pid)).await;
+    eventually(DEADLINE, &format!("sleep {pid} is gone"), async || {
+        process_gone(&pid)
+    })
+    .await;
 }
 
 /// Whether a session with `ca`'s client certificate (or none) fails. The handshake may
@@ -558,7 +553,7 @@ async fn sessions_past_max_sessions_are_refused_until_one_ends() {
     // Ending the first frees its place.
     drop(first);
     let mut freed = None;
-    wait_until("a session can open again", async || {
+    eventually(DEADLINE, "a session can open again", async || {
         freed = open(&mut client, fixture.open(&["echo", "again"]))
             .await
             .ok();
@@ -586,7 +581,28 @@ fn resize(width: u32, height: u32) -> ExecRequest {
     }))
 }
 
+/// `sh -c script` on a terminal, through an agent that opens terminals; the fixture
+/// must outlive the session.
+async fn script_on_a_terminal(script: &str) -> (Fixture, Session) {
+    let fixture = Fixture::with_terminals().await;
+    let mut client = fixture.trusted_client().await;
+    let session = open(&mut client, on_a_terminal(&fixture, &["sh", "-c", script]))
+        .await
+        .expect("opened");
+    (fixture, session)
+}
+
 impl Session {
+    /// Sends `keys` as typed on the terminal.
+    async fn type_keys(&self, keys: &'static [u8]) {
+        self.requests
+            .send(request(exec_request::Payload::Stdin(Bytes::from_static(
+                keys,
+            ))))
+            .await
+            .unwrap();
+    }
+
     /// Reads output until it contains `text`, and returns all read so far.
     async fn read_until(&mut self, seen: &mut Vec<u8>, text: &str) {
         while !String::from_utf8_lossy(seen).contains(text) {
@@ -603,24 +619,14 @@ impl Session {
 
 #[tokio::test]
 async fn a_terminal_starts_at_the_clients_size_follows_its_resizes_and_exits_with_the_code() {
-    let fixture = Fixture::with_terminals().await;
-    let mut client = fixture.trusted_client().await;
     let script = "stty size; read line; stty size; echo \"got $line\"; exit 4";
-    let mut session = open(&mut client, on_a_terminal(&fixture, &["sh", "-c", script]))
-        .await
-        .expect("opened");
+    let (_fixture, mut session) = script_on_a_terminal(script).await;
     session.requests.send(resize(100, 30)).await.unwrap();
     let mut seen = Vec::new();
     session.read_until(&mut seen, "30 100").await;
     session.requests.send(resize(120, 40)).await.unwrap();
     // The terminal echoes what is typed, and turns Enter into a line.
-    session
-        .requests
-        .send(request(exec_request::Payload::Stdin(Bytes::from_static(
-            b"hi\r",
-        ))))
-        .await
-        .unwrap();
+    session.type_keys(b"hi\r").await;
     let rest = session.collect().await;
     seen.extend(rest.stdout);
     let text = String::from_utf8_lossy(&seen);
@@ -631,22 +637,12 @@ async fn a_terminal_starts_at_the_clients_size_follows_its_resizes_and_exits_wit
 
 #[tokio::test]
 async fn ctrl_c_on_a_terminal_interrupts_the_command() {
-    let fixture = Fixture::with_terminals().await;
-    let mut client = fixture.trusted_client().await;
     let script = "trap 'echo interrupted; exit 130' INT; echo ready; sleep 100 & wait";
-    let mut session = open(&mut client, on_a_terminal(&fixture, &["sh", "-c", script]))
-        .await
-        .expect("opened");
+    let (_fixture, mut session) = script_on_a_terminal(script).await;
     session.requests.send(resize(80, 24)).await.unwrap();
     let mut seen = Vec::new();
     session.read_until(&mut seen, "ready").await;
-    session
-        .requests
-        .send(request(exec_request::Payload::Stdin(Bytes::from_static(
-            b"\x03",
-        ))))
-        .await
-        .unwrap();
+    session.type_keys(b"\x03").await;
     let rest = session.collect().await;
     let text = String::from_utf8_lossy(&rest.stdout);
     assert!(text.contains("interrupted"), "{text:?}");

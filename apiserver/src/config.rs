@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 
 /// Kubernetes aggregated API server for battery's warm pools of flintlock MicroVMs.
 #[derive(Debug, Parser)]
@@ -26,15 +26,8 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// The shape of a log line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// One readable line per event, coloured only when stderr is a terminal.
-    Text,
-    /// One JSON object per line: `timestamp`, `level`, `target`, `message` and the
-    /// event's other fields beside it.
-    Json,
-}
+// One log-line shape for every binary; `--log-format` takes its values.
+pub use battery_telemetry::LogFormat;
 
 #[derive(Debug, Subcommand)]
 pub enum Command {

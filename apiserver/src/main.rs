@@ -14,7 +14,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() -> ExitCode {
     let cli = battery_apiserver::config::Cli::parse();
     let log_format = cli.log_format;
-    battery_apiserver::logging::init(log_format);
+    battery_telemetry::init(log_format);
     match battery_apiserver::run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -139,23 +139,27 @@ async fn in_dev_each_agent_registers_its_host_and_reports_it_ready() {
     .await
     .unwrap();
     let hosts: kube::Api<Host> = kube::Api::all(kube::Client::try_from(config).unwrap());
-    let listed = eventually(DEADLINE, || async {
-        let list = hosts
-            .list(&Default::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        let ready = list.items.iter().all(|host| {
-            host.spec.agent_address.is_some()
-                && host.status.as_ref().is_some_and(|s| {
-                    conditions::is_status_condition_true(&s.conditions, conditions::READY)
-                })
-        });
-        if list.items.len() == 2 && ready {
-            Ok(list.items)
-        } else {
-            Err(format!("{:?}", list.items))
-        }
-    })
+    let listed = eventually(
+        DEADLINE,
+        "the Hosts listed with their agents, Ready",
+        || async {
+            let list = hosts
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let ready = list.items.iter().all(|host| {
+                host.spec.agent_address.is_some()
+                    && host.status.as_ref().is_some_and(|s| {
+                        conditions::is_status_condition_true(&s.conditions, conditions::READY)
+                    })
+            });
+            if list.items.len() == 2 && ready {
+                Ok(list.items)
+            } else {
+                Err(format!("{:?}", list.items))
+            }
+        },
+    )
     .await;
     for host in listed {
         let status = host.status.unwrap();
@@ -200,7 +204,7 @@ async fn hosts_listed(h: &Harness) {
 /// The admin sets `spec.unschedulable` of `host`, retrying the conflicts the follow
 /// loop's own writes cause; the patched Host.
 async fn admin_cordon(h: &Harness, host: &str, unschedulable: bool) -> Value {
-    eventually(DEADLINE, || async {
+    eventually(DEADLINE, "the Host patched", || async {
         let (status, _, body) = h
             .call(
                 "PATCH",

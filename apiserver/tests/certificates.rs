@@ -82,18 +82,22 @@ impl Server {
             _battery: battery,
         };
         let patch = json!({ "spec": { "agentAddress": AGENT_ADDRESS } });
-        eventually(common::DEADLINE, || async {
-            let request = Request::patch(format!("{HOSTS}/host-0"))
-                .header(header::CONTENT_TYPE, "application/merge-patch+json")
-                .body(Body::from(patch.to_string()))
-                .unwrap();
-            let (status, body) = send(server.router(), as_dev(request)).await;
-            if status == StatusCode::OK {
-                Ok(())
-            } else {
-                Err(format!("{status} {body}"))
-            }
-        })
+        eventually(
+            common::DEADLINE,
+            "the agent address patched onto host-0",
+            || async {
+                let request = Request::patch(format!("{HOSTS}/host-0"))
+                    .header(header::CONTENT_TYPE, "application/merge-patch+json")
+                    .body(Body::from(patch.to_string()))
+                    .unwrap();
+                let (status, body) = send(server.router(), as_dev(request)).await;
+                if status == StatusCode::OK {
+                    Ok(())
+                } else {
+                    Err(format!("{status} {body}"))
+                }
+            },
+        )
         .await;
         server
     }

@@ -543,7 +543,7 @@ async fn creates_in_missing_or_terminating_namespaces_are_refused_and_hook_failu
     let mut broken = pool("broken", 1);
     broken["spec"]["hooks"] = json!({"create": ["exit 1"]});
     let created = h.create(POOLS, &broken).await;
-    let recorded = eventually(DEADLINE, || async {
+    let recorded = eventually(DEADLINE, "a HookFailed Event", || async {
         let recorded = events.lock().unwrap().clone();
         if recorded.is_empty() {
             Err("no HookFailed Event")
@@ -796,17 +796,18 @@ async fn a_list_copied_from_the_records_answers_as_a_decoded_one() {
     for (query, accept) in cases {
         // Compared at one resourceVersion: the Host readiness pass may update the claims
         // between the two lists.
-        let (copied, decoded) = eventually(DEADLINE, || async {
-            let copied = list(query, accept, false).await;
-            let decoded = list(query, accept, true).await;
-            let version = |list: &Value| list["metadata"]["resourceVersion"].clone();
-            if version(&copied) == version(&decoded) {
-                Ok((copied, decoded))
-            } else {
-                Err("a write came between the two lists")
-            }
-        })
-        .await;
+        let (copied, decoded) =
+            eventually(DEADLINE, "two lists at one resourceVersion", || async {
+                let copied = list(query, accept, false).await;
+                let decoded = list(query, accept, true).await;
+                let version = |list: &Value| list["metadata"]["resourceVersion"].clone();
+                if version(&copied) == version(&decoded) {
+                    Ok((copied, decoded))
+                } else {
+                    Err("a write came between the two lists")
+                }
+            })
+            .await;
         assert_eq!(copied, decoded, "{query} as {accept}");
         let items = copied["items"].as_array().or(copied["rows"].as_array());
         let expected = match query {

@@ -324,30 +324,31 @@ async fn an_agent_killed_mid_stream_fails_the_exec_and_its_successor_serves() {
     .await;
     exec.agents.iter_mut().find(|(n, ..)| *n == host).unwrap().2 = Some(successor);
     let api = exec.claims(DEV_USER);
-    let (printed, status) = common::eventually(DEADLINE, || async {
-        match api
-            .exec(
-                "c",
-                ["echo", "back"],
-                &AttachParams::default().stderr(false),
-            )
-            .await
-        {
-            Ok(mut attached) => {
-                let mut out = String::new();
-                let status = attached.take_status().unwrap();
-                attached
-                    .stdout()
-                    .unwrap()
-                    .read_to_string(&mut out)
-                    .await
-                    .unwrap();
-                Ok((out, status.await))
+    let (printed, status) =
+        common::eventually(DEADLINE, "an exec through the successor agent", || async {
+            match api
+                .exec(
+                    "c",
+                    ["echo", "back"],
+                    &AttachParams::default().stderr(false),
+                )
+                .await
+            {
+                Ok(mut attached) => {
+                    let mut out = String::new();
+                    let status = attached.take_status().unwrap();
+                    attached
+                        .stdout()
+                        .unwrap()
+                        .read_to_string(&mut out)
+                        .await
+                        .unwrap();
+                    Ok((out, status.await))
+                }
+                Err(err) => Err(err.to_string()),
             }
-            Err(err) => Err(err.to_string()),
-        }
-    })
-    .await;
+        })
+        .await;
     assert_eq!(printed, "back\n");
     let status = serde_json::to_value(status).unwrap();
     assert_eq!(status["status"], "Success", "{status}");
@@ -594,7 +595,7 @@ async fn metrics(exec: &Exec) -> String {
 
 /// Waits until the exec sessions gauge is back at 0.
 async fn no_sessions_left(exec: &Exec) {
-    common::eventually(DEADLINE, || async {
+    common::eventually(DEADLINE, "no exec sessions left", || async {
         let text = metrics(exec).await;
         if text.contains("battery_apiserver_exec_sessions 0\n") {
             Ok(())

@@ -122,7 +122,7 @@ fn claims(server: &Server) -> Api<MicroVMClaim> {
 /// Waits until `/readyz` answers 200: battery answers, and the start-up release of leases
 /// binds left is done, so it cannot release a lease the test expects to outlive it.
 async fn wait_ready(server: &Server) {
-    until("/readyz to answer ok", || async {
+    eventually(DEADLINE, "/readyz to answer ok", || async {
         let request = http::Request::get("/readyz").body(Vec::new()).unwrap();
         server.client.request_text(request).await.is_ok()
     })
@@ -140,16 +140,8 @@ fn claim(name: &str, pool: &str) -> MicroVMClaim {
     serde_json::from_value(common::claim(name, pool)).unwrap()
 }
 
-/// Waits until `check` holds; fails after [`DEADLINE`], saying what was awaited.
-async fn until<F: Future<Output = bool>>(awaited: &str, check: impl Fn() -> F) {
-    eventually(DEADLINE, || async {
-        if check().await { Ok(()) } else { Err(awaited) }
-    })
-    .await;
-}
-
 async fn wait_exit(server: &mut Server) {
-    eventually(DEADLINE, || {
+    eventually(DEADLINE, "the server to crash", || {
         let exited = server.child.try_wait().unwrap().is_some();
         async move {
             if exited {
@@ -163,7 +155,7 @@ async fn wait_exit(server: &mut Server) {
 }
 
 async fn wait_available(server: &Server, name: &str, want: i32) {
-    until(&format!("{want} available in {name}"), || async {
+    eventually(DEADLINE, &format!("{want} available in {name}"), || async {
         pools(server)
             .get(name)
             .await
@@ -229,7 +221,7 @@ async fn crash_a_bind(world: &World, battery: &str, point: &str) {
 
 /// The claim `name` appears, Bound, and battery's leases agree with the claims.
 async fn assert_bound_and_consistent(world: &World, server: &Server, name: &str, case: &str) {
-    until("the claim", || async {
+    eventually(DEADLINE, "the claim", || async {
         claims(server)
             .get_opt(name)
             .await
@@ -249,9 +241,11 @@ async fn assert_bound_and_consistent(world: &World, server: &Server, name: &str,
 }
 
 async fn assert_consistent(world: &World, server: &Server) {
-    until("battery's leases and the Bound claims agree", || {
-        consistent(world, server)
-    })
+    eventually(
+        DEADLINE,
+        "battery's leases and the Bound claims agree",
+        || consistent(world, server),
+    )
     .await;
 }
 
@@ -321,7 +315,7 @@ async fn issue_9_a_lease_whose_answer_was_lost_is_released_by_the_next_start() {
             "{code:?}: the create answered {created:?}"
         );
         // The create's answer, then its replay's, lost.
-        until("the replay's lost answer", || async {
+        eventually(DEADLINE, "the replay's lost answer", || async {
             proxy.lost_claim_answers() >= 2
         })
         .await;

@@ -126,7 +126,7 @@ impl Client {
     /// Waits until the dev Pool has `size` MicroVMs ready, so no bind waits for a boot.
     async fn await_available(&self, size: usize) {
         let uri = format!("{GROUP_VERSION}/namespaces/default/pools/{DEV_POOL}");
-        common::eventually(Duration::from_secs(60), || async {
+        common::eventually(Duration::from_secs(60), "the dev Pool to fill", || async {
             let (status, pool) = self.call(Method::GET, &uri, None).await;
             if status == StatusCode::OK && pool["status"]["available"] == json!(size) {
                 Ok(())

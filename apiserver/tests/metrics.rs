@@ -158,22 +158,26 @@ async fn binds_battery_calls_pools_and_events_are_recorded() {
     assert_eq!(status, StatusCode::NOT_FOUND);
 
     // The lease and battery's events reach the series a moment after the bind.
-    let text = common::eventually(common::DEADLINE, || async {
-        let text = scrape(&h).await;
-        let leased = series(&text).contains(
+    let text = common::eventually(
+        common::DEADLINE,
+        "the lease and the events in the series",
+        || async {
+            let text = scrape(&h).await;
+            let leased = series(&text).contains(
             &r#"battery_apiserver_pool_microvms{namespace="default",pool="p",state="leased"} 1"#,
         );
-        let events = series(&text)
-            .iter()
-            .find_map(|l| l.strip_prefix("battery_apiserver_battery_events_total "))
-            .and_then(|n| n.parse::<f64>().ok())
-            .unwrap_or_default();
-        if leased && events > 0.0 {
-            Ok(text)
-        } else {
-            Err(format!("never recorded: {text}"))
-        }
-    })
+            let events = series(&text)
+                .iter()
+                .find_map(|l| l.strip_prefix("battery_apiserver_battery_events_total "))
+                .and_then(|n| n.parse::<f64>().ok())
+                .unwrap_or_default();
+            if leased && events > 0.0 {
+                Ok(text)
+            } else {
+                Err(format!("never recorded: {text}"))
+            }
+        },
+    )
     .await;
     let has = |line: &str| series(&text).contains(&line);
     assert!(

@@ -100,13 +100,17 @@ async fn a_rotated_serving_certificate_is_served_without_a_restart() {
     let want = CertificateDer::from_pem_file(&next.serving_cert)
         .unwrap()
         .to_vec();
-    common::eventually(Duration::from_secs(15), || async {
-        if served_certificate(&connector, addr).await == want {
-            Ok(())
-        } else {
-            Err("the new certificate was never served")
-        }
-    })
+    common::eventually(
+        Duration::from_secs(15),
+        "the new certificate served",
+        || async {
+            if served_certificate(&connector, addr).await == want {
+                Ok(())
+            } else {
+                Err("the new certificate was never served")
+            }
+        },
+    )
     .await;
 }
 

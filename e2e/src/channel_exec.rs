@@ -1,10 +1,12 @@
 //! A second exec client, independent of kube-rs: the WebSocket channel protocol
 //! (`v5.channel.k8s.io`, `v4.channel.k8s.io`) spoken by hand over tokio-tungstenite, on a
 //! connection of [`crate::https`] upgraded as its identity (a client certificate or a
-//! bearer token).
+//! bearer token). The framing is `battery_types::channel`'s, which the server speaks too;
+//! what is written by hand is the client: the handshake and the session.
 
 use std::time::Duration;
 
+use battery_types::channel::{self, CLOSE, ERROR, STDERR, STDIN, STDOUT};
 use futures::{SinkExt as _, StreamExt as _};
 use http_body_util::BodyExt as _;
 use hyper::upgrade::Upgraded;
@@ -13,14 +15,6 @@ use serde_json::Value;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::tungstenite::{Message, handshake};
-
-/// The channels of the protocol.
-pub const STDIN: u8 = 0;
-pub const STDOUT: u8 = 1;
-pub const STDERR: u8 = 2;
-pub const ERROR: u8 = 3;
-/// v5: a frame here closes the channel its payload names.
-pub const CLOSE: u8 = 255;
 
 /// How long a session may take to say anything.
 const QUIET_LIMIT: Duration = Duration::from_secs(60);
@@ -105,11 +99,8 @@ impl Client {
 impl Session {
     /// Sends `payload` on `channel`.
     pub async fn send(&mut self, channel: u8, payload: &[u8]) {
-        let mut frame = Vec::with_capacity(payload.len() + 1);
-        frame.push(channel);
-        frame.extend_from_slice(payload);
         self.ws
-            .send(Message::Binary(frame.into()))
+            .send(Message::Binary(channel::frame(channel, payload).into()))
             .await
             .expect("send a frame");
     }
@@ -152,7 +143,7 @@ impl Session {
             let Ok(Message::Binary(data)) = message else {
                 continue;
             };
-            let Some((&channel, payload)) = data.split_first() else {
+            let Some((channel, payload)) = channel::decode_binary(&data) else {
                 continue;
             };
             match channel {

@@ -24,7 +24,8 @@
 //! - [`PoolBuilder`]: pool specs with sensible defaults.
 //! - [`EventLog`]: an `Events.Subscribe` stream that remembers what it saw and checks the
 //!   stream's invariants on every event.
-//! - [`eventually`] / [`consistently`]: waits with deadlines instead of sleeps.
+//! - [`eventually`] / [`consistently`]: waits with deadlines instead of sleeps
+//!   (`battery_telemetry`'s, the workspace's one poll-until).
 //! - [`flintlock`]: looks at the Hosts directly through flintlock's API (MicroVM, exec).
 //! - [`Gate`]: a hook command that blocks until the test opens it (embedded only).
 
@@ -42,19 +43,18 @@ pub mod pki;
 pub mod process;
 mod spec;
 mod suite;
-mod wait;
 
 pub use assert::{expect_code, expect_ok, nanos, ts_nanos};
+pub use battery_embedded::local::insecure_host;
+pub use battery_telemetry::{consistently, eventually};
 pub use env::{
     ADDRESS_VAR, HOSTS_VAR, KERNEL_IMAGE_VAR, LOG_VAR, ROOT_IMAGE_VAR, SWEEP_VAR, TIMEOUT_VAR,
     WARNING_WINDOW_VAR, parse_duration,
 };
 pub use events::{EventLog, event_type};
 pub use gate::Gate;
-pub use ops::insecure_host;
 pub use spec::{PoolBuilder, TEMPLATE_INTERFACE, default_template, proto_duration};
 pub use suite::{HostRef, Options, Suite, Timing, skip};
-pub use wait::{consistently, eventually};
 
 /// A kube-rs client for the user of `kubeconfig`.
 pub async fn kube_client(kubeconfig: &std::path::Path) -> kube::Client {

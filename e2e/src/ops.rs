@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use battery_proto::flintlock::types::MicroVm;
 use battery_proto::poolmgr::v1alpha1::{
     AddHostRequest, ClaimVmRequest, ClaimVmResponse, CordonHostRequest, CreatePoolRequest,
-    DeletePoolRequest, GetHostRequest, GetPoolRequest, HeartbeatRequest, Host, HostStatus, HostTls,
+    DeletePoolRequest, GetHostRequest, GetPoolRequest, HeartbeatRequest, Host, HostStatus,
     LeaseRecord, ListHostsRequest, ListLeasesRequest, ListPoolsRequest, Pool, PoolRef, PoolSpec,
     PoolStatus, ReleaseVmRequest, RemoveHostRequest, SubscribeRequest, UncordonHostRequest,
     UpdatePoolRequest,
@@ -17,21 +17,9 @@ use crate::events::EventLog;
 use crate::flintlock::{self, ExecOutput};
 use crate::spec::PoolBuilder;
 use crate::suite::{HostRef, Suite};
-use crate::wait::{consistently, eventually};
 use crate::{expect_ok, ts_nanos};
-
-/// A Host spec for AddHost/UpdateHost: plaintext (`tls.insecure`).
-pub fn insecure_host(name: &str, address: &str) -> Host {
-    Host {
-        name: name.to_owned(),
-        address: address.to_owned(),
-        tls: Some(HostTls {
-            insecure: true,
-            ..HostTls::default()
-        }),
-        ..Host::default()
-    }
-}
+use battery_embedded::local::insecure_host;
+use battery_telemetry::{consistently, eventually};
 
 impl Suite {
     // ----- pools -----

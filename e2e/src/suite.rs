@@ -13,6 +13,7 @@ use battery_proto::poolmgr::v1alpha1::events_client::EventsClient;
 use battery_proto::poolmgr::v1alpha1::host_admin_client::HostAdminClient;
 use battery_proto::poolmgr::v1alpha1::lease_client::LeaseClient;
 use battery_proto::poolmgr::v1alpha1::pool_admin_client::PoolAdminClient;
+use battery_telemetry::error_chain;
 use tempfile::TempDir;
 use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::health_client::HealthClient;
@@ -160,10 +161,7 @@ pub fn skip(why: &str) {
 /// `battery_embedded=debug`), the embedded battery's logs go to the test's output.
 fn init_logging() {
     if let Some(filter) = var(LOG_VAR) {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-            .with_test_writer()
-            .try_init();
+        battery_telemetry::init_test_logging(&filter);
     }
 }
 
@@ -171,18 +169,6 @@ fn lazy_channel(endpoint: &str) -> Channel {
     Endpoint::from_shared(endpoint.to_owned())
         .unwrap_or_else(|e| panic!("bad battery address {endpoint:?}: {e}"))
         .connect_lazy()
-}
-
-/// An error and its sources, `: `-separated.
-fn chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 fn short_id() -> String {
@@ -291,7 +277,7 @@ impl Suite {
         };
         let local = LocalBattery::start(config)
             .await
-            .unwrap_or_else(|e| panic!("starting the embedded battery: {}", chain(&e)));
+            .unwrap_or_else(|e| panic!("starting the embedded battery: {}", error_chain(&e)));
         let endpoint = format!("http://{}", local.address());
         let hosts = local
             .hosts()
@@ -372,7 +358,7 @@ impl Suite {
         tokio::time::timeout(self.timing.timeout, local.restart_battery())
             .await
             .expect("restart_battery finished in time (does shutdown wait on in-flight RPCs?)")
-            .unwrap_or_else(|e| panic!("restarting the embedded battery: {}", chain(&e)));
+            .unwrap_or_else(|e| panic!("restarting the embedded battery: {}", error_chain(&e)));
         self.channel = lazy_channel(&self.endpoint);
     }
 

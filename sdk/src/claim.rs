@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use battery_telemetry::error_chain;
 use battery_types::{LeaseSettings, MicroVMClaim};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -210,16 +211,4 @@ impl Client {
             .map(|list| list.items)
             .map_err(|e| Error::from_claims(e, ""))
     }
-}
-
-/// An error and its causes on one line.
-pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut line = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        line.push_str(": ");
-        line.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    line
 }

@@ -11,6 +11,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
+use battery_types::channel::{self, CLOSE, ERROR, STDERR, STDIN, STDOUT};
 use futures::{SinkExt as _, StreamExt as _};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, DuplexStream};
@@ -24,13 +25,6 @@ use crate::client::Client;
 use crate::error::Error;
 use crate::tty::{Resizer, Sizes, TerminalSize};
 
-/// The channels of the protocol, as kubelet numbers them.
-const STDIN: u8 = 0;
-const STDOUT: u8 = 1;
-const STDERR: u8 = 2;
-const ERROR: u8 = 3;
-/// v5's close: its payload names the channel that ends.
-const CLOSE: u8 = 255;
 /// The most stdin sent in one frame; the server takes up to 1 MiB.
 const STDIN_CHUNK: usize = 64 * 1024;
 /// Frames of stdin queued before a write waits: with [`STDIN_CHUNK`], 1 MiB.
@@ -297,7 +291,7 @@ where
                     }
                     Some(Err(_)) => return Ok(status),
                     Some(Ok(Message::Binary(data))) => {
-                        let Some((&channel, payload)) = data.split_first() else { continue };
+                        let Some((channel, payload)) = channel::decode_binary(&data) else { continue };
                         match channel {
                             STDOUT => write_or_drop(&mut self.stdout, payload).await,
                             STDERR => write_or_drop(&mut self.stderr, payload).await,
@@ -313,16 +307,11 @@ where
 
     async fn send_stdin(&mut self, frame: Option<StdinFrame>) -> Result<(), Error> {
         let message = match frame {
-            Some(StdinFrame::Data(data)) => {
-                let mut framed = Vec::with_capacity(data.len() + 1);
-                framed.push(STDIN);
-                framed.extend_from_slice(&data);
-                Some(framed)
-            }
+            Some(StdinFrame::Data(data)) => Some(channel::frame(STDIN, &data)),
             // Shut down, or dropped: end of file either way, as for a local pipe.
             Some(StdinFrame::Close) | None => {
                 self.stdin = None;
-                self.can_close.then(|| vec![CLOSE, STDIN])
+                self.can_close.then(|| channel::frame(CLOSE, &[STDIN]))
             }
         };
         match message {

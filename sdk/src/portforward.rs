@@ -16,7 +16,9 @@ use std::pin::{Pin, pin};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
+use battery_telemetry::error_chain;
+use battery_types::channel::{self, port_forward};
+use bytes::{Buf as _, Bytes};
 use futures::{Sink, Stream, StreamExt as _};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -24,14 +26,13 @@ use tokio::sync::mpsc;
 use tokio::task::{AbortHandle, JoinSet};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
-use crate::claim::{Claim, error_chain};
+use crate::claim::Claim;
 use crate::client::Client;
 use crate::error::Error;
 
-/// The channels of the one port a WebSocket forwards: the query's first port, so 2×0
-/// and 2×0+1.
-const DATA: u8 = 0;
-const ERROR: u8 = 1;
+/// The channels of the one port a WebSocket forwards: the query's first port's.
+const DATA: u8 = port_forward::data_channel(0);
+const ERROR: u8 = port_forward::error_channel(0);
 /// The most data sent in one frame, and the buffer of each direction of a forwarded
 /// connection.
 const CHUNK: usize = 64 * 1024;
@@ -231,12 +232,9 @@ impl AsyncWrite for PortStream {
         }
         ready!(self.socket.as_mut().poll_ready(cx)).map_err(ws_error)?;
         let chunk = &buf[..buf.len().min(CHUNK)];
-        let mut frame = BytesMut::with_capacity(chunk.len() + 1);
-        frame.put_u8(DATA);
-        frame.put_slice(chunk);
         self.socket
             .as_mut()
-            .start_send(Message::Binary(frame.freeze()))
+            .start_send(Message::Binary(channel::frame(DATA, chunk).into()))
             .map_err(ws_error)?;
         // Sent now, as a TCP stream's write is, rather than left in the WebSocket's buffer
         // for a flush a caller used to TCP would not make. The frame is taken either way:
@@ -572,9 +570,7 @@ mod tests {
     const REFUSED: &str = "connecting to port 80 in the MicroVM: connection refused";
 
     fn frame(channel: u8, payload: &[u8]) -> Bytes {
-        let mut frame = vec![channel];
-        frame.extend_from_slice(payload);
-        frame.into()
+        channel::frame(channel, payload).into()
     }
 
     #[test]

@@ -5,10 +5,8 @@
 
 use std::io;
 
+use battery_types::channel::{self, RESIZE, Resize};
 use tokio::sync::watch;
-
-/// The resize channel of the protocol, as kubelet numbers it.
-const RESIZE: u8 = 4;
 
 /// A terminal's size in character cells.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -28,12 +26,11 @@ impl TerminalSize {
     /// The frame that gives the command this size: channel 4, then kubelet's
     /// `TerminalSize` as JSON.
     pub(crate) fn frame(self) -> Vec<u8> {
-        // Two numbers, so nothing to escape: no serializer needed.
-        let json = format!(r#"{{"Width":{},"Height":{}}}"#, self.cols, self.rows);
-        let mut frame = Vec::with_capacity(json.len() + 1);
-        frame.push(RESIZE);
-        frame.extend_from_slice(json.as_bytes());
-        frame
+        let size = Resize {
+            width: self.cols,
+            height: self.rows,
+        };
+        channel::frame(RESIZE, &size.payload())
     }
 }
 

@@ -191,15 +191,7 @@ impl LocalBattery {
                     source,
                 })?;
         for host in &self.hosts {
-            let spec = Host {
-                name: host.name().to_owned(),
-                address: host.address().to_string(),
-                tls: Some(HostTls {
-                    insecure: true,
-                    ..HostTls::default()
-                }),
-                ..Host::default()
-            };
+            let spec = insecure_host(host.name(), &host.address().to_string());
             let added = client
                 .add_host(AddHostRequest {
                     host: Some(spec.clone()),
@@ -239,4 +231,18 @@ async fn start_battery(
     EmbeddedBattery::start(battery_config, listener)
         .await
         .map_err(LocalError::BatteryStart)
+}
+
+/// A Host spec for AddHost/UpdateHost reached in plaintext (`tls.insecure`), as the
+/// simulated Hosts are.
+pub fn insecure_host(name: &str, address: &str) -> Host {
+    Host {
+        name: name.to_owned(),
+        address: address.to_owned(),
+        tls: Some(HostTls {
+            insecure: true,
+            ..HostTls::default()
+        }),
+        ..Host::default()
+    }
 }

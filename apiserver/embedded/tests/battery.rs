@@ -3,9 +3,9 @@
 //! hook, a forced pool delete), plus a restart on the same data dir. The full
 //! conformance suite lives in /e2e; this checks the core end to end with fast timings.
 
-use std::future::Future;
 use std::time::Duration;
 
+use battery_embedded::local::insecure_host;
 use battery_embedded::simhost::{SimulatedHost, SimulatedHostConfig};
 use battery_embedded::{BatteryConfig, EmbeddedBattery};
 use battery_proto::flintlock::types::{MicroVmSpec, NetworkInterface};
@@ -15,10 +15,11 @@ use battery_proto::poolmgr::v1alpha1::lease_client::LeaseClient;
 use battery_proto::poolmgr::v1alpha1::pool_admin_client::PoolAdminClient;
 use battery_proto::poolmgr::v1alpha1::{
     AddHostRequest, ClaimVmRequest, CreatePoolRequest, DeletePoolRequest, Event, EventType,
-    GetHostRequest, GetPoolRequest, HeartbeatRequest, HookFailurePolicy, Host, HostTls,
-    ListLeasesRequest, PoolRef, PoolSpec, PoolStatus, ReleaseVmRequest, ReplenishmentStrategy,
+    GetHostRequest, GetPoolRequest, HeartbeatRequest, HookFailurePolicy, ListLeasesRequest,
+    PoolRef, PoolSpec, PoolStatus, ReleaseVmRequest, ReplenishmentStrategy,
     ReplenishmentStrategyType, SubscribeRequest,
 };
+use battery_telemetry::eventually;
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 use tonic::Code;
@@ -72,15 +73,7 @@ impl Rig {
         let channel = connect(&battery).await;
         let added = HostAdminClient::new(channel.clone())
             .add_host(AddHostRequest {
-                host: Some(Host {
-                    name: host.name().to_owned(),
-                    address: host.address().to_string(),
-                    tls: Some(HostTls {
-                        insecure: true,
-                        ..HostTls::default()
-                    }),
-                    ..Host::default()
-                }),
+                host: Some(insecure_host(host.name(), &host.address().to_string())),
                 skip_validation: false,
             })
             .await
@@ -123,7 +116,7 @@ impl Rig {
     }
 
     async fn wait_status(&self, name: &str, what: &str, ok: impl Fn(&PoolStatus) -> bool) {
-        eventually(what, || async {
+        eventually(DEADLINE, what, || async {
             let status = self.status(name).await;
             ok(&status).then_some(())
         })
@@ -210,24 +203,6 @@ fn pool_spec(name: &str, size: i32, strategy: ReplenishmentStrategyType) -> Pool
             nanos: 0,
         }),
     }
-}
-
-/// Polls `check` until it yields a value, failing the test after DEADLINE.
-async fn eventually<T, F, Fut>(what: &str, check: F) -> T
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    tokio::time::timeout(DEADLINE, async {
-        loop {
-            if let Some(value) = check().await {
-                return value;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
 }
 
 fn kinds_for(events: &[Event], vm: &str) -> Vec<EventType> {
@@ -574,7 +549,7 @@ async fn failed_create_hooks_quarantine_and_forced_delete_drains() {
         kinds_for(&events, &claimed.vm_uid).last(),
         Some(&EventType::VmDeletedOnPoolDelete)
     );
-    eventually("the MicroVM deleted on the host", || async {
+    eventually(DEADLINE, "the MicroVM deleted on the host", || async {
         (!rig.host.microvm_uids().contains(&claimed.vm_uid)).then_some(())
     })
     .await;
@@ -591,15 +566,7 @@ async fn a_restart_keeps_pools_leases_and_events() {
     let channel = connect(&battery).await;
     HostAdminClient::new(channel.clone())
         .add_host(AddHostRequest {
-            host: Some(Host {
-                name: "host-0".into(),
-                address: rig.host.address().to_string(),
-                tls: Some(HostTls {
-                    insecure: true,
-                    ..HostTls::default()
-                }),
-                ..Host::default()
-            }),
+            host: Some(insecure_host("host-0", &rig.host.address().to_string())),
             skip_validation: true,
         })
         .await
@@ -624,7 +591,7 @@ async fn a_restart_keeps_pools_leases_and_events() {
             .into_inner();
         (pool.status?.available_count == 1).then_some(())
     };
-    eventually("one available VM", || available(channel.clone())).await;
+    eventually(DEADLINE, "one available VM", || available(channel.clone())).await;
     let claimed = LeaseClient::new(channel.clone())
         .claim_vm(ClaimVmRequest {
             pool: Some(pool_ref("kept")),

@@ -20,6 +20,7 @@ use battery_proto::microvmexec::services::api::v1alpha1::micro_vm_exec_client::M
 use battery_proto::microvmexec::services::api::v1alpha1::{
     ExecCommandRequest, ExecCommandResponse, ExecStart,
 };
+use battery_telemetry::eventually;
 use tempfile::TempDir;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -166,27 +167,22 @@ fn state(microvm: &MicroVm) -> MicroVmState {
     MicroVmState::try_from(status.state).expect("known state")
 }
 
-/// Polls until `condition` holds, failing the test at [`DEADLINE`].
-async fn wait_until(what: &str, mut condition: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + DEADLINE;
-    while !condition().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 async fn wait_for_state(
     client: &mut MicroVmClient<Channel>,
     uid: &str,
     want: MicroVmState,
 ) -> MicroVm {
     let mut last = None;
-    wait_until(&format!("microvm {uid} is {want:?}"), async || {
-        let microvm = get(client, uid).await.expect("microvm exists");
-        let done = state(&microvm) == want;
-        last = Some(microvm);
-        done
-    })
+    eventually(
+        DEADLINE,
+        &format!("microvm {uid} is {want:?}"),
+        async || {
+            let microvm = get(client, uid).await.expect("microvm exists");
+            let done = state(&microvm) == want;
+            last = Some(microvm);
+            done
+        },
+    )
     .await;
     last.expect("polled at least once")
 }
@@ -765,7 +761,7 @@ async fn client_cancel_kills_the_command() {
     assert!(!process_gone(pid));
     drop(responses);
     drop(requests);
-    wait_until("the cancelled command is killed", async || {
+    eventually(DEADLINE, "the cancelled command is killed", async || {
         process_gone(pid)
     })
     .await;
@@ -780,7 +776,10 @@ async fn exit_kills_what_the_command_left_running() {
         .expect("exec");
     assert_eq!(output.exit_code, Some(0));
     let pid: u32 = output.stdout.trim().parse().expect("a pid");
-    wait_until("the background child is killed", async || process_gone(pid)).await;
+    eventually(DEADLINE, "the background child is killed", async || {
+        process_gone(pid)
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -789,7 +788,10 @@ async fn delete_kills_running_commands() {
     let uid = fixture.created("vm").await;
     let (pid, _requests, mut responses) = start_long_running(&mut fixture.exec, &uid).await;
     delete(&mut fixture.microvms, &uid).await.expect("deleted");
-    wait_until("the command is killed", async || process_gone(pid)).await;
+    eventually(DEADLINE, "the command is killed", async || {
+        process_gone(pid)
+    })
+    .await;
     let ended = collect(&mut responses).await.expect_err("stream cut");
     assert_eq!(ended.code(), Code::Aborted);
     assert!(!fixture.scratch_dir(&uid).exists());
@@ -803,7 +805,10 @@ async fn shutdown_kills_running_commands() {
     tokio::time::timeout(DEADLINE, fixture.host.shutdown())
         .await
         .expect("shutdown completes");
-    wait_until("the command is killed", async || process_gone(pid)).await;
+    eventually(DEADLINE, "the command is killed", async || {
+        process_gone(pid)
+    })
+    .await;
     let ended = collect(&mut responses).await.expect_err("stream cut");
     assert_eq!(ended.code(), Code::Unavailable, "{ended:?}");
 }

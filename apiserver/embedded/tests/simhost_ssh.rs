@@ -6,21 +6,19 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use battery_agent::ssh::Guest;
+use battery_embedded::simhost::testing::{connect, create_microvm};
 use battery_embedded::simhost::{SimulatedHost, SimulatedHostConfig, SshProxyConfig};
-use battery_proto::flintlock::types::micro_vm_status::MicroVmState;
-use battery_proto::flintlock::types::{MicroVm, MicroVmSpec};
+use battery_proto::microvm::services::api::v1alpha1::DeleteMicroVmRequest;
 use battery_proto::microvm::services::api::v1alpha1::micro_vm_client::MicroVmClient;
-use battery_proto::microvm::services::api::v1alpha1::{
-    CreateMicroVmRequest, DeleteMicroVmRequest, GetMicroVmRequest,
-};
 use battery_proto::microvmsshproxy::services::api::v1alpha1::micro_vmssh_proxy_client::MicroVmsshProxyClient;
 use battery_proto::microvmsshproxy::services::api::v1alpha1::ssh_proxy_request::Payload;
 use battery_proto::microvmsshproxy::services::api::v1alpha1::{SshProxyRequest, SshProxyResponse};
 use russh::client::{self, AuthResult};
 use russh::keys::ssh_key::certificate::{Builder, CertType};
-use russh::keys::{Algorithm, Certificate, PrivateKey, PublicKeyOrCertificate};
+use russh::keys::{Algorithm, Certificate, PrivateKey};
 use russh::{ChannelMsg, Disconnect};
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _, DuplexStream};
@@ -35,7 +33,7 @@ const SSHD: &str = "/usr/sbin/sshd";
 
 struct Fixture {
     dir: TempDir,
-    _host: SimulatedHost,
+    host: SimulatedHost,
     channel: Channel,
     microvms: MicroVmClient<Channel>,
 }
@@ -50,60 +48,27 @@ impl Fixture {
         })
         .await
         .expect("simulated host starts");
-        let channel = Channel::from_shared(format!("http://{}", host.address()))
-            .expect("endpoint")
-            .connect()
-            .await
-            .expect("connected");
+        let channel = connect(&host).await;
         Self {
             dir,
-            _host: host,
+            host,
             microvms: MicroVmClient::new(channel.clone()),
             channel,
         }
     }
 
-    /// A MicroVM in state CREATED.
-    async fn created(&mut self, id: &str) -> String {
-        let microvm = self
-            .microvms
-            .create_micro_vm(CreateMicroVmRequest {
-                microvm: Some(MicroVmSpec {
-                    id: id.to_owned(),
-                    namespace: "ns".to_owned(),
-                    vcpu: 1,
-                    memory_in_mb: 128,
-                    ..MicroVmSpec::default()
-                }),
-                ..CreateMicroVmRequest::default()
-            })
-            .await
-            .expect("created")
-            .into_inner()
-            .microvm
-            .expect("microvm in the response");
-        let uid = microvm
-            .spec
-            .and_then(|spec| spec.uid)
-            .expect("spec.uid set");
-        let deadline = Instant::now() + DEADLINE;
-        while state(&self.get(&uid).await) != MicroVmState::Created {
-            assert!(Instant::now() < deadline, "microvm {uid} never CREATED");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        uid
+    /// sshd present, a Host serving SSHProxy for a new user CA, and a MicroVM on it.
+    async fn booted_with_ssh() -> (UserCa, Self, String) {
+        require_sshd();
+        let ca = UserCa::new();
+        let fixture = Self::start(Some(ca.config())).await;
+        let uid = fixture.created("vm").await;
+        (ca, fixture, uid)
     }
 
-    async fn get(&mut self, uid: &str) -> MicroVm {
-        self.microvms
-            .get_micro_vm(GetMicroVmRequest {
-                uid: uid.to_owned(),
-            })
-            .await
-            .expect("got")
-            .into_inner()
-            .microvm
-            .expect("microvm in the response")
+    /// A MicroVM in state CREATED.
+    async fn created(&self, id: &str) -> String {
+        create_microvm(&self.host, id).await
     }
 
     fn scratch_dir(&self, uid: &str) -> PathBuf {
@@ -125,22 +90,49 @@ impl Fixture {
         Ok((requests, responses))
     }
 
+    /// An SSH connection to MicroVM `uid` as `root` with `key` and its `certificate`,
+    /// and whether sshd took them.
+    async fn login(
+        &self,
+        uid: &str,
+        key: PrivateKey,
+        certificate: Certificate,
+    ) -> (client::Handle<Guest>, AuthResult) {
+        let mut session = self.connect(uid).await;
+        let auth = session
+            .authenticate_openssh_cert("root", Arc::new(key), certificate)
+            .await
+            .expect("authentication ran");
+        (session, auth)
+    }
+
     /// An SSH connection to MicroVM `uid` through SSHProxy, carried by an in-memory pipe.
-    async fn connect(&self, uid: &str) -> client::Handle<AnyHostKey> {
+    async fn connect(&self, uid: &str) -> client::Handle<Guest> {
         let (requests, responses) = self
             .open(uid_request(uid))
             .await
             .expect("ssh proxy stream opened");
         let transport = bridge(requests, responses);
-        client::connect_stream(Arc::new(client::Config::default()), transport, AnyHostKey)
+        client::connect_stream(Arc::new(client::Config::default()), transport, Guest)
             .await
             .expect("ssh handshake")
     }
 }
 
-fn state(microvm: &MicroVm) -> MicroVmState {
-    let status = microvm.status.as_ref().expect("status");
-    MicroVmState::try_from(status.state).expect("known state")
+/// How the stream ends, past whatever it still carries; fails the test after [`DEADLINE`].
+async fn stream_end(
+    responses: &mut Streaming<SshProxyResponse>,
+) -> Result<Option<SshProxyResponse>, Status> {
+    tokio::time::timeout(DEADLINE, async {
+        loop {
+            match responses.message().await {
+                Ok(Some(_)) => {}
+                other => break other,
+            }
+        }
+    })
+    .await
+    .expect("the stream ended in time")
 }
 
 fn uid_request(uid: &str) -> SshProxyRequest {
@@ -184,20 +176,6 @@ fn bridge(
         // Dropping `to_client` is end of file for the SSH client.
     });
     ours
-}
-
-/// Accepts any host key: the Host generates a new one each time it starts.
-struct AnyHostKey;
-
-impl client::Handler for AnyHostKey {
-    type Error = russh::Error;
-
-    async fn check_server_key(
-        &mut self,
-        _key: &PublicKeyOrCertificate,
-    ) -> Result<bool, Self::Error> {
-        Ok(true)
-    }
 }
 
 struct UserCa {
@@ -254,11 +232,7 @@ fn require_sshd() {
 }
 
 /// What a command run over `session` printed on stdout, and its exit status.
-async fn exec(
-    session: &client::Handle<AnyHostKey>,
-    command: &str,
-    pty: bool,
-) -> (String, Option<u32>) {
+async fn exec(session: &client::Handle<Guest>, command: &str, pty: bool) -> (String, Option<u32>) {
     let mut channel = session.channel_open_session().await.expect("channel");
     if pty {
         channel
@@ -281,18 +255,11 @@ async fn exec(
 
 #[tokio::test]
 async fn a_certificate_of_the_user_ca_logs_in_and_runs_commands_in_the_microvm() {
-    require_sshd();
-    let ca = UserCa::new();
-    let mut fixture = Fixture::start(Some(ca.config())).await;
-    let uid = fixture.created("vm").await;
+    let (ca, fixture, uid) = Fixture::booted_with_ssh().await;
     let (key, certificate) = ca.user("root");
 
     tokio::time::timeout(DEADLINE, async {
-        let mut session = fixture.connect(&uid).await;
-        let auth = session
-            .authenticate_openssh_cert("root", Arc::new(key), certificate)
-            .await
-            .expect("authentication ran");
+        let (session, auth) = fixture.login(&uid, key, certificate).await;
         assert!(matches!(auth, AuthResult::Success), "refused: {auth:?}");
 
         // Sessions start in the MicroVM's directory.
@@ -322,18 +289,11 @@ async fn a_certificate_of_the_user_ca_logs_in_and_runs_commands_in_the_microvm()
 
 #[tokio::test]
 async fn a_certificate_of_another_ca_is_refused() {
-    require_sshd();
-    let ca = UserCa::new();
-    let mut fixture = Fixture::start(Some(ca.config())).await;
-    let uid = fixture.created("vm").await;
+    let (_, fixture, uid) = Fixture::booted_with_ssh().await;
     let (key, certificate) = UserCa::new().user("root");
 
     tokio::time::timeout(DEADLINE, async {
-        let mut session = fixture.connect(&uid).await;
-        let auth = session
-            .authenticate_openssh_cert("root", Arc::new(key), certificate)
-            .await
-            .expect("authentication ran");
+        let (_session, auth) = fixture.login(&uid, key, certificate).await;
         assert!(
             matches!(auth, AuthResult::Failure { .. }),
             "accepted: {auth:?}"
@@ -366,7 +326,7 @@ async fn requests_are_checked_before_sshd_starts() {
 
 #[tokio::test]
 async fn without_the_setting_the_service_is_unimplemented() {
-    let mut fixture = Fixture::start(None).await;
+    let fixture = Fixture::start(None).await;
     let uid = fixture.created("vm").await;
     let error = fixture
         .open(uid_request(&uid))
@@ -377,10 +337,7 @@ async fn without_the_setting_the_service_is_unimplemented() {
 
 #[tokio::test]
 async fn deleting_the_microvm_ends_the_session() {
-    require_sshd();
-    let ca = UserCa::new();
-    let mut fixture = Fixture::start(Some(ca.config())).await;
-    let uid = fixture.created("vm").await;
+    let (_, mut fixture, uid) = Fixture::booted_with_ssh().await;
     let (requests, mut responses) = fixture.open(uid_request(&uid)).await.expect("opened");
 
     // sshd speaks first: its version line.
@@ -396,16 +353,7 @@ async fn deleting_the_microvm_ends_the_session() {
         .delete_micro_vm(DeleteMicroVmRequest { uid: uid.clone() })
         .await
         .expect("deleted");
-    let end = tokio::time::timeout(DEADLINE, async {
-        loop {
-            match responses.message().await {
-                Ok(Some(_)) => {}
-                other => break other,
-            }
-        }
-    })
-    .await
-    .expect("the stream ended in time");
+    let end = stream_end(&mut responses).await;
     let error = end.expect_err("ended with an error");
     assert_eq!(error.code(), Code::Aborted, "{error:?}");
     drop(requests);
@@ -413,23 +361,11 @@ async fn deleting_the_microvm_ends_the_session() {
 
 #[tokio::test]
 async fn the_client_half_closing_ends_the_session() {
-    require_sshd();
-    let ca = UserCa::new();
-    let mut fixture = Fixture::start(Some(ca.config())).await;
-    let uid = fixture.created("vm").await;
+    let (_, fixture, uid) = Fixture::booted_with_ssh().await;
     let (requests, mut responses) = fixture.open(uid_request(&uid)).await.expect("opened");
     drop(requests);
 
     // sshd reads end of file, says its version line at most, and exits.
-    let end = tokio::time::timeout(DEADLINE, async {
-        loop {
-            match responses.message().await {
-                Ok(Some(_)) => {}
-                other => break other,
-            }
-        }
-    })
-    .await
-    .expect("the stream ended in time");
+    let end = stream_end(&mut responses).await;
     assert!(matches!(end, Ok(None)), "{end:?}");
 }

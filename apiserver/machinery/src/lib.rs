@@ -8,6 +8,8 @@ pub mod negotiate;
 pub mod openapi;
 pub mod params;
 pub mod patch;
+// Below `params` and `negotiate`, which both read queries as Go does.
+mod query;
 pub mod request_info;
 pub mod selectors;
 pub mod status;

@@ -15,7 +15,7 @@ use http::header::{ACCEPT, CONTENT_TYPE, USER_AGENT};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::params::{QueryValues, go_parse_bool};
+use crate::query::{QueryValues, go_parse_bool};
 use crate::status::{ApiError, Reason};
 use crate::table::MetaVersion;
 

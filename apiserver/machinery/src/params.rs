@@ -6,22 +6,23 @@
 //! a 422 Invalid naming `ListOptions.meta.k8s.io` and the offending field), then conversion
 //! into the typed values a handler uses. Handlers take them with the [`Options`] extractor.
 
-mod query;
-
 use std::num::NonZeroU64;
 use std::time::Duration;
 
+use battery_types::strconv::is_print;
 use battery_types::validation::FieldError;
 use http::HeaderMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-pub(crate) use query::{QueryValues, go_bool, go_parse_bool, unescape};
-
 use crate::negotiate::{PATCH_TYPES, PatchType, body_format};
+use crate::query;
 use crate::selectors::{FieldSelector, LabelSelector};
-use crate::status::{ApiError, is_print};
+// `TableOptions`' field; the type sits in `table`, which reads it, so `table` needs
+// nothing from here.
+use crate::status::ApiError;
+pub use crate::table::IncludeObject;
 
 /// Options a handler takes from the request's query (and, for a patch, its
 /// `Content-Type`), rejecting the request with an [`ApiError`] as Go would.
@@ -532,18 +533,6 @@ impl DeleteOptions {
             orphan_dependents: options.orphan_dependents,
         })
     }
-}
-
-/// `includeObject`: what a Table row's `object` holds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum IncludeObject {
-    /// Nothing.
-    None,
-    /// The object's `PartialObjectMetadata` (the default).
-    #[default]
-    Metadata,
-    /// The whole object (kubectl asks for it with `--sort-by`).
-    Object,
 }
 
 /// `TableOptions`, read only when a Table was negotiated.

@@ -11,10 +11,12 @@
 //! same namespace, resource and name.
 
 use battery_types::Verb;
+use battery_types::strconv::quote;
 use http::Method;
 
-use crate::params::{QueryValues, go_bool, list_options_for_request_info, unescape};
-use crate::status::{ApiError, quote};
+use crate::params::list_options_for_request_info;
+use crate::query::{QueryValues, go_bool, unescape};
+use crate::status::{ApiError, Reason, group_resource, resource_details};
 
 /// Subresources that open a stream to the object (`rest.Connecter` in Go) rather than
 /// read or write it.
@@ -250,6 +252,88 @@ fn decode_path(path: &str) -> Result<String, ApiError> {
 /// `content.IsPathSegmentName` found no problem: not `.` or `..`, no `/` or `%`.
 fn is_path_segment_name(name: &str) -> bool {
     name != "." && name != ".." && !name.contains(['/', '%'])
+}
+
+/// The errors that describe a refused request by its `RequestInfo`. They sit here, not in
+/// `status`, so that `status` needs nothing above it: Go too builds them beside the request's
+/// attributes (`responsewriters.ForbiddenStatusError`), not in apimachinery's `errors`.
+impl ApiError {
+    /// The authorizer's refusal, worded as `ForbiddenStatusError`
+    /// (`apiserver:pkg/endpoints/handlers/responsewriters/errors.go`):
+    /// `pools.battery.liquidmetal-x.dev "x" is forbidden: User "alice" cannot get resource
+    /// "pools" in API group "battery.liquidmetal-x.dev" in the namespace "default": <reason>`.
+    pub fn forbidden(user: &str, request: &RequestInfo, reason: &str) -> Self {
+        let sentence = if !request.is_resource_request {
+            format!(
+                "User {} cannot {} path {}",
+                quote(user),
+                request.verb,
+                quote(&request.path)
+            )
+        } else {
+            let mut resource = request.resource.clone();
+            if !request.subresource.is_empty() {
+                resource.push('/');
+                resource.push_str(&request.subresource);
+            }
+            let scope = if request.namespace.is_empty() {
+                "at the cluster scope".to_owned()
+            } else {
+                format!("in the namespace {}", quote(&request.namespace))
+            };
+            format!(
+                "User {} cannot {} resource {} in API group {} {scope}",
+                quote(user),
+                request.verb,
+                quote(&resource),
+                quote(&request.api_group),
+            )
+        };
+        // Go HTML-escapes the sentence because it echoes user-controlled path segments.
+        let sentence = sentence
+            .replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;");
+        let why = if reason.is_empty() {
+            sentence
+        } else {
+            format!("{sentence}: {reason}")
+        };
+        // `NewForbidden` qualifies the message by the resource (without subresource).
+        let (group, resource) = if request.is_resource_request {
+            (request.api_group.as_str(), request.resource.as_str())
+        } else {
+            ("", "")
+        };
+        let message = match (group_resource(group, resource), request.name.as_str()) {
+            (qualified, _) if qualified.is_empty() => format!("forbidden: {why}"),
+            (qualified, "") => format!("{qualified} is forbidden: {why}"),
+            (qualified, name) => format!("{qualified} {} is forbidden: {why}", quote(name)),
+        };
+        Self::with_details(
+            Reason::Forbidden,
+            message,
+            resource_details(group, resource, &request.name),
+        )
+    }
+
+    /// A subresource that does not serve a verb: `NewMethodNotSupported` on the
+    /// subresource, `patch is not supported on resources of kind
+    /// "microvmclaims/lease.battery.liquidmetal-x.dev"`.
+    pub fn subresource_method_not_allowed(request: &RequestInfo, action: &str) -> Self {
+        let resource = group_resource(
+            &request.api_group,
+            &format!("{}/{}", request.resource, request.subresource),
+        );
+        Self::with_details(
+            Reason::MethodNotAllowed,
+            format!(
+                "{action} is not supported on resources of kind {}",
+                quote(&resource)
+            ),
+            resource_details(&request.api_group, &request.resource, ""),
+        )
+    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ mod label;
 pub use field::{FieldOperator, FieldSelector, FieldTerm};
 pub use label::{LabelSelector, Operator, Requirement};
 
-use crate::status::quote;
+use battery_types::strconv::quote;
 
 /// `field.Invalid(path, value, detail).Error()` for a string value.
 fn invalid_value(path: &str, value: &str, detail: &str) -> String {

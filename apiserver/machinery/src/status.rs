@@ -16,12 +16,11 @@ use std::sync::Arc;
 
 use axum::response::{IntoResponse, Response};
 use battery_types::ResourceInfo;
+use battery_types::strconv::quote;
 use battery_types::validation::FieldError;
 use http::StatusCode;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER, X_CONTENT_TYPE_OPTIONS};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Status, StatusCause, StatusDetails};
-
-use crate::request_info::RequestInfo;
 
 /// `metav1.StatusReason`: a machine-readable reason, each with exactly one HTTP code
 /// (`apimachinery:pkg/apis/meta/v1/types.go`).
@@ -156,7 +155,7 @@ impl ApiError {
         }))
     }
 
-    fn with_details(reason: Reason, message: String, details: StatusDetails) -> Self {
+    pub(crate) fn with_details(reason: Reason, message: String, details: StatusDetails) -> Self {
         ApiError(Box::new(Inner {
             reason,
             specific_reason: None,
@@ -278,65 +277,6 @@ impl ApiError {
         }
     }
 
-    /// The authorizer's refusal, worded as `ForbiddenStatusError`
-    /// (`apiserver:pkg/endpoints/handlers/responsewriters/errors.go`):
-    /// `pools.battery.liquidmetal-x.dev "x" is forbidden: User "alice" cannot get resource
-    /// "pools" in API group "battery.liquidmetal-x.dev" in the namespace "default": <reason>`.
-    pub fn forbidden(user: &str, request: &RequestInfo, reason: &str) -> Self {
-        let sentence = if !request.is_resource_request {
-            format!(
-                "User {} cannot {} path {}",
-                quote(user),
-                request.verb,
-                quote(&request.path)
-            )
-        } else {
-            let mut resource = request.resource.clone();
-            if !request.subresource.is_empty() {
-                resource.push('/');
-                resource.push_str(&request.subresource);
-            }
-            let scope = if request.namespace.is_empty() {
-                "at the cluster scope".to_owned()
-            } else {
-                format!("in the namespace {}", quote(&request.namespace))
-            };
-            format!(
-                "User {} cannot {} resource {} in API group {} {scope}",
-                quote(user),
-                request.verb,
-                quote(&resource),
-                quote(&request.api_group),
-            )
-        };
-        // Go HTML-escapes the sentence because it echoes user-controlled path segments.
-        let sentence = sentence
-            .replace('&', "&amp;")
-            .replace('<', "&lt;")
-            .replace('>', "&gt;");
-        let why = if reason.is_empty() {
-            sentence
-        } else {
-            format!("{sentence}: {reason}")
-        };
-        // `NewForbidden` qualifies the message by the resource (without subresource).
-        let (group, resource) = if request.is_resource_request {
-            (request.api_group.as_str(), request.resource.as_str())
-        } else {
-            ("", "")
-        };
-        let message = match (group_resource(group, resource), request.name.as_str()) {
-            (qualified, _) if qualified.is_empty() => format!("forbidden: {why}"),
-            (qualified, "") => format!("{qualified} is forbidden: {why}"),
-            (qualified, name) => format!("{qualified} {} is forbidden: {why}", quote(name)),
-        };
-        Self::with_details(
-            Reason::Forbidden,
-            message,
-            resource_details(group, resource, &request.name),
-        )
-    }
-
     /// `NewForbidden` for a rule of the resource's own, beyond RBAC:
     /// `microvmclaims.battery.liquidmetal-x.dev "c" is forbidden: <why>`.
     pub fn forbidden_object(info: &ResourceInfo, name: &str, why: impl fmt::Display) -> Self {
@@ -385,24 +325,6 @@ impl ApiError {
         Self::new(
             Reason::MethodNotAllowed,
             "the server does not allow this method on the requested resource",
-        )
-    }
-
-    /// A subresource that does not serve a verb: `NewMethodNotSupported` on the
-    /// subresource, `patch is not supported on resources of kind
-    /// "microvmclaims/lease.battery.liquidmetal-x.dev"`.
-    pub fn subresource_method_not_allowed(request: &RequestInfo, action: &str) -> Self {
-        let resource = group_resource(
-            &request.api_group,
-            &format!("{}/{}", request.resource, request.subresource),
-        );
-        Self::with_details(
-            Reason::MethodNotAllowed,
-            format!(
-                "{action} is not supported on resources of kind {}",
-                quote(&resource)
-            ),
-            resource_details(&request.api_group, &request.resource, ""),
         )
     }
 
@@ -620,7 +542,7 @@ pub fn group_resource(group: &str, resource: &str) -> String {
     }
 }
 
-fn resource_details(group: &str, kind: &str, name: &str) -> StatusDetails {
+pub(crate) fn resource_details(group: &str, kind: &str, name: &str) -> StatusDetails {
     // Go's StatusDetails fields are `omitempty`: empty strings stay off the wire.
     let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_owned());
     StatusDetails {
@@ -629,58 +551,6 @@ fn resource_details(group: &str, kind: &str, name: &str) -> StatusDetails {
         name: non_empty(name),
         ..StatusDetails::default()
     }
-}
-
-/// Go's `strconv.Quote`, which `%q` uses in every message that names an object: printable
-/// characters stay, the rest become `\n`, `\x07`, `\u200b`, ... escapes. Names come from
-/// URLs, so this also keeps control and bidi characters out of the message.
-pub(crate) fn quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if is_print(c) => out.push(c),
-            '\u{7}' => out.push_str("\\a"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{b}' => out.push_str("\\v"),
-            c if (c as u32) < 0x20 || c == '\u{7f}' => {
-                out.push_str(&format!("\\x{:02x}", c as u32))
-            }
-            c if (c as u32) < 0x10000 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push_str(&format!("\\U{:08x}", c as u32)),
-        }
-    }
-    out.push('"');
-    out
-}
-
-/// Go's `unicode.IsPrint`: letters, marks, numbers, punctuation, symbols and the ASCII space.
-///
-/// Without Unicode category tables this approximates the non-ASCII part: control
-/// characters, every space but U+0020, the format characters (zero-width and bidi
-/// controls among them) and private-use code points are not printable; unassigned code
-/// points count as printable, where Go escapes them. Only exotic input notices.
-pub(crate) fn is_print(c: char) -> bool {
-    if c.is_ascii() {
-        return (' '..='~').contains(&c);
-    }
-    if c.is_control() || c.is_whitespace() {
-        return false;
-    }
-    !matches!(c as u32,
-        0x00AD | 0x0600..=0x0605 | 0x061C | 0x06DD | 0x070F | 0x0890..=0x0891 | 0x08E2
-        | 0x180E | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x2064 | 0x2066..=0x206F
-        | 0xFEFF | 0xFFF9..=0xFFFB | 0x110BD | 0x110CD | 0x13430..=0x1343F
-        | 0x1BCA0..=0x1BCA3 | 0x1D173..=0x1D17A | 0xE0001 | 0xE0020..=0xE007F
-        | 0xE000..=0xF8FF | 0xF0000..=0xFFFFD | 0x100000..=0x10FFFD
-        | 0xFDD0..=0xFDEF)
-        && (c as u32) & 0xFFFE != 0xFFFE
 }
 
 #[cfg(test)]

@@ -11,8 +11,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, ObjectMeta, Time}
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 
-use crate::params::IncludeObject;
-
 /// The version of `meta.k8s.io` a client asked for (`v1`; `v1beta1` for old clients).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MetaVersion {
@@ -30,6 +28,18 @@ impl MetaVersion {
             MetaVersion::V1beta1 => "meta.k8s.io/v1beta1",
         }
     }
+}
+
+/// `includeObject`: what a Table row's `object` holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum IncludeObject {
+    /// Nothing.
+    None,
+    /// The object's `PartialObjectMetadata` (the default).
+    #[default]
+    Metadata,
+    /// The whole object (kubectl asks for it with `--sort-by`).
+    Object,
 }
 
 /// `metav1.Table`: columns and one row per object.

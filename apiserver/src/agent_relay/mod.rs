@@ -16,12 +16,11 @@ use battery_proto::agent::v1alpha1::{
     ExecOpen, ExecRequest, ExecResponse, PortForwardOpen, PortForwardRequest, PortForwardResponse,
     exec_request, port_forward_request,
 };
+use battery_telemetry::error_chain;
 use moka::sync::Cache;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
-
-use crate::logging::error_chain;
 
 /// The relay's TLS material, PEM. `serve` reads it from its `--agent-*` files; `dev` may
 /// fill it from what it generates.

@@ -7,7 +7,6 @@
 
 pub mod faults;
 
-use std::fmt::Display;
 use std::time::Duration;
 
 use axum::Router;
@@ -32,24 +31,8 @@ pub const HOSTS: &str = "/apis/battery.liquidmetal-x.dev/v1alpha1/hosts";
 /// loaded 2-core machine is slow.
 pub const DEADLINE: Duration = Duration::from_secs(90);
 
-/// Runs `attempt` every 50 ms until it yields a value, and returns that; fails after
-/// `within` with what the last attempt saw.
-pub async fn eventually<T, E: Display, F: Future<Output = Result<T, E>>>(
-    within: Duration,
-    mut attempt: impl FnMut() -> F,
-) -> T {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        match attempt().await {
-            Ok(value) => return value,
-            Err(seen) => assert!(
-                tokio::time::Instant::now() < deadline,
-                "not so within {within:?}: {seen}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+// The workspace's one poll-until, here so every test file waits the same way.
+pub use battery_telemetry::eventually;
 
 /// The settings the harness starts with: binds wait half a second, the rest as served.
 pub fn settings() -> Settings {
@@ -101,7 +84,7 @@ impl Harness {
     /// GETs `uri` until `check` holds of the answer, which it returns; fails after
     /// [`DEADLINE`].
     pub async fn eventually(&self, uri: &str, check: impl Fn(StatusCode, &Value) -> bool) -> Value {
-        eventually(DEADLINE, || async {
+        eventually(DEADLINE, uri, || async {
             let (status, body) = self.get(uri).await;
             if check(status, &body) {
                 Ok(body)

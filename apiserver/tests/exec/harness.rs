@@ -1,6 +1,6 @@
 //! The harness of `exec.rs`: the server on a real socket, behind a front end that names
-//! the caller by a header; one in-process agent per simulated Host; rcgen certificates;
-//! and the two clients.
+//! the caller by a header; one in-process agent per simulated Host; the agent's test
+//! certificates (`battery_agent::testing`); and the two clients.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -9,9 +9,8 @@ use std::time::Duration;
 use crate::common::{self, CLAIMS, HOSTS, Harness, POOLS, claim, pool, settings};
 use axum::extract::Request;
 use axum::middleware::Next;
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD as BASE64;
 use battery_agent::flintlock::{FlintlockConfig, FlintlockTls};
+use battery_agent::testing::{Ca, Signed};
 use battery_api_machinery::request_info::RequestInfo;
 use battery_api_machinery::status::ApiError;
 use battery_apiserver::agent_relay::AgentRelayTls;
@@ -20,13 +19,11 @@ use battery_apiserver::dev::pki::DEV_USER;
 use battery_apiserver::http::authz::{Authorizer, Decision};
 use battery_apiserver::server::Settings;
 use battery_types::MicroVMClaim;
+use battery_types::channel::{self, ERROR, STDERR, STDOUT};
 use futures::future::BoxFuture;
 use futures::{SinkExt, StreamExt};
 use http::{HeaderName, HeaderValue, Request as HttpRequest, StatusCode};
 use kube::api::{Api, AttachParams};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 use tokio_tungstenite::tungstenite::Message;
@@ -36,54 +33,6 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 pub const USER_HEADER: &str = "x-test-user";
 pub const OTHER_USER: &str = "system:serviceaccount:default:someone-else";
 pub const DEADLINE: Duration = Duration::from_secs(60);
-
-/// A CA that signs one trust domain's certificates.
-pub struct Ca {
-    pub pem: String,
-    pub issuer: Issuer<'static, KeyPair>,
-}
-
-/// A signed certificate and its key, PEM.
-pub struct Signed {
-    pub cert: String,
-    pub key: String,
-}
-
-impl Ca {
-    pub fn new(name: &str) -> Self {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::default();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let pem = params.self_signed(&key).unwrap().pem();
-        Self {
-            pem,
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    pub fn sign(&self, mut params: CertificateParams, purpose: ExtendedKeyUsagePurpose) -> Signed {
-        params.extended_key_usages = vec![purpose];
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        Signed {
-            cert: cert.pem(),
-            key: key.serialize_pem(),
-        }
-    }
-
-    /// An agent's serving certificate for the Host `name`.
-    pub fn serving(&self, name: &str) -> Signed {
-        let params = CertificateParams::new(vec![name.to_owned()]).unwrap();
-        self.sign(params, ExtendedKeyUsagePurpose::ServerAuth)
-    }
-
-    pub fn client(&self, cn: &str) -> Signed {
-        let mut params = CertificateParams::default();
-        params.distinguished_name.push(DnType::CommonName, cn);
-        self.sign(params, ExtendedKeyUsagePurpose::ClientAuth)
-    }
-}
 
 /// An agent in its own runtime, so that killing it ends its connections and sessions at
 /// once, as a killed process would.
@@ -124,8 +73,10 @@ impl AgentProcess {
         serving: &Signed,
         client_ca: &Ca,
     ) -> Self {
-        let listener =
-            common::eventually(DEADLINE, || async { std::net::TcpListener::bind(listen) }).await;
+        let listener = common::eventually(DEADLINE, "the agent's port free again", || async {
+            std::net::TcpListener::bind(listen)
+        })
+        .await;
         Self::serve(
             Some(listener),
             listen,
@@ -404,8 +355,7 @@ pub struct Raw {
 
 impl Raw {
     pub async fn send(&mut self, channel: u8, payload: &[u8]) {
-        let mut frame = vec![channel];
-        frame.extend_from_slice(payload);
+        let frame = channel::frame(channel, payload);
         self.ws.send(Message::Binary(frame.into())).await.unwrap();
     }
 
@@ -417,19 +367,20 @@ impl Raw {
             .unwrap()
         {
             let (channel, payload) = match message {
-                Ok(Message::Binary(data)) => (data[0], data[1..].to_vec()),
+                Ok(Message::Binary(data)) => channel::decode_binary(&data)
+                    .map(|(channel, payload)| (channel, payload.to_vec()))
+                    .expect("a binary frame has a channel"),
                 // v4.base64: the channel's digit, then base64.
-                Ok(Message::Text(text)) => (
-                    text.as_bytes()[0] - b'0',
-                    BASE64.decode(&text.as_str()[1..]).unwrap(),
-                ),
+                Ok(Message::Text(text)) => {
+                    channel::decode_text(&text).expect("a text frame is base64")
+                }
                 _ => continue,
             };
             output.largest_frame = output.largest_frame.max(payload.len());
             match channel {
-                1 => output.stdout.extend_from_slice(&payload),
-                2 => output.stderr.extend_from_slice(&payload),
-                3 => output.status = serde_json::from_slice(&payload).unwrap(),
+                STDOUT => output.stdout.extend_from_slice(&payload),
+                STDERR => output.stderr.extend_from_slice(&payload),
+                ERROR => output.status = serde_json::from_slice(&payload).unwrap(),
                 other => panic!("a frame on channel {other}"),
             }
         }

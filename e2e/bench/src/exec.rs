@@ -27,7 +27,8 @@ use super::binds::bind;
 use super::client::NAMESPACE;
 use super::report::{Row, Unit, percentiles, quantile};
 use super::rig::{Rig, Route};
-use battery_e2e::channel_exec::{self, ERROR, STDOUT};
+use battery_e2e::channel_exec;
+use battery_types::channel::{self, ERROR, STDOUT};
 
 pub const EXEC: &str = "exec";
 
@@ -184,14 +185,14 @@ pub(super) async fn through_server(
             }
             continue;
         };
-        match data.split_first() {
-            Some((&STDOUT, payload)) => {
+        match channel::decode_binary(&data) {
+            Some((STDOUT, payload)) => {
                 if !payload.is_empty() {
                     first_byte.get_or_insert_with(|| started.elapsed());
                 }
                 bytes += payload.len();
             }
-            Some((&ERROR, payload)) => {
+            Some((ERROR, payload)) => {
                 status = serde_json::from_slice::<serde_json::Value>(payload).ok();
             }
             _ => {}

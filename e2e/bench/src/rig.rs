@@ -8,7 +8,7 @@
 //! user meets through the aggregator.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use http::{Method, StatusCode};
@@ -30,8 +30,9 @@ use tonic::transport::Channel;
 const SERVE_SERVING_PREFIX: &str = "battery-apiserver serve: serving ";
 /// What `battery-apiserver embedded-battery` prints once it serves, before the address.
 const BATTERY_SERVING_PREFIX: &str = "embedded battery serving battery's gRPC API on ";
-/// How long a Pool may take to fill, or a Host to report through its agent.
-const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a Pool may take to fill, a Host to report through its agent, or a CRD to be
+/// Established.
+pub(super) const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// The most MicroVMs a Pool grows by at once while the bench fills it: thousands of
 /// simulated boots at once starve the Hosts (battery's guest-agent probes time out and
 /// it deletes the MicroVMs) and the agents' health checks with them, so the Hosts go
@@ -154,7 +155,7 @@ impl Rig {
     async fn start_agents(&mut self) -> Result<()> {
         let client = self.client().await?;
         let hosts_path = format!("{GROUP_VERSION}/hosts");
-        let hosts = eventually("the Hosts to be listed", || async {
+        let hosts = ready_within(READY_TIMEOUT, "the Hosts to be listed", || async {
             let list = client
                 .json(Method::GET, &hosts_path, None, StatusCode::OK)
                 .await?;
@@ -189,7 +190,8 @@ impl Rig {
                 .await;
             let path = format!("{hosts_path}/{host}");
             let listen = listen.to_string();
-            eventually(
+            ready_within(
+                READY_TIMEOUT,
                 &format!("Host {host} to report through its agent"),
                 || async {
                     let object = client
@@ -373,7 +375,7 @@ impl Rig {
         loop {
             // The embedded battery boots a few dozen simulated MicroVMs a second.
             let timeout = READY_TIMEOUT.max(Duration::from_millis(100) * FILL_STEP.unsigned_abs());
-            eventually_within(timeout, &format!("the Pool {name} to fill"), || async {
+            ready_within(timeout, &format!("the Pool {name} to fill"), || async {
                 let pool = client
                     .json(Method::GET, &path, None, StatusCode::OK)
                     .await?;
@@ -417,19 +419,10 @@ impl Rig {
     }
 }
 
-/// Retries `attempt` every 100 ms until it succeeds or [`READY_TIMEOUT`] passes.
-pub async fn eventually<T, F, Fut>(what: &str, attempt: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T>>,
-{
-    eventually_within(READY_TIMEOUT, what, attempt).await
-}
-
 /// Changes the spec of the Pool at `path` with `change` (a read, then an update, again
 /// when the Pool's status moved its resourceVersion in between).
 async fn update_spec(client: &Client, path: &str, change: impl Fn(&mut Value)) -> Result<()> {
-    eventually(&format!("updating {path}"), || async {
+    ready_within(READY_TIMEOUT, &format!("updating {path}"), || async {
         let mut pool = client.json(Method::GET, path, None, StatusCode::OK).await?;
         change(&mut pool["spec"]);
         client
@@ -440,22 +433,16 @@ async fn update_spec(client: &Client, path: &str, change: impl Fn(&mut Value)) -
     .await
 }
 
-/// Retries `attempt` every 100 ms until it succeeds or `timeout` passes.
-async fn eventually_within<T, F, Fut>(timeout: Duration, what: &str, mut attempt: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        match attempt().await {
-            Ok(value) => return Ok(value),
-            Err(error) if Instant::now() > deadline => {
-                return Err(error.context(format!("waiting {timeout:?} for {what}")));
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
+/// Retries `attempt` until it succeeds; after `timeout`, its last error, saying what was
+/// awaited (the bench reports a setup that never became ready, rather than panic).
+pub async fn ready_within<T>(
+    timeout: Duration,
+    what: &str,
+    attempt: impl AsyncFnMut() -> Result<T>,
+) -> Result<T> {
+    battery_telemetry::retry(timeout, attempt)
+        .await
+        .with_context(|| format!("waiting {timeout:?} for {what}"))
 }
 
 /// The user and system time process `pid` has used, all its threads.

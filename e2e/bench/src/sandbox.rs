@@ -41,7 +41,7 @@ use tokio::task::JoinSet;
 use super::binds;
 use super::client::Client;
 use super::report::{Row, Unit, millis, percentiles, quantile, rank};
-use super::rig::{Rig, eventually};
+use super::rig::{READY_TIMEOUT, Rig, ready_within};
 use battery_e2e::control_plane::binaries;
 use battery_e2e::process::Process;
 
@@ -349,22 +349,26 @@ async fn install_crds(admin: &kube::Client) -> Result<()> {
     }
     for name in names {
         let crds = &crds;
-        eventually(&format!("the CRD {name} to be Established"), || async {
-            let crd = crds.get(&name).await?;
-            let established = crd
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|c| {
-                    c.iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True")
-                });
-            if established {
-                Ok(())
-            } else {
-                bail!("{:?}", crd.status)
-            }
-        })
+        ready_within(
+            READY_TIMEOUT,
+            &format!("the CRD {name} to be Established"),
+            || async {
+                let crd = crds.get(&name).await?;
+                let established = crd
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| {
+                        c.iter()
+                            .any(|c| c.type_ == "Established" && c.status == "True")
+                    });
+                if established {
+                    Ok(())
+                } else {
+                    bail!("{:?}", crd.status)
+                }
+            },
+        )
         .await?;
     }
     Ok(())

@@ -10,8 +10,9 @@
 use std::time::Duration;
 
 use battery_e2e::apiserver::{ApiServer, Route, front};
-use battery_e2e::channel_exec::{self, STDIN};
+use battery_e2e::channel_exec;
 use battery_e2e::{eventually, kube_client};
+use battery_types::channel::STDIN;
 use battery_types::conditions::{HOST_READY, READY};
 use battery_types::{Host, MicroVMClaim};
 use kube::api::{Api, AttachParams, AttachedProcess, PostParams};

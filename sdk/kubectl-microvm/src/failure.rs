@@ -64,17 +64,8 @@ fn api(error: &kube::Error, server: &str) -> String {
     }
 }
 
-/// An error and its causes on one line, each cause said once.
+/// An error and its causes on one line, each cause said once: a terminal's one line, so
+/// a multi-line message is folded too.
 pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut line = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !line.contains(&cause_text) {
-            line.push_str(": ");
-            line.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    line.replace('\n', " ")
+    battery_telemetry::error_chain(error).replace('\n', " ")
 }

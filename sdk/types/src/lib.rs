@@ -18,6 +18,10 @@
 //! - [`agent_identity`]: how an exec agent's user names its Host;
 //!   [`HostCertificateRequest`] is what it posts to `hosts/<name>/certificate` for its
 //!   serving certificate.
+//! - [`channel`]: the exec and port-forward WebSocket channel protocol's framing, which the
+//!   server, the SDK and the tests share.
+//! - [`strconv::quote`] is Go's `strconv.Quote`, as Kubernetes' messages quote names and
+//!   values.
 //! - [`Duration`] is `metav1.Duration` (Go's `"1m30s"` format); [`conditions`] holds
 //!   condition types, reasons and apimachinery's condition helpers.
 //!
@@ -41,6 +45,7 @@
 #![deny(missing_docs)]
 
 pub mod agent_identity;
+pub mod channel;
 pub mod conditions;
 mod duration;
 mod host_certificates;
@@ -48,6 +53,7 @@ mod hosts;
 mod microvmclaims;
 mod pools;
 mod resource_info;
+pub mod strconv;
 mod string_enum;
 mod template;
 pub mod validation;

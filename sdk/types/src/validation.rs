@@ -11,6 +11,8 @@ use std::fmt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use serde_json::Value;
 
+use crate::strconv::quote;
+
 /// What is wrong with a field: the `field.ErrorType`s this API reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FieldErrorKind {
@@ -104,7 +106,7 @@ impl FieldError {
         let detail = if supported.is_empty() {
             String::new()
         } else {
-            let quoted: Vec<String> = supported.iter().map(|value| go_quote(value)).collect();
+            let quoted: Vec<String> = supported.iter().map(|value| quote(value)).collect();
             format!("supported values: {}", quoted.join(", "))
         };
         Self::new(
@@ -181,35 +183,10 @@ impl std::error::Error for FieldError {}
 /// objects, which Go dumps with `%#v` as Go syntax, are printed as compact JSON instead.
 fn go_value(value: &Value) -> String {
     match value {
-        Value::Null => go_quote("null"),
-        Value::String(text) => go_quote(text),
+        Value::Null => quote("null"),
+        Value::String(text) => quote(text),
         Value::Bool(_) | Value::Number(_) | Value::Array(_) | Value::Object(_) => value.to_string(),
     }
-}
-
-/// Go's `strconv.Quote` for the text validation messages carry: `"` and `\` escaped, control
-/// characters as `\n`, `\t`, ... or `\xNN`/`\uNNNN`, everything else (Unicode included) as is.
-fn go_quote(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{7}' => out.push_str("\\a"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{b}' => out.push_str("\\v"),
-            c if c.is_ascii_control() => out.push_str(&format!("\\x{:02x}", u32::from(c))),
-            c if c.is_control() => out.push_str(&format!("\\u{:04x}", u32::from(c))),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 /// A field's path, built as apimachinery's `field.Path`: `spec.template`, then

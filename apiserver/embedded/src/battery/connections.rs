@@ -7,6 +7,7 @@ use std::sync::{PoisonError, RwLock};
 use std::time::Duration;
 
 use battery_proto::poolmgr::v1alpha1::HostTls;
+use battery_telemetry::error_chain;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use super::flintlock::{self, Flintlock, FlintlockError};
@@ -71,17 +72,6 @@ fn read(path: &str) -> Result<Vec<u8>, DialError> {
         path: PathBuf::from(path),
         source,
     })
-}
-
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 struct Entry {

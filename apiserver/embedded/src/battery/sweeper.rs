@@ -57,12 +57,8 @@ async fn retry_deletions(engine: &Engine) {
 /// Step 2: leases with expires_at <= now lose their row and their VM
 /// (VM_DELETED_DUE_TO_EXPIRY).
 async fn expire_leases(engine: &Engine) {
-    let leases = match engine.store.list_leases(None) {
-        Ok(leases) => leases,
-        Err(err) => {
-            tracing::warn!(error = %err, "sweeper: listing leases failed");
-            return;
-        }
+    let Some(leases) = all_leases(engine) else {
+        return;
     };
     let now = time::now();
     let expired = leases
@@ -87,14 +83,20 @@ async fn expire(engine: &Engine, lease: &LeaseRecord, now: &Timestamp) {
     }
 }
 
+/// Every lease; `None` (logged) when the store cannot list them, and the step waits for
+/// the next sweep.
+fn all_leases(engine: &Engine) -> Option<Vec<LeaseRecord>> {
+    engine
+        .store
+        .list_leases(None)
+        .inspect_err(|err| tracing::warn!(error = %err, "sweeper: listing leases failed"))
+        .ok()
+}
+
 /// Step 3: VM_EXPIRING_SOON once per distinct expires_at within the warning window.
 fn warn_expiring(engine: &Engine, warned: &mut Warnings) {
-    let leases = match engine.store.list_leases(None) {
-        Ok(leases) => leases,
-        Err(err) => {
-            tracing::warn!(error = %err, "sweeper: listing leases failed");
-            return;
-        }
+    let Some(leases) = all_leases(engine) else {
+        return;
     };
     let now = time::now();
     let horizon = time::add(&now, engine.config.warning_window);

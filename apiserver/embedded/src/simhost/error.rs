@@ -6,6 +6,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use battery_telemetry::error_chain;
 use tonic::{Code, Status};
 
 /// Why a [`SimulatedHost`](super::SimulatedHost) could not start.
@@ -230,18 +231,6 @@ impl From<RequestError> for Status {
         // A Status carries no source chain, so the causes go into its message.
         Status::new(error.code(), error_chain(&error))
     }
-}
-
-/// `error` and its causes, one line, for a Status message or a log field.
-pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

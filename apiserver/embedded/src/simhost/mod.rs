@@ -102,6 +102,8 @@ mod exec;
 mod microvm;
 mod registry;
 mod ssh;
+#[cfg(feature = "test-util")]
+pub mod testing;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;

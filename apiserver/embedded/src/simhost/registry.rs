@@ -16,6 +16,7 @@ use battery_proto::flintlock::types::network_interface::IfaceType;
 use battery_proto::flintlock::types::{
     MicroVm, MicroVmSpec, MicroVmStatus, NetworkInterfaceStatus,
 };
+use battery_telemetry::error_chain;
 use prost::Message as _;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -24,7 +25,7 @@ use tokio_util::task::TaskTracker;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 use tracing::warn;
 
-use super::error::{PersistError, RequestError, SimHostError, error_chain};
+use super::error::{PersistError, RequestError, SimHostError};
 
 /// The whole list, as versions before per-MicroVM records kept it.
 const LEGACY_STATE_FILE: &str = "microvms.json";

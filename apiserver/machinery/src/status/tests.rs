@@ -5,6 +5,7 @@ use battery_types::{HasResourceInfo, Pool};
 use serde_json::{Value, json};
 
 use super::*;
+use crate::request_info::RequestInfo;
 
 const POOLS: &ResourceInfo = &Pool::INFO;
 
@@ -344,20 +345,4 @@ async fn internal_cause_stays_out_of_the_body() {
     assert!(response.extensions().get::<ErrorSource>().is_some());
     let body = to_bytes(response.into_body(), usize::MAX).await.unwrap();
     assert!(!String::from_utf8_lossy(&body).contains("10.0.0.1"));
-}
-
-#[test]
-fn quote_matches_go() {
-    assert_eq!(quote(""), "\"\"");
-    assert_eq!(quote("plain name-1.x"), "\"plain name-1.x\"");
-    assert_eq!(
-        quote("\t\r\u{b}\u{c}\u{8}\u{0}\u{7f}"),
-        "\"\\t\\r\\v\\f\\b\\x00\\x7f\""
-    );
-    assert_eq!(
-        quote("\u{85}\u{a0}\u{200b}\u{feff}\u{e000}"),
-        "\"\\u0085\\u00a0\\u200b\\ufeff\\ue000\""
-    );
-    assert_eq!(quote("\u{10ffff}"), "\"\\U0010ffff\"");
-    assert_eq!(quote("日本 ✓ Ω"), "\"日本 ✓ Ω\"");
 }

@@ -41,7 +41,7 @@ pub async fn observe(
     metrics.record_request(route, status.as_u16(), elapsed);
     match response.extensions().get::<ErrorSource>() {
         Some(source) if status.is_server_error() => {
-            tracing::error!(%method, %path, status = status.as_u16(), ?elapsed, error = %crate::logging::error_chain(&*source.0), "request failed");
+            tracing::error!(%method, %path, status = status.as_u16(), ?elapsed, error = %battery_telemetry::error_chain(&*source.0), "request failed");
         }
         _ => tracing::debug!(%method, %path, status = status.as_u16(), ?elapsed, "request"),
     }

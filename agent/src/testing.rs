@@ -1,5 +1,6 @@
-//! rcgen certificates for the agent's tests: one CA per trust domain, and the serving
-//! and client certificates it signs.
+//! Certificates for tests of the relay's mTLS (feature `test-util`): one CA per trust
+//! domain, and the serving and client certificates it signs. The agent's tests and the
+//! API server's exec tests build the same trust domains.
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -31,7 +32,8 @@ impl Ca {
         }
     }
 
-    fn sign(&self, mut params: CertificateParams, purpose: ExtendedKeyUsagePurpose) -> Signed {
+    /// A certificate of `params` for `purpose`, with a new key.
+    pub fn sign(&self, mut params: CertificateParams, purpose: ExtendedKeyUsagePurpose) -> Signed {
         params.extended_key_usages = vec![purpose];
         let key = KeyPair::generate().expect("key");
         let cert = params.signed_by(&key, &self.issuer).expect("signed");
@@ -50,6 +52,13 @@ impl Ca {
         self.sign(params, ExtendedKeyUsagePurpose::ServerAuth)
     }
 
+    /// An agent's serving certificate for the Host `name`.
+    pub fn serving(&self, name: &str) -> Signed {
+        let params = CertificateParams::new(vec![name.to_owned()]).expect("params");
+        self.sign(params, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
+    /// A client certificate for `cn`.
     pub fn client(&self, cn: &str) -> Signed {
         let mut params = CertificateParams::default();
         params.distinguished_name.push(DnType::CommonName, cn);

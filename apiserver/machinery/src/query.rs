@@ -10,11 +10,10 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use battery_types::strconv::quote;
 use serde::de::value::{SeqDeserializer, StringDeserializer};
 use serde::de::{self, DeserializeSeed, IntoDeserializer, MapAccess, Visitor};
 use serde::forward_to_deserialize_any;
-
-use crate::status::quote;
 
 /// Why a query could not be decoded; its message becomes a 400 BadRequest as in Go.
 #[derive(Debug, Clone, PartialEq, Eq)]
