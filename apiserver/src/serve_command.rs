@@ -14,10 +14,10 @@ use crate::http::authn::{
     Authentication, RequestHeaderFlags, RequestHeaderNames, TokenReviewer, TrustSources,
 };
 use crate::http::authz::{AuthenticatedOnly, Authorizer, SubjectAccessReviewer};
+use crate::http::serve::{self, TlsFiles};
 use crate::meta_store::MetaStore;
 use crate::resources::hosts::certificate::AgentSigner;
 use crate::resources::hosts::ssh_certificate::SshUserCa;
-use crate::serve::{self, TlsFiles};
 use crate::server::{self, Settings};
 
 /// Opens the metadata store (in `dir`, or in memory).

@@ -89,7 +89,7 @@ impl AgentRelay {
                     Identity::from_pem(&tls.client_cert_pem, &tls.client_key_pem),
                 )
             }),
-            channels: crate::http::bounded_cache(CHANNEL_IDLE, CHANNELS),
+            channels: crate::cache::bounded(CHANNEL_IDLE, CHANNELS),
         }
     }
 

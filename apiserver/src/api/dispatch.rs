@@ -30,7 +30,8 @@ use super::limits::{self, Limiter, Limits};
 use super::storage::Storage;
 use super::subresource::SubresourceEndpoint;
 use super::watch_stream;
-use super::{NamespaceLifecycle, RequestContext, UserInfo};
+use super::{NamespaceLifecycle, RequestContext};
+use crate::http::authn::UserInfo;
 use crate::meta_store::MetaStore;
 
 /// Go's limit on request bodies (`apiserver:pkg/server/config.go` `MaxRequestBodyBytes`).

@@ -22,7 +22,8 @@ use serde_json::Value;
 use super::RequestContext;
 use super::managed_fields;
 use super::respond::{self, Warnings};
-use super::storage::{Deleted, Storage, StoredItem, list_key, server_now};
+use super::storage::{Deleted, Storage, StoredItem, list_key};
+use crate::clock::server_now;
 
 /// A patch or apply that loses an optimistic-concurrency race is retried this often,
 /// as Go's `GuaranteedUpdate` does, when the client did not pin a resourceVersion.

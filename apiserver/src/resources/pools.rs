@@ -15,12 +15,12 @@ use serde_json::Value;
 
 use super::hosts::HostDirectory;
 use super::{KeyLocks, check_resource_version, commit};
-use crate::api::{Deleted, RequestContext, Scalable, Storage, server_now};
+use crate::api::{Deleted, RequestContext, Scalable, Storage};
 use crate::battery::objects::{self, PoolMeta};
 use crate::battery::{BatteryClient, BatteryPool, Failure};
-use crate::http::bounded_cache;
-use crate::http::metrics::{Metrics, PoolCounts};
+use crate::clock::server_now;
 use crate::meta_store::{Key, MetaStore, StoreError, Txn};
+use crate::metrics::{Metrics, PoolCounts};
 use crate::watch::ChangeType;
 
 const RESOURCE: &str = "pools";
@@ -129,7 +129,7 @@ impl PoolStorage {
             hosts,
             locks: KeyLocks::default(),
             metrics,
-            bind_settings: bounded_cache(BIND_SETTINGS_TTL, BIND_SETTINGS_CAPACITY),
+            bind_settings: crate::cache::bounded(BIND_SETTINGS_TTL, BIND_SETTINGS_CAPACITY),
         }
     }
 

@@ -382,7 +382,7 @@ impl HostStorage {
             (None, None) => Ok(false),
             (None, Some(host)) => {
                 let mut object = self.assemble(None, host)?;
-                object.metadata.creation_timestamp = Some(crate::api::server_now());
+                object.metadata.creation_timestamp = Some(crate::clock::server_now());
                 self.commit(&mut object, ChangeType::Added, None).await?;
                 Ok(true)
             }
@@ -654,7 +654,7 @@ impl crate::api::Subresource for HostStatusWriter {
         if !dry_run {
             let leaving = storage.leaving(name)?;
             let mut reporting = record.map(|r| r.reporting).unwrap_or_default();
-            reporting.reported_at = Some(crate::api::server_now());
+            reporting.reported_at = Some(crate::clock::server_now());
             storage
                 .commit_reporting(&mut current, ChangeType::Modified, leaving, reporting)
                 .await?;

@@ -20,8 +20,8 @@ use moka::sync::Cache;
 use secrecy::{ExposeSecret as _, SecretSlice, SecretString};
 
 use crate::agent_relay::AgentRelay;
-use crate::api::UserInfo;
 use crate::cluster::{Cluster, KeyValues};
+use crate::http::authn::UserInfo;
 use crate::http::authz::{Authorizer, Decision};
 
 /// Claims whose env is kept; past it the least used are dropped and read again at their

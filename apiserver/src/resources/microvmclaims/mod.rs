@@ -28,8 +28,8 @@ use super::{KeyLocks, check_resource_version, commit};
 use crate::api::{Deleted, ListPage, RequestContext, Storage, StoredItem};
 use crate::battery::objects;
 use crate::battery::{BatteryClient, BatteryEvent, EventKind, Failure, LeaseId};
-use crate::http::metrics::{BindOutcome, Metrics};
 use crate::meta_store::{Key, MetaStore, StoreError};
+use crate::metrics::{BindOutcome, Metrics};
 use crate::watch::ChangeType;
 
 mod config;

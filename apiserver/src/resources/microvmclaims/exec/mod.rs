@@ -35,7 +35,7 @@ use super::lease::check_holder;
 use super::{Ask, ClaimRecord, ClaimStorage, info, key};
 use crate::agent_relay::AgentRelay;
 use crate::api::{Connect, RequestContext};
-use crate::serve::BulkOutput;
+use crate::http::serve::BulkOutput;
 use session::{Attached, Session};
 
 /// The largest WebSocket message read from a client: a stdin chunk, relayed as one
