@@ -1,7 +1,6 @@
 //! The Kubernetes aggregated API server for battery's warm pools of flintlock
 //! MicroVMs, and the commands around it.
 
-pub mod agent_relay;
 pub mod api;
 pub mod battery;
 mod cache;
@@ -16,6 +15,7 @@ pub mod http;
 pub mod logging;
 pub mod meta_store;
 pub mod metrics;
+pub mod relay;
 pub mod resources;
 mod serve_command;
 pub mod server;

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::net::TcpListener;
 
-use crate::agent_relay::AgentRelayTls;
 use crate::api::{CreateRate, Limits};
 use crate::battery::BatteryClient;
 use crate::cluster::Cluster;
@@ -16,6 +15,7 @@ use crate::http::authn::{
 use crate::http::authz::{AuthenticatedOnly, Authorizer, SubjectAccessReviewer};
 use crate::http::serve::{self, TlsFiles};
 use crate::meta_store::MetaStore;
+use crate::relay::AgentRelayTls;
 use crate::resources::hosts::certificate::AgentSigner;
 use crate::resources::hosts::ssh_certificate::SshUserCa;
 use crate::server::{self, Settings};

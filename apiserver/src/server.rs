@@ -21,7 +21,6 @@ use tokio::sync::{broadcast, watch};
 use tokio::task::JoinSet;
 use tower::ServiceBuilder;
 
-use crate::agent_relay::{AgentRelay, AgentRelayTls};
 use crate::api::{Endpoint, Limits, ResourceEndpoint, ScaleEndpoint, resource_router};
 use crate::battery::BatteryClient;
 use crate::cluster::Cluster;
@@ -31,6 +30,7 @@ use crate::http::{NonResource, ServedOpenApi, nonresource_router};
 use crate::http::{recover, request_info};
 use crate::meta_store::MetaStore;
 use crate::metrics::{self, Metrics};
+use crate::relay::{AgentRelay, AgentRelayTls};
 use crate::resources::follow::Follower;
 use crate::resources::hosts::certificate::{AgentSigner, HostCertificates};
 use crate::resources::hosts::{HostDirectory, HostStatusWriter, HostStorage};

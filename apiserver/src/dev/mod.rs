@@ -18,13 +18,13 @@ use http::{Request, StatusCode};
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
-use crate::agent_relay::AgentRelayTls;
 use crate::battery::BatteryClient;
 use crate::config::DevArgs;
 use crate::http::authn::UserInfo;
 use crate::http::authn::{Authentication, Trust, TrustConfig};
 use crate::http::authz::LocalPolicy;
 use crate::http::serve::{self, TlsFiles};
+use crate::relay::AgentRelayTls;
 use crate::resources::hosts::certificate::AgentSigner;
 use crate::resources::hosts::ssh_certificate::SshUserCa;
 use crate::serve_command::{open_store, shutdown_signal};

@@ -16,7 +16,6 @@ use std::sync::Arc;
 use axum::response::{IntoResponse, Response};
 use battery_api_machinery::params::decode_query;
 use battery_api_machinery::status::ApiError;
-use battery_proto::agent::v1alpha1::{ClaimRef, ExecOpen};
 use battery_types::MicroVMClaimStatus;
 use battery_types::conditions::{self, ClaimHostReadyReason, ConditionStatus};
 use futures::future::BoxFuture;
@@ -32,10 +31,11 @@ pub use portforward::ClaimPortForward;
 pub use sessions::{DEFAULT_MAX_SESSIONS, ExecSessions};
 
 use super::lease::check_holder;
-use super::{Ask, ClaimRecord, ClaimStorage, info, key};
-use crate::agent_relay::AgentRelay;
+use super::read::Ask;
+use super::{ClaimRecord, ClaimStorage, info, key};
 use crate::api::{Connect, RequestContext};
 use crate::http::serve::BulkOutput;
+use crate::relay::{AgentRelay, ClaimRef, ExecOpen};
 use session::{Attached, Session};
 
 /// The largest WebSocket message read from a client: a stdin chunk, relayed as one
@@ -371,7 +371,7 @@ impl Connect for Arc<ClaimExec> {
                     &target.host,
                     &target.agent_address,
                     ExecOpen {
-                        claim: Some(target.claim.clone()),
+                        claim: target.claim.clone(),
                         microvm_uid: target.microvm_uid,
                         command: options.command.clone(),
                         env: super::config::session_env(&target.env, options.environment()?),

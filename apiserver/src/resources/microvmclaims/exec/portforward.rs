@@ -16,8 +16,7 @@ use std::sync::Arc;
 use axum::response::Response;
 use battery_api_machinery::params::decode_query;
 use battery_api_machinery::status::ApiError;
-use battery_proto::Bytes;
-use battery_proto::agent::v1alpha1::{PortForwardOpen, PortForwardRequest, port_forward_request};
+use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{SinkExt as _, StreamExt as _};
 use http::request::Parts;
@@ -30,8 +29,8 @@ use tokio_tungstenite::tungstenite::Message;
 use super::session::{frame, unframe};
 use super::sessions::SessionGuard;
 use super::{ClaimExec, Handshake, Protocol, Target, server_websocket, take_upgrade};
-use crate::agent_relay::{AgentRelay, RelayPort};
 use crate::api::{Connect, RequestContext};
+use crate::relay::{AgentRelay, PortConnection, PortOpen};
 
 /// kubelet's port-forward protocols: binary, and base64 for clients that cannot send
 /// binary. v5's close channel has no meaning here.
@@ -217,14 +216,14 @@ fn error_channel(index: usize) -> u8 {
     data_channel(index).saturating_add(1)
 }
 
-fn open_for(target: &Target, port: u16) -> (String, String, PortForwardOpen) {
+fn open_for(target: &Target, port: u16) -> (String, String, PortOpen) {
     (
         target.host.clone(),
         target.agent_address.clone(),
-        PortForwardOpen {
-            claim: Some(target.claim.clone()),
+        PortOpen {
+            claim: target.claim.clone(),
             microvm_uid: target.microvm_uid.clone(),
-            port: port.into(),
+            port,
         },
     )
 }
@@ -241,12 +240,12 @@ impl Connection {
     async fn run(
         self,
         relay: Arc<AgentRelay>,
-        (host, address, open): (String, String, PortForwardOpen),
+        (host, address, open): (String, String, PortOpen),
         mut chunks: mpsc::Receiver<Bytes>,
     ) {
-        let RelayPort {
-            requests,
-            mut responses,
+        let PortConnection {
+            to_guest,
+            mut from_guest,
         } = match relay.open_port(&host, &address, open).await {
             Ok(port) => port,
             Err(message) => return self.fail(&message).await,
@@ -255,10 +254,7 @@ impl Connection {
         // guest's wait for the client, and the other way round.
         let upstream = async {
             while let Some(data) = chunks.recv().await {
-                let request = PortForwardRequest {
-                    payload: Some(port_forward_request::Payload::Data(data)),
-                };
-                if requests.send(request).await.is_err() {
+                if to_guest.send(data).await.is_err() {
                     // The agent takes no more: its answer, or why, still comes.
                     std::future::pending::<()>().await;
                 }
@@ -267,20 +263,20 @@ impl Connection {
         };
         let downstream = async {
             loop {
-                match responses.message().await {
-                    Ok(Some(response)) => {
-                        let data = frame(self.protocol, data_channel(self.index), &response.data);
+                match from_guest.next().await {
+                    Ok(Some(bytes)) => {
+                        let data = frame(self.protocol, data_channel(self.index), &bytes);
                         if self.to_client.send(data).await.is_err() {
                             return None;
                         }
                     }
                     // The guest closed the connection.
                     Ok(None) => return None,
-                    Err(status) => {
+                    Err(failed) => {
                         return Some(format!(
                             "the connection to port {} in the MicroVM failed: {}",
                             self.port,
-                            status.message()
+                            failed.message()
                         ));
                     }
                 }
