@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogFormat;
+use crate::cli::LogFormat;
 
 /// Installs the global subscriber once.
 pub fn init(format: LogFormat) {

@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 use tower::ServiceExt;
 
 use crate::battery::BatteryClient;
-use crate::config::DevArgs;
+use crate::cli::DevArgs;
 use crate::http::authn::UserInfo;
 use crate::http::authn::{Authentication, Trust, TrustConfig};
 use crate::http::authz::LocalPolicy;
@@ -38,6 +38,13 @@ const DEV_AGENT_CERTIFICATE_LIFETIME: std::time::Duration = std::time::Duration:
 pub const DEV_POOL: &str = "dev";
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    // First: a port taken stops `dev` before it starts battery or makes its Pool.
+    let listener = TcpListener::bind(args.listen).await.with_context(|| {
+        format!(
+            "binding {} (is another dev server running? try --listen 127.0.0.1:0)",
+            args.listen
+        )
+    })?;
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("creating {}", args.dir.display()))?;
     let dir = args
@@ -112,12 +119,6 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let (acceptor, _reloader) = serve::acceptor(&TlsFiles {
         cert: pki.serving_cert.clone(),
         key: pki.serving_key.clone(),
-    })?;
-    let listener = TcpListener::bind(args.listen).await.with_context(|| {
-        format!(
-            "binding {} (is another dev server running? try --listen 127.0.0.1:0)",
-            args.listen
-        )
     })?;
     let addr = listener.local_addr()?;
     let kubeconfig = dir.join("kubeconfig");
