@@ -12,7 +12,7 @@ use tokio_rustls::TlsAcceptor;
 use super::ServeArgs;
 use crate::api::{CreateRate, Limits};
 use crate::battery::BatteryClient;
-use crate::http::authn::{RequestHeaderFlags, RequestHeaderNames, TrustSources};
+use crate::http::authn::{RequestHeaderFlags, RequestHeaderNames, TrustSources, verifier};
 use crate::http::serve::{self, TlsError, TlsFiles};
 use crate::relay::AgentRelayTls;
 use crate::resources::hosts::certificate::AgentSigner;
@@ -48,8 +48,6 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
-    #[error("--{flag} {}: no PEM block in it; give a PEM file", path.display())]
-    NotPem { flag: &'static str, path: PathBuf },
     #[error("--{flag} {value}")]
     Invalid {
         flag: &'static str,
@@ -84,7 +82,7 @@ impl ServeArgs {
             ),
         ] {
             if let Some(path) = path {
-                read_pem(flag, path)?;
+                check_ca_bundle(flag, path)?;
             }
         }
         let files = TlsFiles {
@@ -148,9 +146,9 @@ impl ServeArgs {
             return Ok(None);
         };
         Ok(Some(AgentRelayTls {
-            ca_pem: read_pem("agent-ca-file", ca)?,
-            client_cert_pem: read_pem("agent-client-cert-file", cert)?,
-            client_key_pem: read_pem("agent-client-key-file", key)?,
+            ca_pem: check_ca_bundle("agent-ca-file", ca)?,
+            client_cert_pem: read("agent-client-cert-file", cert)?,
+            client_key_pem: read("agent-client-key-file", key)?,
         }))
     }
 
@@ -237,15 +235,10 @@ fn read_text(flag: &'static str, path: &Path) -> Result<String, ConfigError> {
     String::from_utf8(read(flag, path)?).map_err(|e| ConfigError::invalid(flag, path.display(), e))
 }
 
-/// The file's bytes, if it holds at least one PEM block: a wrong file (a DER, a path
-/// mix-up) is caught here with its flag's name, not when a client first connects.
-fn read_pem(flag: &'static str, path: &Path) -> Result<Vec<u8>, ConfigError> {
+/// The file's bytes, if they are a CA bundle that can verify: a wrong file (a DER, a
+/// path mix-up) is caught here with its flag's name, not when a client first connects.
+fn check_ca_bundle(flag: &'static str, path: &Path) -> Result<Vec<u8>, ConfigError> {
     let bytes = read(flag, path)?;
-    if !bytes.windows(11).any(|window| window == b"-----BEGIN ") {
-        return Err(ConfigError::NotPem {
-            flag,
-            path: path.to_owned(),
-        });
-    }
+    verifier(&bytes, "the CA bundle").map_err(|e| ConfigError::invalid(flag, path.display(), e))?;
     Ok(bytes)
 }
