@@ -38,23 +38,15 @@ pub struct ServeConfig {
     pub agent_signer: Option<Arc<AgentSigner>>,
 }
 
-/// A flag whose value cannot be used, named so the message says which to fix.
+/// A flag whose value cannot be used, named so the message says which to fix; the cause
+/// (a file that cannot be read, an address or a key that does not parse) follows it.
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("reading --{flag} {}", path.display())]
-    ReadFile {
-        flag: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("--{flag} {value}")]
-    Invalid {
-        flag: &'static str,
-        value: String,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+#[error("--{flag} {value}")]
+pub struct ConfigError {
+    flag: &'static str,
+    value: String,
+    #[source]
+    source: Box<dyn std::error::Error + Send + Sync>,
 }
 
 impl ConfigError {
@@ -63,7 +55,7 @@ impl ConfigError {
         value: impl std::fmt::Display,
         source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
     ) -> Self {
-        Self::Invalid {
+        Self {
             flag,
             value: value.to_string(),
             source: source.into(),
@@ -224,11 +216,7 @@ fn tls_invalid(files: &TlsFiles, error: TlsError) -> ConfigError {
 }
 
 fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, ConfigError> {
-    std::fs::read(path).map_err(|source| ConfigError::ReadFile {
-        flag,
-        path: path.to_owned(),
-        source,
-    })
+    std::fs::read(path).map_err(|e| ConfigError::invalid(flag, path.display(), e))
 }
 
 fn read_text(flag: &'static str, path: &Path) -> Result<String, ConfigError> {
