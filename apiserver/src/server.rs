@@ -254,7 +254,7 @@ pub fn build(
     let endpoints: Vec<Arc<dyn Endpoint>> = vec![
         Arc::new(
             ResourceEndpoint::new(pools.clone(), store.clone())
-                .with_subresource("scale", Arc::new(ScaleEndpoint(pools.clone()))),
+                .with_subresource("scale", Arc::new(Arc::new(ScaleEndpoint(pools.clone())))),
         ),
         Arc::new(
             ResourceEndpoint::new(claims.clone(), store.clone())

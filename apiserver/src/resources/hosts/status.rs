@@ -26,6 +26,7 @@ impl crate::api::Subresource for HostStatusWriter {
         name: &str,
         new: Host,
         dry_run: bool,
+        _field_manager: &str,
     ) -> Result<Host, ApiError> {
         hold_agent_to_own_host(ctx, name)?;
         let storage = &self.0;

@@ -105,6 +105,7 @@ impl Subresource for ClaimLeases {
         name: &str,
         new: Lease,
         dry_run: bool,
+        _field_manager: &str,
     ) -> Result<Lease, ApiError> {
         let namespace = ctx.namespace.as_deref().unwrap_or_default();
         let key = key(namespace, name);
