@@ -24,10 +24,10 @@ use kube::Resource;
 use serde_json::Value;
 
 use super::RequestContext;
-use super::handlers::{Manager, apply_patch, info, patch_precondition, replace};
+use super::handlers::{Manager, info, patch_precondition, replace};
 use super::respond::{self, Warnings};
 use super::storage::Storage;
-use super::subresource::{Subresource, decode};
+use super::subresource::{Subresource, decode, patched};
 
 /// The patch types a scale takes: a Scale has no list to merge by key, so a strategic
 /// merge patch (`kubectl patch`'s default) is a merge patch with directives. Server-side
@@ -118,18 +118,14 @@ impl<S: Scalable> Subresource for ScaleEndpoint<S> {
         let pinned = patch_precondition(options.patch_type, &patch).is_some();
         let mut attempt = 1;
         loop {
-            let current = self.get(ctx, name).await?;
-            let mut document = serde_json::to_value(&current).map_err(ApiError::internal)?;
-            apply_patch(options.patch_type, &mut document, &patch)?;
-            let (mut patched, warnings) =
-                self.decode(ctx, name, document, options.field_validation)?;
+            let (mut scale, warnings) = patched(self, ctx, name, &options, &patch).await?;
             if !pinned {
                 // The version read above is not the client's precondition: the write
                 // applies to whatever is current, as an unpinned patch does.
-                patched.metadata.resource_version = None;
+                scale.metadata.resource_version = None;
             }
             match self
-                .update(ctx, name, patched, options.dry_run, manager)
+                .update(ctx, name, scale, options.dry_run, manager)
                 .await
             {
                 Err(e)

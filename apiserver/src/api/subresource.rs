@@ -88,10 +88,7 @@ pub trait Subresource: Send + Sync + 'static {
             }
             let patch: Value = serde_json::from_slice(body)
                 .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
-            let current = self.get(ctx, name).await?;
-            let mut document = serde_json::to_value(&current).map_err(ApiError::internal)?;
-            apply_patch(options.patch_type, &mut document, &patch)?;
-            let (new, warnings) = self.decode(ctx, name, document, options.field_validation)?;
+            let (new, warnings) = patched(self, ctx, name, &options, &patch).await?;
             let manager = options.field_manager.as_deref().unwrap_or("unknown");
             let written = self.update(ctx, name, new, options.dry_run, manager);
             Ok((written.await?, warnings))
@@ -122,6 +119,21 @@ pub(super) fn decode<T: DeserializeOwned>(
     // apiVersion and kind are part of every Kubernetes object, named or not by its type.
     unknown.retain(|f| f != "apiVersion" && f != "kind");
     Ok((object, unknown_fields(&unknown, validation)?))
+}
+
+/// The object `name` as it is now with `patch` applied, decoded, and the warnings of its
+/// decoding: the read and the patch every subresource's patch starts with.
+pub(super) async fn patched<T: Subresource + ?Sized>(
+    storage: &T,
+    ctx: &RequestContext,
+    name: &str,
+    options: &PatchOptions,
+    patch: &Value,
+) -> Result<(T::Object, Vec<String>), ApiError> {
+    let current = storage.get(ctx, name).await?;
+    let mut document = serde_json::to_value(&current).map_err(ApiError::internal)?;
+    apply_patch(options.patch_type, &mut document, patch)?;
+    storage.decode(ctx, name, document, options.field_validation)
 }
 
 async fn serve<T: Subresource>(storage: &T, call: Call) -> Result<Response, ApiError> {
