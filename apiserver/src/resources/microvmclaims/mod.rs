@@ -4,6 +4,11 @@
 //! holds is released at start). The metadata store keeps the claim's
 //! metadata, spec and status, and battery's lease id (a secret that never leaves it);
 //! battery's lease list says whether the lease still lives.
+//!
+//! `ClaimStorage`'s work is split by job, as k8s.io's `registry/<kind>/` splits storage
+//! from strategy: `bind`, `read` (Expired once battery lets the lease go), `follow`
+//! (battery's events, the Hosts' readiness), `table`, `lease` (the subresource, and
+//! release), `recovery` and `stored`; this file holds the record and the `Storage` verbs.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
