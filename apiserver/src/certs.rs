@@ -23,7 +23,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyUsagePurpose};
 use x509_parser::time::ASN1Time;
 
-use crate::config::CertsArgs;
+use crate::cli::CertsArgs;
 use crate::dev::pki::{self, PkiError};
 
 /// The APIService `deploy/base` registers.

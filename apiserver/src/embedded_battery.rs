@@ -6,7 +6,7 @@ use battery_embedded::BatteryConfig;
 use battery_embedded::local::{LocalBattery, LocalBatteryConfig};
 use battery_embedded::simhost::SshProxyConfig;
 
-use crate::config::EmbeddedBatteryArgs;
+use crate::cli::EmbeddedBatteryArgs;
 
 /// Starts the embedded battery, prints where it listens and the next command to try,
 /// and stops it cleanly on a signal.

@@ -1,30 +1,32 @@
 //! The Kubernetes aggregated API server for battery's warm pools of flintlock
 //! MicroVMs, and the commands around it.
 
-pub mod agent_relay;
 pub mod api;
 pub mod battery;
+mod cache;
 pub mod certs;
+pub mod cli;
+mod clock;
 pub mod cluster;
-pub mod config;
 pub mod dev;
 pub mod embedded_battery;
 pub mod failpoint;
 pub mod http;
 pub mod logging;
 pub mod meta_store;
+pub mod metrics;
+pub mod relay;
 pub mod resources;
-pub mod serve;
 mod serve_command;
 pub mod server;
 pub mod watch;
 
 /// Runs the command the user chose.
-pub async fn run(cli: config::Cli) -> anyhow::Result<()> {
+pub async fn run(cli: cli::Cli) -> anyhow::Result<()> {
     match cli.command {
-        config::Command::Serve(args) => serve_command::run(*args).await,
-        config::Command::Dev(args) => dev::run(args).await,
-        config::Command::EmbeddedBattery(args) => embedded_battery::run(args).await,
-        config::Command::Certs(args) => certs::run(&args),
+        cli::Command::Serve(args) => serve_command::run(args.into_config().await?).await,
+        cli::Command::Dev(args) => dev::run(args).await,
+        cli::Command::EmbeddedBattery(args) => embedded_battery::run(args).await,
+        cli::Command::Certs(args) => certs::run(&args),
     }
 }

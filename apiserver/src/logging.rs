@@ -2,7 +2,7 @@
 //! serves. The logging setup and error chains are `battery_telemetry`'s, shared by every
 //! binary.
 
-use crate::config::LogFormat;
+use battery_telemetry::LogFormat;
 
 /// Reports the error that ends the process: one plain line for a person, or one more
 /// JSON line when a collector reads stderr, so its last line parses too.

@@ -21,16 +21,16 @@ use tokio::sync::{broadcast, watch};
 use tokio::task::JoinSet;
 use tower::ServiceBuilder;
 
-use crate::agent_relay::{AgentRelay, AgentRelayTls};
 use crate::api::{Endpoint, Limits, ResourceEndpoint, ScaleEndpoint, resource_router};
 use crate::battery::BatteryClient;
 use crate::cluster::Cluster;
 use crate::http::authn::{self, Authentication};
 use crate::http::authz::{self, Authorizer};
-use crate::http::metrics::{self, Metrics};
 use crate::http::{NonResource, ServedOpenApi, nonresource_router};
 use crate::http::{recover, request_info};
 use crate::meta_store::MetaStore;
+use crate::metrics::{self, Metrics};
+use crate::relay::{AgentRelay, AgentRelayTls};
 use crate::resources::follow::Follower;
 use crate::resources::hosts::certificate::{AgentSigner, HostCertificates};
 use crate::resources::hosts::{HostDirectory, HostStatusWriter, HostStorage};
@@ -198,7 +198,7 @@ impl App {
             // while it drains the others.
             sessions.end_all();
         };
-        crate::serve::serve(listener, tls, self.router, shutdown).await;
+        crate::http::serve::serve(listener, tls, self.router, shutdown).await;
         sessions.drained(EXEC_DRAIN).await;
     }
 }
@@ -254,7 +254,7 @@ pub fn build(
     let endpoints: Vec<Arc<dyn Endpoint>> = vec![
         Arc::new(
             ResourceEndpoint::new(pools.clone(), store.clone())
-                .with_subresource("scale", Arc::new(ScaleEndpoint(pools.clone()))),
+                .with_subresource("scale", Arc::new(Arc::new(ScaleEndpoint(pools.clone())))),
         ),
         Arc::new(
             ResourceEndpoint::new(claims.clone(), store.clone())
@@ -299,7 +299,13 @@ pub fn build(
     let nonresource = Arc::new(NonResource {
         discovery: Discovery::new(GROUP, VERSION, RESOURCES),
         openapi: served_openapi,
-        battery: battery.clone(),
+        battery_serving: {
+            let battery = battery.clone();
+            Box::new(move || {
+                let battery = battery.clone();
+                Box::pin(async move { battery.is_serving().await })
+            })
+        },
         metrics: metrics.clone(),
         started: started.clone(),
     });

@@ -79,7 +79,7 @@ fn issue_9_the_error_that_ends_the_process_is_a_json_line_too() {
         .env_remove("KUBERNETES_SERVICE_HOST")
         .output()
         .unwrap();
-    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(output.status.code(), Some(64));
     let log = String::from_utf8(output.stderr).unwrap();
     let lines = json_lines(&log);
     let last = lines.last().expect("a log line");

@@ -11,7 +11,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use battery_apiserver::dev::pki::{DEV_USER, DevPki, write_dev_pki};
-use battery_apiserver::serve::{TlsFiles, acceptor, serve};
+use battery_apiserver::http::serve::{TlsFiles, acceptor, serve};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -245,7 +245,7 @@ impl Ca {
 /// swapped, as a rotation of the front proxy's CA does, without a restart.
 #[tokio::test]
 async fn only_the_front_proxy_may_say_who_a_request_is_from() {
-    use battery_apiserver::api::UserInfo;
+    use battery_apiserver::http::authn::UserInfo;
     use battery_apiserver::http::authn::{
         Authentication, RequestHeaderConfig, RequestHeaderNames, Trust, TrustConfig, authenticate,
     };

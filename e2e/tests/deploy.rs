@@ -550,14 +550,14 @@ fn the_self_signed_overlay_takes_what_certs_writes() {
     if overlay.join("certs").exists() {
         std::fs::remove_dir_all(overlay.join("certs")).unwrap();
     }
-    let cli = battery_apiserver::config::Cli::try_parse_from([
+    let cli = battery_apiserver::cli::Cli::try_parse_from([
         "battery-apiserver",
         "certs",
         "--out",
         overlay.join("certs").to_str().unwrap(),
     ])
     .unwrap();
-    let battery_apiserver::config::Command::Certs(args) = cli.command else {
+    let battery_apiserver::cli::Command::Certs(args) = cli.command else {
         panic!("parsed another command");
     };
     certs::write(&args).unwrap();

@@ -20,6 +20,7 @@ use battery_api_machinery::request_info::RequestInfo;
 use battery_api_machinery::status::ApiError;
 use battery_types::{HasResourceInfo, ResourceInfo, Scope, Verb};
 use futures::future::BoxFuture;
+use http::HeaderMap;
 use http::request::Parts;
 
 use super::apply;
@@ -30,7 +31,8 @@ use super::limits::{self, Limiter, Limits};
 use super::storage::Storage;
 use super::subresource::SubresourceEndpoint;
 use super::watch_stream;
-use super::{NamespaceLifecycle, RequestContext, UserInfo};
+use super::{NamespaceLifecycle, RequestContext};
+use crate::http::authn::UserInfo;
 use crate::meta_store::MetaStore;
 
 /// Go's limit on request bodies (`apiserver:pkg/server/config.go` `MaxRequestBodyBytes`).
@@ -87,128 +89,169 @@ impl<S: Storage> Endpoint for ResourceEndpoint<S> {
         if let Some(subresource) = self.subresources.get(call.info.subresource.as_str()) {
             return subresource.handle(call);
         }
-        let shared = self.storage.clone();
-        let store = self.store.clone();
-        Box::pin(async move {
-            let Call {
-                ctx,
-                info,
-                verb,
-                parts,
-                body,
-                watch_slot,
-            } = call;
-            let storage = shared.as_ref();
-            let headers = &parts.headers;
-            let q = query(&parts);
+        Box::pin(serve(self.storage.clone(), self.store.clone(), call))
+    }
+}
+
+/// Serves a call on the main resource, or a read of its status: one short function per
+/// verb reads the verb's options and calls its handler.
+async fn serve<S: Storage>(
+    storage: Arc<S>,
+    store: Arc<MetaStore>,
+    call: Call,
+) -> Result<Response, ApiError> {
+    let Call {
+        ctx,
+        info,
+        verb,
+        parts,
+        body,
+        watch_slot,
+    } = call;
+    let on = On {
+        storage: storage.as_ref(),
+        ctx: &ctx,
+        name: &info.name,
+        headers: &parts.headers,
+        query: query(&parts),
+        body: &body,
+    };
+    match (verb, info.subresource.as_str()) {
+        (Verb::Get, "") => get(on).await,
+        (Verb::List, "") => list(on).await,
+        (Verb::Watch, "") => {
+            let (name, q) = (&info.name, query(&parts));
+            watch(storage, store, watch_slot, ctx, name, &parts.headers, q).await
+        }
+        (Verb::Create, "") => create(on).await,
+        (Verb::Update, "") => update(on).await,
+        (Verb::Patch, "") => patch(on).await,
+        (Verb::Delete, "") => delete(on).await,
+        (Verb::DeleteCollection, "") => delete_collection(on).await,
+        // The status subresource reads the whole object, as Go's status storage.
+        (Verb::Get, "status") => {
+            let negotiated = on.negotiated()?;
+            handlers::get(
+                on.storage,
+                on.ctx,
+                on.name,
+                &negotiated,
+                TableOptions::default(),
+            )
+            .await
+        }
+        (verb, other) => {
             let resource = &<S::Object as HasResourceInfo>::INFO;
-            match (verb, info.subresource.as_str()) {
-                (_, "") => {}
-                // The status subresource reads the whole object, as Go's status storage.
-                (Verb::Get, "status") => {
-                    let negotiated = Negotiated::for_resource(headers, Some(q))?;
-                    return handlers::get(
-                        storage,
-                        &ctx,
-                        &info.name,
-                        &negotiated,
-                        TableOptions::default(),
-                    )
-                    .await;
-                }
-                (verb, other) => {
-                    return Err(ApiError::method_not_allowed(
-                        resource,
-                        &format!("{} on {}/{other}", verb.as_str(), resource.plural),
-                    ));
-                }
-            }
-            match verb {
-                Verb::Get => {
-                    let negotiated = Negotiated::for_resource(headers, Some(q))?;
-                    let table = TableOptions::from_request(q, headers)?;
-                    handlers::get(storage, &ctx, &info.name, &negotiated, table).await
-                }
-                Verb::List => {
-                    let negotiated = Negotiated::for_resource(headers, Some(q))?;
-                    let table = TableOptions::from_request(q, headers)?;
-                    let options = ListOptions::from_request(q, headers)?;
-                    options.forbid_send_initial_events()?;
-                    handlers::list(storage, &ctx, &options, &negotiated, table).await
-                }
-                Verb::Watch => {
-                    let negotiated = Negotiated::for_watch(headers)?;
-                    let table = TableOptions::from_request(q, headers)?;
-                    let mut options = ListOptions::from_request(q, headers)?;
-                    if !info.name.is_empty() {
-                        // `/watch/namespaces/ns/pools/x` watches one object.
-                        options.field_selector =
-                            battery_api_machinery::selectors::FieldSelector::parse(&format!(
-                                "metadata.name={}",
-                                info.name
-                            ))?;
-                    }
-                    watch_stream::watch(
-                        shared.clone(),
-                        store,
-                        watch_slot,
-                        ctx,
-                        options,
-                        negotiated,
-                        table.include_object,
-                    )
-                    .await
-                }
-                Verb::Create => {
-                    let negotiated = Negotiated::for_resource(headers, Some(q))?;
-                    let options = CreateOptions::from_request(q, headers)?;
-                    let write = Write {
-                        body: &body,
-                        format: body_format(headers)?,
-                    };
-                    handlers::create(storage, &ctx, write, &options, &negotiated).await
-                }
-                Verb::Update => {
-                    let negotiated = Negotiated::for_resource(headers, Some(q))?;
-                    let options = UpdateOptions::from_request(q, headers)?;
-                    let write = Write {
-                        body: &body,
-                        format: body_format(headers)?,
-                    };
-                    handlers::update(storage, &ctx, &info.name, write, &options, &negotiated).await
-                }
-                Verb::Patch => {
-                    let negotiated = Negotiated::for_resource(headers, Some(q))?;
-                    let options = PatchOptions::from_request(q, headers)?;
-                    if options.patch_type == PatchType::Apply {
-                        let manager = options.field_manager.as_deref().unwrap_or("unknown");
-                        return apply::apply(
-                            storage,
-                            &ctx,
-                            &info.name,
-                            &body,
-                            &options,
-                            &negotiated,
-                            manager,
-                        )
-                        .await;
-                    }
-                    handlers::patch(storage, &ctx, &info.name, &body, &options, &negotiated).await
-                }
-                Verb::Delete => {
-                    let negotiated = Negotiated::for_resource(headers, Some(q))?;
-                    let options = DeleteOptions::from_request(q, headers, &body)?;
-                    handlers::delete(storage, &ctx, &info.name, &options, &negotiated).await
-                }
-                Verb::DeleteCollection => {
-                    let negotiated = Negotiated::for_resource(headers, Some(q))?;
-                    let list = ListOptions::from_request(q, headers)?;
-                    let options = DeleteOptions::from_request(q, headers, &body)?;
-                    handlers::delete_collection(storage, &ctx, &list, &options, &negotiated).await
-                }
-            }
+            Err(ApiError::method_not_allowed(
+                resource,
+                &format!("{} on {}/{other}", verb.as_str(), resource.plural),
+            ))
+        }
+    }
+}
+
+/// What a verb reads of its call.
+struct On<'a, S> {
+    storage: &'a S,
+    ctx: &'a RequestContext,
+    name: &'a str,
+    headers: &'a HeaderMap,
+    query: &'a str,
+    body: &'a [u8],
+}
+
+impl<S> On<'_, S> {
+    fn negotiated(&self) -> Result<Negotiated, ApiError> {
+        Negotiated::for_resource(self.headers, Some(self.query))
+    }
+
+    fn write(&self) -> Result<Write<'_>, ApiError> {
+        Ok(Write {
+            body: self.body,
+            format: body_format(self.headers)?,
         })
     }
+}
+
+async fn get<S: Storage>(on: On<'_, S>) -> Result<Response, ApiError> {
+    let negotiated = on.negotiated()?;
+    let table = TableOptions::from_request(on.query, on.headers)?;
+    handlers::get(on.storage, on.ctx, on.name, &negotiated, table).await
+}
+
+async fn list<S: Storage>(on: On<'_, S>) -> Result<Response, ApiError> {
+    let negotiated = on.negotiated()?;
+    let table = TableOptions::from_request(on.query, on.headers)?;
+    let options = ListOptions::from_request(on.query, on.headers)?;
+    options.forbid_send_initial_events()?;
+    handlers::list(on.storage, on.ctx, &options, &negotiated, table).await
+}
+
+async fn watch<S: Storage>(
+    storage: Arc<S>,
+    store: Arc<MetaStore>,
+    watch_slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    ctx: RequestContext,
+    name: &str,
+    headers: &HeaderMap,
+    query: &str,
+) -> Result<Response, ApiError> {
+    let negotiated = Negotiated::for_watch(headers)?;
+    let table = TableOptions::from_request(query, headers)?;
+    let mut options = ListOptions::from_request(query, headers)?;
+    if !name.is_empty() {
+        // `/watch/namespaces/ns/pools/x` watches one object.
+        options.field_selector = battery_api_machinery::selectors::FieldSelector::parse(&format!(
+            "metadata.name={name}"
+        ))?;
+    }
+    watch_stream::watch(
+        storage,
+        store,
+        watch_slot,
+        ctx,
+        options,
+        negotiated,
+        table.include_object,
+    )
+    .await
+}
+
+async fn create<S: Storage>(on: On<'_, S>) -> Result<Response, ApiError> {
+    let negotiated = on.negotiated()?;
+    let options = CreateOptions::from_request(on.query, on.headers)?;
+    handlers::create(on.storage, on.ctx, on.write()?, &options, &negotiated).await
+}
+
+async fn update<S: Storage>(on: On<'_, S>) -> Result<Response, ApiError> {
+    let negotiated = on.negotiated()?;
+    let options = UpdateOptions::from_request(on.query, on.headers)?;
+    let write = on.write()?;
+    handlers::update(on.storage, on.ctx, on.name, write, &options, &negotiated).await
+}
+
+async fn patch<S: Storage>(on: On<'_, S>) -> Result<Response, ApiError> {
+    let negotiated = on.negotiated()?;
+    let options = PatchOptions::from_request(on.query, on.headers)?;
+    if options.patch_type == PatchType::Apply {
+        let manager = options.field_manager.as_deref().unwrap_or("unknown");
+        let (storage, ctx, name, body) = (on.storage, on.ctx, on.name, on.body);
+        return apply::apply(storage, ctx, name, body, &options, &negotiated, manager).await;
+    }
+    handlers::patch(on.storage, on.ctx, on.name, on.body, &options, &negotiated).await
+}
+
+async fn delete<S: Storage>(on: On<'_, S>) -> Result<Response, ApiError> {
+    let negotiated = on.negotiated()?;
+    let options = DeleteOptions::from_request(on.query, on.headers, on.body)?;
+    handlers::delete(on.storage, on.ctx, on.name, &options, &negotiated).await
+}
+
+async fn delete_collection<S: Storage>(on: On<'_, S>) -> Result<Response, ApiError> {
+    let negotiated = on.negotiated()?;
+    let list = ListOptions::from_request(on.query, on.headers)?;
+    let options = DeleteOptions::from_request(on.query, on.headers, on.body)?;
+    handlers::delete_collection(on.storage, on.ctx, &list, &options, &negotiated).await
 }
 
 /// The request's user, as the authentication layer left it; anonymous otherwise.

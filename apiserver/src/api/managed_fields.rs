@@ -12,7 +12,8 @@ use battery_api_machinery::status::ApiError;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 use serde_json::{Map, Value};
 
-use super::storage::{ApiObject, server_now};
+use super::storage::ApiObject;
+use crate::clock::server_now;
 
 /// A field's path from the object's root.
 pub(super) type Path = Vec<String>;

@@ -18,32 +18,30 @@ mod storage;
 mod subresource;
 mod watch_stream;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use battery_api_machinery::status::ApiError;
 use futures::future::BoxFuture;
 
+use crate::http::authn::UserInfo;
+
 pub use connect::Connect;
 pub use dispatch::{Endpoint, ResourceEndpoint, resource_router};
 pub use limits::{CreateRate, Limiter, Limits};
 pub use scale::{Scalable, ScaleEndpoint};
-pub use storage::{ApiObject, Deleted, ListPage, Storage, StoredItem, list_key, server_now};
+pub use storage::{ApiObject, Deleted, ListPage, Storage, StoredItem, list_key};
 pub use subresource::{Subresource, SubresourceEndpoint};
-
-/// Who is asking, as authentication established it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct UserInfo {
-    pub name: String,
-    pub uid: String,
-    pub groups: Vec<String>,
-    pub extra: BTreeMap<String, Vec<String>>,
-}
 
 /// Admission the cluster decides: kube-apiserver runs none on requests it proxies to an
 /// aggregated server, so a create asks whether its namespace may hold new objects.
 pub trait NamespaceLifecycle: Send + Sync {
     fn admit_create<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<(), ApiError>>;
+}
+
+impl NamespaceLifecycle for crate::cluster::Cluster {
+    fn admit_create<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<(), ApiError>> {
+        Box::pin(crate::cluster::Cluster::admit_create(self, namespace))
+    }
 }
 
 /// What every storage call gets besides its arguments.

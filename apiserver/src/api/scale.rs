@@ -8,29 +8,26 @@
 use std::sync::Arc;
 
 use axum::response::Response;
-use battery_api_machinery::negotiate::{Negotiated, PatchType, Target, body_format};
+use battery_api_machinery::negotiate::{Negotiated, PatchType, Target};
 use battery_api_machinery::params::{
-    FieldValidation, IncludeObject, PatchOptions, QueryOptions, TableOptions, UpdateOptions,
+    FieldValidation, IncludeObject, PatchOptions, QueryOptions, TableOptions,
 };
 use battery_api_machinery::status::ApiError;
 use battery_api_machinery::table::{
     PartialObjectMetadata, RowObject, Table, TableColumnDefinition, TableRow,
 };
-use battery_types::Verb;
 use battery_types::validation::FieldError;
-use futures::future::BoxFuture;
-use http::StatusCode;
+use http::{HeaderMap, StatusCode};
 use k8s_openapi::api::autoscaling::v1::{Scale, ScaleSpec, ScaleStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use serde_json::Value;
 
 use super::RequestContext;
-use super::call::Call;
-use super::handlers::{Manager, apply_patch, info, patch_precondition, replace};
+use super::handlers::{Manager, info, patch_precondition, replace};
 use super::respond::{self, Warnings};
 use super::storage::Storage;
-use super::subresource::{SubresourceEndpoint, decode};
+use super::subresource::{Subresource, decode, patched};
 
 /// The patch types a scale takes: a Scale has no list to merge by key, so a strategic
 /// merge patch (`kubectl patch`'s default) is a merge patch with directives. Server-side
@@ -56,56 +53,90 @@ pub trait Scalable: Storage {
     fn selector(&self, object: &Self::Object) -> String;
 }
 
-/// The `scale` subresource of storage `S`.
+/// The `scale` subresource of storage `S`: a [`Subresource`] whose reads answer a Table
+/// too, whose writes check the Scale's kind and identity, and whose patch is retried.
 pub struct ScaleEndpoint<S>(pub Arc<S>);
 
-impl<S: Scalable> SubresourceEndpoint for ScaleEndpoint<S> {
-    fn handle(&self, call: Call) -> BoxFuture<'static, Result<Response, ApiError>> {
-        let storage = self.0.clone();
-        Box::pin(async move { serve(storage.as_ref(), call).await })
-    }
-}
+impl<S: Scalable> Subresource for ScaleEndpoint<S> {
+    type Object = Scale;
 
-async fn serve<S: Scalable>(storage: &S, call: Call) -> Result<Response, ApiError> {
-    let Call {
-        ctx,
-        info: request,
-        verb,
-        parts,
-        body,
-        ..
-    } = call;
-    let query = parts.uri.query().unwrap_or_default();
-    let headers = &parts.headers;
-    let negotiated = Negotiated::for_resource(headers, Some(query))?;
-    let name = request.name.as_str();
-    let (scale, warnings) = match verb {
-        Verb::Get => {
-            let table = TableOptions::from_request(query, headers)?;
-            let scale = scale_of(storage, &storage.get(&ctx, name).await?);
-            return respond_scale(&negotiated, table.include_object, &scale);
+    /// A Scale is written with PUT and PATCH only, as a Deployment's.
+    const POST_WRITES: bool = false;
+
+    async fn get(&self, ctx: &RequestContext, name: &str) -> Result<Scale, ApiError> {
+        Ok(scale_of(self.0.as_ref(), &self.0.get(ctx, name).await?))
+    }
+
+    async fn update(
+        &self,
+        ctx: &RequestContext,
+        name: &str,
+        scale: Scale,
+        dry_run: bool,
+        field_manager: &str,
+    ) -> Result<Scale, ApiError> {
+        write(self.0.as_ref(), ctx, name, &scale, dry_run, field_manager).await
+    }
+
+    fn decode(
+        &self,
+        ctx: &RequestContext,
+        name: &str,
+        value: Value,
+        validation: FieldValidation,
+    ) -> Result<(Scale, Warnings), ApiError> {
+        let (scale, warnings) = decode_scale(value, validation)?;
+        check_identity(ctx, name, &scale)?;
+        Ok((scale, warnings))
+    }
+
+    fn respond_read(
+        &self,
+        scale: &Scale,
+        negotiated: &Negotiated,
+        query: &str,
+        headers: &HeaderMap,
+    ) -> Result<Response, ApiError> {
+        let table = TableOptions::from_request(query, headers)?;
+        respond_scale(negotiated, table.include_object, scale)
+    }
+
+    /// Get, patch the Scale, write; retried from a fresh read when another write came in
+    /// between and the patch pinned no resourceVersion.
+    async fn patch(
+        &self,
+        ctx: &RequestContext,
+        name: &str,
+        body: &[u8],
+        query: &str,
+        headers: &HeaderMap,
+    ) -> Result<(Scale, Warnings), ApiError> {
+        let options = PatchOptions::from_request_among(query, headers, PATCH_TYPES)?;
+        let patch: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+        let manager = options.field_manager.as_deref().unwrap_or("unknown");
+        let pinned = patch_precondition(options.patch_type, &patch).is_some();
+        let mut attempt = 1;
+        loop {
+            let (mut scale, warnings) = patched(self, ctx, name, &options, &patch).await?;
+            if !pinned {
+                // The version read above is not the client's precondition: the write
+                // applies to whatever is current, as an unpinned patch does.
+                scale.metadata.resource_version = None;
+            }
+            match self
+                .update(ctx, name, scale, options.dry_run, manager)
+                .await
+            {
+                Err(e)
+                    if e.code() == StatusCode::CONFLICT && !pinned && attempt < PATCH_ATTEMPTS =>
+                {
+                    attempt += 1;
+                }
+                written => return Ok((written?, warnings)),
+            }
         }
-        Verb::Update => {
-            let options = UpdateOptions::from_request(query, headers)?;
-            let value: Value = body_format(headers)?.decode(&body)?;
-            let (scale, warnings) = decode_scale(value, options.field_validation)?;
-            check_identity(&ctx, name, &scale)?;
-            let manager = options.field_manager.as_deref().unwrap_or("unknown");
-            let written = write(storage, &ctx, name, &scale, options.dry_run, manager).await?;
-            (written, warnings)
-        }
-        Verb::Patch => {
-            let options = PatchOptions::from_request_among(query, headers, PATCH_TYPES)?;
-            patch(storage, &ctx, name, &body, &options).await?
-        }
-        other => {
-            return Err(ApiError::subresource_method_not_allowed(
-                &request,
-                other.as_str(),
-            ));
-        }
-    };
-    respond::encoded(StatusCode::OK, &negotiated, &scale, &warnings)
+    }
 }
 
 /// The Scale of `object`, with the metadata Go's `scaleFromCustomResource` copies.
@@ -215,40 +246,6 @@ fn check_identity(ctx: &RequestContext, name: &str, scale: &Scale) -> Result<(),
             "the namespace of the provided object does not match the namespace sent on the request",
         )),
         _ => Ok(()),
-    }
-}
-
-/// Get, patch the Scale, write; retried from a fresh read when another write came in
-/// between and the patch pinned no resourceVersion.
-async fn patch<S: Scalable>(
-    storage: &S,
-    ctx: &RequestContext,
-    name: &str,
-    body: &[u8],
-    options: &PatchOptions,
-) -> Result<(Scale, Warnings), ApiError> {
-    let patch: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
-    let manager = options.field_manager.as_deref().unwrap_or("unknown");
-    let pinned = patch_precondition(options.patch_type, &patch).is_some();
-    let mut attempt = 1;
-    loop {
-        let current = scale_of(storage, &storage.get(ctx, name).await?);
-        let mut document = serde_json::to_value(&current).map_err(ApiError::internal)?;
-        apply_patch(options.patch_type, &mut document, &patch)?;
-        let (mut patched, warnings) = decode_scale(document, options.field_validation)?;
-        check_identity(ctx, name, &patched)?;
-        if !pinned {
-            // The version read above is not the client's precondition: the write applies
-            // to whatever is current, as an unpinned patch does.
-            patched.metadata.resource_version = None;
-        }
-        match write(storage, ctx, name, &patched, options.dry_run, manager).await {
-            Err(e) if e.code() == StatusCode::CONFLICT && !pinned && attempt < PATCH_ATTEMPTS => {
-                attempt += 1;
-            }
-            written => return Ok((written?, warnings)),
-        }
     }
 }
 

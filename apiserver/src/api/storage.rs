@@ -8,7 +8,6 @@ use battery_api_machinery::table::TableColumnDefinition;
 use battery_types::HasResourceInfo;
 use battery_types::validation::FieldError;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::value::{RawValue, to_raw_value};
@@ -48,12 +47,6 @@ pub enum Deleted<T> {
     /// The object stays, marked for deletion, until something outside this request
     /// finishes (a Pool whose MicroVMs are still leased).
     Pending(T),
-}
-
-/// "Now" as Kubernetes records it in metadata: seconds precision.
-pub fn server_now() -> Time {
-    let now = Timestamp::now();
-    Time(Timestamp::from_second(now.as_second()).unwrap_or(now))
 }
 
 /// A page of a list.

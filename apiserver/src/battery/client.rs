@@ -15,7 +15,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::convert;
 use super::errors::{BatteryError, Rpc};
-use crate::http::metrics::{BatteryOutcome, Metrics};
+use crate::metrics::{BatteryOutcome, Metrics};
 use battery_types::{HostSpec, HostStatus, NetworkInterfaceStatus, PoolSpec, PoolStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};

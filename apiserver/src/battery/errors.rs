@@ -14,7 +14,7 @@ use battery_types::ResourceInfo;
 use battery_types::validation::FieldError;
 use tonic::Code;
 
-use crate::http::metrics::BatteryOutcome;
+use crate::metrics::BatteryOutcome;
 
 /// How long a client should wait before retrying when battery is unavailable or has no
 /// MicroVM to hand out.

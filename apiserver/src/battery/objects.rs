@@ -19,7 +19,7 @@ use battery_types::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, ObjectMeta};
 
 use super::{BatteryHost, BatteryPool, Lease, LeaseId};
-use crate::api::server_now;
+use crate::clock::server_now;
 
 /// What the API server keeps of a Pool beside battery's view of it.
 pub struct PoolMeta<'a> {

@@ -11,7 +11,7 @@ use rustls::server::WebPkiClientVerifier;
 use serde::Deserialize as _;
 
 use super::*;
-use crate::config::{Cli, Command};
+use crate::cli::{Cli, Command};
 
 fn args(out: &Path, extra: &[&str]) -> CertsArgs {
     let mut argv = vec![

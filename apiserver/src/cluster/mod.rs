@@ -115,8 +115,8 @@ impl Cluster {
             client,
             namespaces: None,
             watched_quotas: None,
-            phases: crate::http::bounded_cache(NAMESPACE_TTL, NAMESPACE_CACHE_ENTRIES),
-            quotas: crate::http::bounded_cache(QUOTA_TTL, QUOTA_CACHE_ENTRIES),
+            phases: crate::cache::bounded(NAMESPACE_TTL, NAMESPACE_CACHE_ENTRIES),
+            quotas: crate::cache::bounded(QUOTA_TTL, QUOTA_CACHE_ENTRIES),
         }
     }
 
@@ -298,15 +298,6 @@ fn read_failed(kind: &str, namespace: &str, name: &str, err: &kube::Error) -> Ap
     ))
 }
 
-impl crate::api::NamespaceLifecycle for Cluster {
-    fn admit_create<'a>(
-        &'a self,
-        namespace: &'a str,
-    ) -> futures::future::BoxFuture<'a, Result<(), ApiError>> {
-        Box::pin(Cluster::admit_create(self, namespace))
-    }
-}
-
 impl Cluster {
     /// The namespace's ResourceQuotas: as watched, or else read when not read lately. A
     /// read that fails refuses the create, as the quota plugin fails closed.
@@ -358,24 +349,6 @@ impl Cluster {
             })?;
         self.quotas.invalidate(namespace);
         Ok(())
-    }
-}
-
-impl crate::resources::microvmclaims::QuotaSource for Cluster {
-    fn quotas<'a>(
-        &'a self,
-        namespace: &'a str,
-    ) -> futures::future::BoxFuture<'a, Result<Arc<Vec<ResourceQuota>>, ApiError>> {
-        Box::pin(self.resource_quotas(namespace))
-    }
-
-    fn patch_quota_status<'a>(
-        &'a self,
-        namespace: &'a str,
-        name: &'a str,
-        patch: serde_json::Value,
-    ) -> futures::future::BoxFuture<'a, Result<(), ApiError>> {
-        Box::pin(self.patch_resource_quota_status(namespace, name, patch))
     }
 }
 

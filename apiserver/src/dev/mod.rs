@@ -18,15 +18,15 @@ use http::{Request, StatusCode};
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
-use crate::agent_relay::AgentRelayTls;
-use crate::api::UserInfo;
 use crate::battery::BatteryClient;
-use crate::config::DevArgs;
+use crate::cli::DevArgs;
+use crate::http::authn::UserInfo;
 use crate::http::authn::{Authentication, Trust, TrustConfig};
 use crate::http::authz::LocalPolicy;
+use crate::http::serve::{self, TlsFiles};
+use crate::relay::AgentRelayTls;
 use crate::resources::hosts::certificate::AgentSigner;
 use crate::resources::hosts::ssh_certificate::SshUserCa;
-use crate::serve::{self, TlsFiles};
 use crate::serve_command::{open_store, shutdown_signal};
 use crate::server::{self, Settings};
 
@@ -38,6 +38,13 @@ const DEV_AGENT_CERTIFICATE_LIFETIME: std::time::Duration = std::time::Duration:
 pub const DEV_POOL: &str = "dev";
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    // First: a port taken stops `dev` before it starts battery or makes its Pool.
+    let listener = TcpListener::bind(args.listen).await.with_context(|| {
+        format!(
+            "binding {} (is another dev server running? try --listen 127.0.0.1:0)",
+            args.listen
+        )
+    })?;
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("creating {}", args.dir.display()))?;
     let dir = args
@@ -112,12 +119,6 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let (acceptor, _reloader) = serve::acceptor(&TlsFiles {
         cert: pki.serving_cert.clone(),
         key: pki.serving_key.clone(),
-    })?;
-    let listener = TcpListener::bind(args.listen).await.with_context(|| {
-        format!(
-            "binding {} (is another dev server running? try --listen 127.0.0.1:0)",
-            args.listen
-        )
     })?;
     let addr = listener.local_addr()?;
     let kubeconfig = dir.join("kubeconfig");

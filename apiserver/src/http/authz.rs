@@ -21,7 +21,7 @@ use k8s_openapi::api::authorization::v1::{
 use kube::api::Api;
 use moka::sync::Cache;
 
-use crate::api::UserInfo;
+use crate::http::authn::UserInfo;
 
 /// How long a decision is kept, allowed or denied alike: Go's webhook authorizer caches
 /// each kind for its own `--authorization-webhook-cache-*-ttl`; ours are equal.
@@ -166,7 +166,7 @@ impl SubjectAccessReviewer {
     fn with_timings(client: kube::Client, ttl: Duration, refresh_after: Duration) -> Self {
         Self {
             client,
-            cache: super::bounded_cache(ttl, DECISION_CACHE_ENTRIES),
+            cache: crate::cache::bounded(ttl, DECISION_CACHE_ENTRIES),
             refresh_after,
         }
     }

@@ -1,6 +1,6 @@
-//! HTTP plumbing that knows nothing of pools: the non-resource endpoints (health,
-//! version, metrics, discovery, OpenAPI), request info, authentication, authorization and
-//! request logging as layers, and the fallback that keeps every error a `Status`.
+//! HTTP plumbing that knows nothing of pools: TLS serving ([`serve`]), the non-resource
+//! endpoints (health, version, metrics, discovery, OpenAPI), request info, authentication
+//! and authorization as layers, and the fallback that keeps every error a `Status`.
 
 /// How long the cluster gets to answer a TokenReview or SubjectAccessReview: Go's
 /// webhook default, well inside a request's deadline.
@@ -29,46 +29,11 @@ where
     .map_err(|error| ReviewError::Failed(kind, error))
 }
 
-/// A cache whose entries last `ttl` and that holds at most `capacity` of them, the least
-/// used going first: no cache of answers may grow with the number of callers.
-pub(crate) fn bounded_cache<K, V>(
-    ttl: std::time::Duration,
-    capacity: u64,
-) -> moka::sync::Cache<K, V>
-where
-    K: std::hash::Hash + Eq + Send + Sync + 'static,
-    V: Clone + Send + Sync + 'static,
-{
-    moka::sync::Cache::builder()
-        .max_capacity(capacity)
-        .time_to_live(ttl)
-        .build()
-}
-
 pub mod authn;
 pub mod authz;
-pub mod metrics;
 mod nonresource;
 pub mod recover;
 pub mod request_info;
+pub mod serve;
 
 pub use nonresource::{NonResource, ServedOpenApi, router as nonresource_router};
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    #[test]
-    fn a_bounded_cache_keeps_at_most_its_capacity_and_forgets_after_its_ttl() {
-        let cache = super::bounded_cache::<u32, u32>(Duration::from_millis(50), 100);
-        for n in 0..10_000 {
-            cache.insert(n, n);
-        }
-        cache.run_pending_tasks();
-        assert!(cache.entry_count() <= 100, "{}", cache.entry_count());
-        cache.insert(1, 1);
-        assert_eq!(cache.get(&1), Some(1));
-        std::thread::sleep(Duration::from_millis(60));
-        assert_eq!(cache.get(&1), None, "expired");
-    }
-}

@@ -17,11 +17,11 @@ use battery_api_machinery::discovery::Discovery;
 use battery_api_machinery::negotiate;
 use battery_api_machinery::openapi::OpenApi;
 use battery_api_machinery::status::ApiError;
+use futures::future::BoxFuture;
 use serde::Deserialize;
 use tokio::sync::watch;
 
-use super::metrics::Metrics;
-use crate::battery::BatteryClient;
+use crate::metrics::Metrics;
 
 /// How long `/openapi/v2` waits for the cluster's definitions before it answers with
 /// ours: the aggregator downloads it once a minute, and a first answer with ours would
@@ -41,7 +41,9 @@ pub struct ServedOpenApi {
 pub struct NonResource {
     pub discovery: Discovery,
     pub openapi: watch::Receiver<ServedOpenApi>,
-    pub battery: BatteryClient,
+    /// Whether battery answers: asked by `/readyz`, a function so that this module
+    /// knows no battery client.
+    pub battery_serving: Box<dyn Fn() -> BoxFuture<'static, bool> + Send + Sync>,
     pub metrics: Arc<Metrics>,
     /// Set once the start-up work is done: battery's Hosts and Pools adopted and the
     /// leases binds left without a claim released.
@@ -79,7 +81,7 @@ async fn ok() -> &'static str {
 /// failing check is a `[-]` line, as Go's.
 async fn readyz(State(state): State<Arc<NonResource>>) -> Response {
     let mut failed = String::new();
-    if !state.battery.is_serving().await {
+    if !(state.battery_serving)().await {
         failed.push_str("[-]battery failed: battery is not serving\n");
     }
     if !state.started.load(Ordering::Acquire) {
@@ -118,7 +120,7 @@ async fn version_info() -> Response {
 
 async fn metrics(State(state): State<Arc<NonResource>>) -> Response {
     (
-        [(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)],
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
         state.metrics.render(),
     )
         .into_response()

@@ -16,8 +16,8 @@ use super::microvmclaims::ClaimStorage;
 use super::pools::PoolStorage;
 use crate::battery::{BatteryClient, BatteryError, BatteryEvent, EventKind};
 use crate::cluster::Cluster;
-use crate::http::metrics::Metrics;
 use crate::meta_store::{MetaStore, StoreError, Txn};
+use crate::metrics::Metrics;
 
 /// Events applied per batch: during a replay, a pool named by many events is re-read
 /// once per batch instead of once per event.

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use battery_apiserver::api::UserInfo;
 use battery_apiserver::battery::BatteryClient;
 use battery_apiserver::dev::pki::DEV_USER;
+use battery_apiserver::http::authn::UserInfo;
 use battery_apiserver::meta_store::MetaStore;
 use battery_apiserver::server::{self, App, Settings};
 use battery_embedded::BatteryConfig;

@@ -218,16 +218,16 @@ pub fn secret_file(pod: &PodSpec, container: &Container, file: &Path) -> (String
     (secret.secret_name.clone().unwrap(), key)
 }
 
-pub fn serve_args() -> (PodSpec, Box<battery_apiserver::config::ServeArgs>) {
+pub fn serve_args() -> (PodSpec, Box<battery_apiserver::cli::ServeArgs>) {
     let set: StatefulSet = Install::checked_in().one("battery-apiserver");
     let pod = pod_spec(set.spec.map(|s| s.template));
-    let cli = battery_apiserver::config::Cli::try_parse_from(argv(
+    let cli = battery_apiserver::cli::Cli::try_parse_from(argv(
         "battery-apiserver",
         container(&pod, "apiserver"),
     ))
     .unwrap_or_else(|e| panic!("the StatefulSet's battery-apiserver args: {e}"));
     match cli.command {
-        battery_apiserver::config::Command::Serve(args) => (pod, args),
+        battery_apiserver::cli::Command::Serve(args) => (pod, args),
         other => panic!("the StatefulSet runs {other:?}, not serve"),
     }
 }

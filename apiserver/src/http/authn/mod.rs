@@ -45,7 +45,14 @@ use battery_api_machinery::status::ApiError;
 use http::HeaderMap;
 use rustls::pki_types::UnixTime;
 
-use crate::api::UserInfo;
+/// Who is asking, as authentication established it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct UserInfo {
+    pub name: String,
+    pub uid: String,
+    pub groups: Vec<String>,
+    pub extra: std::collections::BTreeMap<String, Vec<String>>,
+}
 
 /// The group of every authenticated user.
 pub const AUTHENTICATED: &str = "system:authenticated";

@@ -7,7 +7,7 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use moka::sync::Cache;
 use sha2::Digest as _;
 
-use crate::api::UserInfo;
+use super::UserInfo;
 use crate::http::ReviewError;
 
 /// Go caches TokenReview answers, both kinds, for this long (`CacheTTL`).
@@ -28,7 +28,7 @@ impl TokenReviewer {
     pub fn new(client: kube::Client) -> Self {
         Self {
             client,
-            cache: crate::http::bounded_cache(TOKEN_TTL, TOKEN_CACHE_ENTRIES),
+            cache: crate::cache::bounded(TOKEN_TTL, TOKEN_CACHE_ENTRIES),
         }
     }
 

@@ -262,6 +262,7 @@ impl Subresource for HostCertificates {
         name: &str,
         mut request: HostCertificateRequest,
         dry_run: bool,
+        _field_manager: &str,
     ) -> Result<Self::Object, ApiError> {
         if agent_host(&ctx.user.name, &ctx.user.groups) != Some(name) {
             return Err(ApiError::forbidden_object(

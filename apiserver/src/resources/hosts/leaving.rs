@@ -15,8 +15,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use serde::{Deserialize, Serialize};
 
 use super::{HostRecord, HostStorage, Observed, info, key};
-use crate::api::{Deleted, server_now};
+use crate::api::Deleted;
 use crate::battery::{BatteryClient, BatteryHost, Failure, LeaseId};
+use crate::clock::server_now;
 use crate::meta_store::MetaStore;
 use crate::watch::ChangeType;
 

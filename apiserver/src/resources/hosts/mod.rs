@@ -11,9 +11,15 @@
 //! lists, watches and Pools' placement, and how readiness moves the cordon.
 
 pub mod certificate;
+mod directory;
 mod leaving;
 mod readiness;
 pub mod ssh_certificate;
+mod status;
+mod sync;
+
+pub use directory::HostDirectory;
+pub use status::HostStatusWriter;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,12 +32,11 @@ use battery_types::{agent_identity, conditions};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio::sync::Notify;
 
 use super::{KeyLocks, check_resource_version, commit};
 use crate::api::{Deleted, RequestContext, Storage};
 use crate::battery::objects::{self, HostMeta};
-use crate::battery::{BatteryClient, BatteryHost, Failure};
+use crate::battery::{BatteryClient, BatteryHost};
 use crate::meta_store::{Key, MetaStore};
 use crate::watch::ChangeType;
 
@@ -122,72 +127,6 @@ fn adopted_metadata(name: &str) -> ObjectMeta {
         resource_version: Some("0".to_owned()),
         generation: Some(1),
         ..ObjectMeta::default()
-    }
-}
-
-/// The Hosts battery knows, with the labels we keep for them: what Pools'
-/// `placement.nodeSelector` is resolved against.
-pub struct HostDirectory {
-    battery: BatteryClient,
-    store: Arc<MetaStore>,
-    /// Woken whenever a Host is added, changed or removed, so Pools are re-resolved.
-    changed: Notify,
-}
-
-impl HostDirectory {
-    pub fn new(battery: BatteryClient, store: Arc<MetaStore>) -> Self {
-        Self {
-            battery,
-            store,
-            changed: Notify::new(),
-        }
-    }
-
-    /// Names of the Hosts whose labels include all of `selector`, in battery's order. A
-    /// Host being deleted matches no selector, not even the empty one.
-    pub async fn matching(
-        &self,
-        selector: &BTreeMap<String, String>,
-    ) -> Result<Vec<String>, ApiError> {
-        let hosts = self
-            .battery
-            .hosts()
-            .await
-            .map_err(|e| e.into_api_error(info(), ""))?;
-        let mut names = Vec::new();
-        for host in hosts {
-            let record = self.store.get::<HostRecord>(&key(&host.name))?;
-            if record.as_ref().is_some_and(|r| r.leaving.is_some()) {
-                continue;
-            }
-            let labels = record.and_then(|r| r.metadata.labels).unwrap_or_default();
-            if selector.iter().all(|(k, v)| labels.get(k) == Some(v)) {
-                names.push(host.name);
-            }
-        }
-        Ok(names)
-    }
-
-    /// The exec agent's address of the Host `name`, if its agent registered one.
-    pub fn agent_address(&self, name: &str) -> Result<Option<String>, ApiError> {
-        Ok(self
-            .store
-            .get::<HostRecord>(&key(name))?
-            .and_then(|r| r.agent_address))
-    }
-
-    /// What its claims' `HostReady` says of the Host `name`.
-    pub fn readiness(&self, name: &str) -> Result<objects::HostReadiness, ApiError> {
-        let record = self.store.get::<HostRecord>(&key(name))?;
-        Ok(readiness::of_record(
-            record.as_ref(),
-            k8s_openapi::jiff::Timestamp::now(),
-        ))
-    }
-
-    /// Resolves when a Host changed since the last call returned.
-    pub async fn changed(&self) {
-        self.changed.notified().await;
     }
 }
 
@@ -329,90 +268,6 @@ impl HostStorage {
             }
         };
         commit(self.store(), &key, object, change, record, |_| Ok(())).await
-    }
-
-    /// Brings the records in line with the Hosts battery has, for Hosts another client
-    /// added, changed or removed: a new one is adopted (its metadata made once), a
-    /// changed one and a removed one are recorded with a new resourceVersion, and a Host
-    /// being deleted moves on (`leaving.rs`). Pools are re-resolved when a Host came or
-    /// went.
-    pub async fn sync(&self) -> Result<(), ApiError> {
-        let hosts = self
-            .battery()
-            .hosts()
-            .await
-            .map_err(|e| e.into_api_error(info(), ""))?;
-        let (records, _) = self.store().list::<HostRecord>(RESOURCE, None)?;
-        let mut gone: BTreeMap<String, HostRecord> = records
-            .into_iter()
-            .map(|r| (r.metadata.name.clone().unwrap_or_default(), r))
-            .collect();
-        let mut placement_changed = false;
-        for host in hosts {
-            let listed = gone.remove(&host.name);
-            if listed.as_ref().is_some_and(|r| {
-                r.leaving.is_none() && r.observed.as_ref() == Some(&Observed::of(&host))
-            }) {
-                continue;
-            }
-            placement_changed |= self.sync_one(&host.name).await?;
-        }
-        for name in gone.into_keys() {
-            placement_changed |= self.sync_one(&name).await?;
-        }
-        placement_changed |= self.follow_readiness().await?;
-        if placement_changed {
-            self.directory.changed.notify_one();
-        }
-        Ok(())
-    }
-
-    /// Records what battery now says of the Host `name`, under its lock (a create or
-    /// delete may have raced the list `sync` read). Answers whether the Host came or went.
-    async fn sync_one(&self, name: &str) -> Result<bool, ApiError> {
-        let key = key(name);
-        let _guard = self.locks.lock(&key).await;
-        let record = self.store().get::<HostRecord>(&key)?;
-        let host = match self.battery().host(name).await {
-            Ok(host) => Some(host),
-            Err(err) if err.failure() == Failure::NotFound => None,
-            Err(err) => return Err(err.into_api_error(info(), name)),
-        };
-        match (record, host) {
-            (None, None) => Ok(false),
-            (None, Some(host)) => {
-                let mut object = self.assemble(None, host)?;
-                object.metadata.creation_timestamp = Some(crate::api::server_now());
-                self.commit(&mut object, ChangeType::Added, None).await?;
-                Ok(true)
-            }
-            (Some(record), None) => {
-                let mut object = Host::new(name, HostSpec::default());
-                if let Some(observed) = record.observed {
-                    object.spec = observed.spec;
-                    object.status = Some(observed.status);
-                }
-                object.spec.agent_address = record.agent_address;
-                object.metadata = record.metadata;
-                self.commit(&mut object, ChangeType::Deleted, None).await?;
-                Ok(true)
-            }
-            (Some(record), Some(host)) if record.leaving.is_some() => {
-                self.advance_deletion(record, host).await
-            }
-            (Some(record), Some(host)) => {
-                if record.observed.as_ref() == Some(&Observed::of(&host)) {
-                    return Ok(false);
-                }
-                let moved = record
-                    .observed
-                    .as_ref()
-                    .is_none_or(|o| o.spec.unschedulable != host.spec.unschedulable);
-                let mut object = self.assemble(Some(record), host)?;
-                self.commit(&mut object, ChangeType::Modified, None).await?;
-                Ok(moved)
-            }
-        }
     }
 
     /// Cordons or uncordons the Host in battery to match `unschedulable`.
@@ -595,70 +450,5 @@ impl Storage for HostStorage {
     async fn delete(&self, ctx: &RequestContext, host: Host) -> Result<Deleted<Host>, ApiError> {
         hold_agent_to_own_host(ctx, host.metadata.name.as_deref().unwrap_or_default())?;
         self.begin_deletion(host).await
-    }
-}
-
-/// `hosts/<name>/status`: the exec agent's readiness report. Only `conditions` is the
-/// agent's to write; the rest of the status is battery's.
-pub struct HostStatusWriter(pub Arc<HostStorage>);
-
-impl crate::api::Subresource for HostStatusWriter {
-    type Object = Host;
-
-    async fn get(&self, _ctx: &RequestContext, name: &str) -> Result<Host, ApiError> {
-        self.0.read(name).await
-    }
-
-    async fn update(
-        &self,
-        ctx: &RequestContext,
-        name: &str,
-        new: Host,
-        dry_run: bool,
-    ) -> Result<Host, ApiError> {
-        hold_agent_to_own_host(ctx, name)?;
-        let storage = &self.0;
-        let _guard = storage.locks.lock(&key(name)).await;
-        let mut current = storage.read(name).await?;
-        if new
-            .metadata
-            .resource_version
-            .as_deref()
-            .is_some_and(|rv| !rv.is_empty())
-        {
-            check_resource_version(info(), &current.metadata, &new.metadata)?;
-        }
-        let report = new.status.unwrap_or_default();
-        let errors = report.validate();
-        if !errors.is_empty() {
-            return Err(ApiError::invalid(info(), name, &errors));
-        }
-        let mut status = current.status.take().unwrap_or_default();
-        let record = storage.store().get::<HostRecord>(&key(name))?;
-        // `Draining` is the API server's, not the agent's: it stays as it was. A condition
-        // whose status did not change keeps its transition time, whatever the agent sent.
-        let draining =
-            conditions::find_status_condition(&status.conditions, conditions::DRAINING).cloned();
-        let mut reported = record
-            .as_ref()
-            .map(|r| r.conditions.clone())
-            .unwrap_or_default();
-        reported.retain(|c| report.conditions.iter().any(|n| n.type_ == c.type_));
-        for condition in report.conditions {
-            if condition.type_ != conditions::DRAINING {
-                conditions::set_status_condition(&mut reported, condition);
-            }
-        }
-        status.conditions = reported.into_iter().chain(draining).collect();
-        current.status = Some(status);
-        if !dry_run {
-            let leaving = storage.leaving(name)?;
-            let mut reporting = record.map(|r| r.reporting).unwrap_or_default();
-            reporting.reported_at = Some(crate::api::server_now());
-            storage
-                .commit_reporting(&mut current, ChangeType::Modified, leaving, reporting)
-                .await?;
-        }
-        Ok(current)
     }
 }

@@ -3,14 +3,16 @@
 //! `Heartbeat`, and only the Holder may write (DESIGN §4, the Holder rule).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use battery_api_machinery::status::ApiError;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 
-use super::{ClaimRecord, ClaimStorage, expire, info, key};
+use super::read::expire;
+use super::{ClaimRecord, ClaimStorage, info, key};
 use crate::api::{RequestContext, Subresource};
-use crate::battery::Failure;
+use crate::battery::{BatteryClient, Failure, LeaseId};
 use crate::watch::ChangeType;
 
 /// Now, with the microseconds a `MicroTime` carries.
@@ -103,6 +105,7 @@ impl Subresource for ClaimLeases {
         name: &str,
         new: Lease,
         dry_run: bool,
+        _field_manager: &str,
     ) -> Result<Lease, ApiError> {
         let namespace = ctx.namespace.as_deref().unwrap_or_default();
         let key = key(namespace, name);
@@ -149,5 +152,31 @@ impl Subresource for ClaimLeases {
         // The new resourceVersion.
         renewed.metadata = claim.metadata;
         Ok(as_lease(&renewed))
+    }
+}
+
+/// ReleaseVM answers UNAVAILABLE while the Host cannot delete the MicroVM yet.
+const RELEASE_RETRIES: u32 = 5;
+
+/// `ReleaseVM`, retrying while battery has not released for certain; NotFound means
+/// battery already let it go (expiry, a forced pool deletion, an earlier release).
+pub(super) async fn release(
+    battery: &BatteryClient,
+    lease: &LeaseId,
+    name: &str,
+) -> Result<(), ApiError> {
+    let mut attempt = 0;
+    loop {
+        match battery.release_vm(lease).await {
+            Ok(()) => return Ok(()),
+            Err(err) if err.failure() == Failure::NotFound => return Ok(()),
+            // Not released for certain (the Host cannot delete the MicroVM yet, or no
+            // answer): the claim keeps its lease and asks again.
+            Err(err) if !err.is_definitive() && attempt < RELEASE_RETRIES => {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+            }
+            Err(err) => return Err(err.into_api_error(info(), name)),
+        }
     }
 }

@@ -62,6 +62,24 @@ pub trait QuotaSource: Send + Sync {
     ) -> BoxFuture<'a, Result<(), ApiError>>;
 }
 
+impl QuotaSource for crate::cluster::Cluster {
+    fn quotas<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> BoxFuture<'a, Result<Arc<Vec<ResourceQuota>>, ApiError>> {
+        Box::pin(self.resource_quotas(namespace))
+    }
+
+    fn patch_quota_status<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        patch: Value,
+    ) -> BoxFuture<'a, Result<(), ApiError>> {
+        Box::pin(self.patch_resource_quota_status(namespace, name, patch))
+    }
+}
+
 /// What one claim uses: itself, and its MicroVM's vCPUs and memory.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {

@@ -8,7 +8,9 @@ use std::collections::HashSet;
 
 use battery_api_machinery::status::ApiError;
 
-use super::{ClaimRecord, ClaimStorage, REQUEST_ID_PREFIX, RESOURCE, info, release, request_id};
+use super::bind::{REQUEST_ID_PREFIX, request_id};
+use super::lease::release;
+use super::{ClaimRecord, ClaimStorage, RESOURCE, info};
 
 impl ClaimStorage {
     /// Releases every lease a bind left without its claim; answers how many. Run at start,

@@ -13,7 +13,9 @@ use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use serde_json::value::{RawValue, to_raw_value};
 
-use super::{Ask, ClaimRecord, ClaimRow, ClaimStorage, Leased, RESOURCE, expire};
+use super::read::{Ask, Leased, expire};
+use super::table::ClaimRow;
+use super::{ClaimRecord, ClaimStorage, RESOURCE};
 use crate::api::{ListPage, RequestContext, StoredItem};
 use crate::meta_store::StoreError;
 

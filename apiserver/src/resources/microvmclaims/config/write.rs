@@ -7,15 +7,12 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use battery_api_machinery::status::{ApiError, Reason};
-use battery_proto::Bytes;
-use battery_proto::agent::v1alpha1::{
-    ClaimRef, ExecOpen, ExecRequest, ExitStatus, StdinEof, exec_request, exec_response, exit_status,
-};
 use battery_types::MicroVMClaim;
+use bytes::Bytes;
 use secrecy::{ExposeSecret as _, ExposeSecretMut as _, SecretBox};
 
 use super::{ClaimConfig, FileContent};
-use crate::agent_relay::describe;
+use crate::relay::{ClaimRef, ExecInput, ExecOpen, ExecOutput, Exit};
 
 /// How long writing a claim's files may take, the session's opening included.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -75,11 +72,11 @@ impl ClaimConfig {
         let archive = archive(&files).map_err(|err| failed(format!("archiving them: {err}")))?;
         drop(files);
         let open = ExecOpen {
-            claim: Some(ClaimRef {
+            claim: ClaimRef {
                 namespace: namespace.clone(),
                 name: name.clone(),
                 uid: claim.metadata.uid.clone().unwrap_or_default(),
-            }),
+            },
             microvm_uid: microvm.uid.clone(),
             command: EXTRACT.map(str::to_owned).into(),
             env: HashMap::new(),
@@ -114,39 +111,31 @@ impl ClaimConfig {
             .open(host, address, open)
             .await
             .map_err(|e| e.message().to_owned())?;
-        let requests = session.requests;
+        let requests = session.input;
         let feeder = tokio::spawn(async move {
             for chunk in archive.expose_secret().chunks(CHUNK_BYTES) {
-                let stdin = exec_request::Payload::Stdin(Bytes::copy_from_slice(chunk));
-                let request = ExecRequest {
-                    payload: Some(stdin),
-                };
-                if requests.send(request).await.is_err() {
+                let stdin = ExecInput::Stdin(Bytes::copy_from_slice(chunk));
+                if requests.send(stdin).await.is_err() {
                     return;
                 }
             }
-            let eof = exec_request::Payload::StdinEof(StdinEof {});
-            let _ = requests.send(ExecRequest { payload: Some(eof) }).await;
+            let _ = requests.send(ExecInput::StdinEof).await;
         });
-        let mut responses = session.responses;
+        let mut responses = session.output;
         let mut stderr = Vec::new();
         let outcome = loop {
-            match responses.message().await {
-                Ok(Some(response)) => match response.payload {
-                    Some(exec_response::Payload::Stderr(bytes)) => {
-                        let room = STDERR_BYTES.saturating_sub(stderr.len());
-                        stderr.extend_from_slice(&bytes[..bytes.len().min(room)]);
-                    }
-                    Some(exec_response::Payload::Exit(ExitStatus { outcome })) => break outcome,
-                    Some(exec_response::Payload::Stdout(_)) | None => {}
-                },
-                Ok(None) => break None,
-                Err(status) => {
+            match responses.next().await {
+                Ok(Some(ExecOutput::Stderr(bytes))) => {
+                    let room = STDERR_BYTES.saturating_sub(stderr.len());
+                    stderr.extend_from_slice(&bytes[..bytes.len().min(room)]);
+                }
+                Ok(Some(ExecOutput::Exit(exit))) => break exit,
+                Ok(Some(ExecOutput::Stdout(_))) => {}
+                // Ended without an exit status: told as one that says neither.
+                Ok(None) => break Exit::Unknown,
+                Err(failed) => {
                     feeder.abort();
-                    return Err(format!(
-                        "the exec agent's stream failed: {}",
-                        describe(&status)
-                    ));
+                    return Err(format!("the exec agent's stream failed: {failed}"));
                 }
             }
         };
@@ -154,16 +143,16 @@ impl ClaimConfig {
         feeder.abort();
         let stderr = String::from_utf8_lossy(&stderr);
         match outcome {
-            Some(exit_status::Outcome::Code(0)) => Ok(()),
-            Some(exit_status::Outcome::Code(NOT_FOUND_EXIT_CODE)) => Err(format!(
+            Exit::Code(0) => Ok(()),
+            Exit::Code(NOT_FOUND_EXIT_CODE) => Err(format!(
                 "the MicroVM has no `tar`, which writing files needs (exit {NOT_FOUND_EXIT_CODE}): {}",
                 stderr.trim()
             )),
-            Some(exit_status::Outcome::Code(code)) => {
-                Err(format!("`tar -x` exited with {code}: {}", stderr.trim()))
+            Exit::Code(code) => Err(format!("`tar -x` exited with {code}: {}", stderr.trim())),
+            Exit::Error(error) => Err(format!("the write failed: {error}")),
+            Exit::Unknown => {
+                Err("the exec agent ended the write without an exit status".to_owned())
             }
-            Some(exit_status::Outcome::Error(error)) => Err(format!("the write failed: {error}")),
-            None => Err("the exec agent ended the write without an exit status".to_owned()),
         }
     }
 }

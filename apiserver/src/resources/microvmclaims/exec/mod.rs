@@ -16,8 +16,8 @@ use std::sync::Arc;
 use axum::response::{IntoResponse, Response};
 use battery_api_machinery::params::decode_query;
 use battery_api_machinery::status::ApiError;
-use battery_proto::agent::v1alpha1::{ClaimRef, ExecOpen};
 use battery_types::MicroVMClaimStatus;
+use battery_types::channel::Protocol;
 use battery_types::conditions::{self, ClaimHostReadyReason, ConditionStatus};
 use futures::future::BoxFuture;
 use http::request::Parts;
@@ -32,39 +32,16 @@ pub use portforward::ClaimPortForward;
 pub use sessions::{DEFAULT_MAX_SESSIONS, ExecSessions};
 
 use super::lease::check_holder;
-use super::{Ask, ClaimRecord, ClaimStorage, info, key};
-use crate::agent_relay::AgentRelay;
+use super::read::Ask;
+use super::{ClaimRecord, ClaimStorage, info, key};
 use crate::api::{Connect, RequestContext};
-use crate::serve::BulkOutput;
+use crate::http::serve::BulkOutput;
+use crate::relay::{AgentRelay, ClaimRef, ExecOpen};
 use session::{Attached, Session};
 
 /// The largest WebSocket message read from a client: a stdin chunk, relayed as one
 /// relay message the agent accepts (its limit is 1 MiB).
 const MAX_MESSAGE_BYTES: usize = 1024 * 1024 - 64;
-
-/// The channel protocols served, best first. v1 to v3 (and `base64.channel.k8s.io`)
-/// are not: they cannot carry an exit code.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Protocol {
-    /// v4 with the close channel, so stdin can end before the session does.
-    V5,
-    /// Binary channels and a JSON `Status` on the error channel.
-    V4,
-    /// v4 in text frames, base64, for clients that cannot send binary (browsers).
-    V4Base64,
-}
-
-impl Protocol {
-    const ALL: [Protocol; 3] = [Protocol::V5, Protocol::V4, Protocol::V4Base64];
-
-    fn name(self) -> &'static str {
-        match self {
-            Protocol::V5 => "v5.channel.k8s.io",
-            Protocol::V4 => "v4.channel.k8s.io",
-            Protocol::V4Base64 => "v4.base64.channel.k8s.io",
-        }
-    }
-}
 
 /// `PodExecOptions`, as clients put them in the query (kube-rs starts it with `&`), and
 /// what flintlock's exec takes besides: `env` (repeated `NAME=VALUE`) and `workingDir`.
@@ -371,7 +348,7 @@ impl Connect for Arc<ClaimExec> {
                     &target.host,
                     &target.agent_address,
                     ExecOpen {
-                        claim: Some(target.claim.clone()),
+                        claim: target.claim.clone(),
                         microvm_uid: target.microvm_uid,
                         command: options.command.clone(),
                         env: super::config::session_env(&target.env, options.environment()?),

@@ -16,8 +16,9 @@ use std::sync::Arc;
 use axum::response::Response;
 use battery_api_machinery::params::decode_query;
 use battery_api_machinery::status::ApiError;
-use battery_proto::Bytes;
-use battery_proto::agent::v1alpha1::{PortForwardOpen, PortForwardRequest, port_forward_request};
+use battery_types::channel::Protocol;
+use battery_types::channel::port_forward::{PROTOCOLS, data_channel, error_channel, port_prefix};
+use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{SinkExt as _, StreamExt as _};
 use http::request::Parts;
@@ -29,13 +30,10 @@ use tokio_tungstenite::tungstenite::Message;
 
 use super::session::{frame, unframe};
 use super::sessions::SessionGuard;
-use super::{ClaimExec, Handshake, Protocol, Target, server_websocket, take_upgrade};
-use crate::agent_relay::{AgentRelay, RelayPort};
+use super::{ClaimExec, Handshake, Target, server_websocket, take_upgrade};
 use crate::api::{Connect, RequestContext};
+use crate::relay::{AgentRelay, PortConnection, PortOpen};
 
-/// kubelet's port-forward protocols: binary, and base64 for clients that cannot send
-/// binary. v5's close channel has no meaning here.
-const PROTOCOLS: [Protocol; 2] = [Protocol::V4, Protocol::V4Base64];
 /// The most ports one session forwards: each is a connection through the agent.
 const MAX_PORTS: usize = 32;
 /// Frames queued towards the client, from all ports, before their connections wait.
@@ -140,7 +138,7 @@ impl Ports {
         for (i, port) in ports.iter().enumerate() {
             for channel in [data_channel(i), error_channel(i)] {
                 if sink
-                    .feed(frame(protocol, channel, &port.to_le_bytes()))
+                    .feed(frame(protocol, channel, &port_prefix(*port)))
                     .await
                     .is_err()
                 {
@@ -209,22 +207,14 @@ impl Ports {
     }
 }
 
-fn data_channel(index: usize) -> u8 {
-    u8::try_from(index * 2).unwrap_or(u8::MAX)
-}
-
-fn error_channel(index: usize) -> u8 {
-    data_channel(index).saturating_add(1)
-}
-
-fn open_for(target: &Target, port: u16) -> (String, String, PortForwardOpen) {
+fn open_for(target: &Target, port: u16) -> (String, String, PortOpen) {
     (
         target.host.clone(),
         target.agent_address.clone(),
-        PortForwardOpen {
-            claim: Some(target.claim.clone()),
+        PortOpen {
+            claim: target.claim.clone(),
             microvm_uid: target.microvm_uid.clone(),
-            port: port.into(),
+            port,
         },
     )
 }
@@ -241,12 +231,12 @@ impl Connection {
     async fn run(
         self,
         relay: Arc<AgentRelay>,
-        (host, address, open): (String, String, PortForwardOpen),
+        (host, address, open): (String, String, PortOpen),
         mut chunks: mpsc::Receiver<Bytes>,
     ) {
-        let RelayPort {
-            requests,
-            mut responses,
+        let PortConnection {
+            to_guest,
+            mut from_guest,
         } = match relay.open_port(&host, &address, open).await {
             Ok(port) => port,
             Err(message) => return self.fail(&message).await,
@@ -255,10 +245,7 @@ impl Connection {
         // guest's wait for the client, and the other way round.
         let upstream = async {
             while let Some(data) = chunks.recv().await {
-                let request = PortForwardRequest {
-                    payload: Some(port_forward_request::Payload::Data(data)),
-                };
-                if requests.send(request).await.is_err() {
+                if to_guest.send(data).await.is_err() {
                     // The agent takes no more: its answer, or why, still comes.
                     std::future::pending::<()>().await;
                 }
@@ -267,20 +254,20 @@ impl Connection {
         };
         let downstream = async {
             loop {
-                match responses.message().await {
-                    Ok(Some(response)) => {
-                        let data = frame(self.protocol, data_channel(self.index), &response.data);
+                match from_guest.next().await {
+                    Ok(Some(bytes)) => {
+                        let data = frame(self.protocol, data_channel(self.index), &bytes);
                         if self.to_client.send(data).await.is_err() {
                             return None;
                         }
                     }
                     // The guest closed the connection.
                     Ok(None) => return None,
-                    Err(status) => {
+                    Err(failed) => {
                         return Some(format!(
                             "the connection to port {} in the MicroVM failed: {}",
                             self.port,
-                            status.message()
+                            failed.message()
                         ));
                     }
                 }

@@ -12,13 +12,7 @@
 
 use std::time::Duration;
 
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD as BASE64;
-use battery_proto::Bytes;
-use battery_proto::agent::v1alpha1::{
-    ExecRequest, ExecResponse, ExitStatus, StdinEof, TerminalSize, exec_request, exec_response,
-    exit_status,
-};
+use bytes::Bytes;
 use futures::{FutureExt as _, SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -27,18 +21,15 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
-use super::Protocol;
-use super::sessions::SessionGuard;
-use crate::agent_relay::{RelaySession, describe};
+use battery_types::channel::{
+    self, CLOSE, ERROR, Encoded, Protocol, RESIZE, Resize, STDERR, STDIN, STDOUT,
+};
 
-const STDIN: u8 = 0;
-const STDOUT: u8 = 1;
-const STDERR: u8 = 2;
-const ERROR: u8 = 3;
-/// The client's terminal size, as JSON `{"Width": 80, "Height": 24}`.
-const RESIZE: u8 = 4;
-/// v5: the payload's byte names a channel the client will write no more to.
-const CLOSE: u8 = 255;
+use super::sessions::SessionGuard;
+use crate::relay::{
+    ExecInput, ExecInputs, ExecOutput, ExecOutputs, ExecSession, Exit, StreamFailed, TerminalSize,
+};
+
 /// The most output one frame carries (the agent's messages are at most 1 MiB too).
 const FRAME_OUTPUT_BYTES: usize = 1024 * 1024;
 /// How long a client gets to answer our close before the connection is dropped.
@@ -60,7 +51,7 @@ pub struct Session {
     pub tty: bool,
     /// `[argv...]`, as kubelet names a command in its messages.
     pub command: String,
-    pub relay: RelaySession,
+    pub relay: ExecSession,
     pub guard: SessionGuard,
 }
 
@@ -72,18 +63,10 @@ pub(super) fn frame(protocol: Protocol, channel: u8, payload: &[u8]) -> Message 
 
 /// `frame` of the payload `parts` make one after the other, copied once.
 fn frame_of_parts<P: AsRef<[u8]>>(protocol: Protocol, channel: u8, parts: &[P]) -> Message {
-    let size = parts.iter().map(|part| part.as_ref().len()).sum::<usize>();
-    let mut bytes = Vec::with_capacity(size + 1);
-    bytes.push(channel);
-    for part in parts {
-        bytes.extend_from_slice(part.as_ref());
+    match channel::encode_parts(protocol, channel, parts) {
+        Encoded::Binary(bytes) => Message::Binary(bytes.into()),
+        Encoded::Text(text) => Message::Text(text.into()),
     }
-    if protocol == Protocol::V4Base64 {
-        let mut text = char::from(b'0' + channel).to_string();
-        BASE64.encode_string(&bytes[1..], &mut text);
-        return Message::Text(text.into());
-    }
-    Message::Binary(bytes.into())
 }
 
 /// A client's message as its channel and payload; `None` for what is not a frame of
@@ -91,14 +74,10 @@ fn frame_of_parts<P: AsRef<[u8]>>(protocol: Protocol, channel: u8, parts: &[P]) 
 pub(super) fn unframe(protocol: Protocol, message: Message) -> Option<(u8, Bytes)> {
     match (protocol, message) {
         (Protocol::V4Base64, Message::Text(text)) => {
-            let text = text.as_str();
-            let channel = text.bytes().next()?.checked_sub(b'0')?;
-            Some((channel, BASE64.decode(&text[1..]).ok()?.into()))
+            channel::decode_text(text.as_str()).map(|(channel, payload)| (channel, payload.into()))
         }
-        (Protocol::V5 | Protocol::V4, Message::Binary(data)) => {
-            let channel = *data.first()?;
-            Some((channel, data.slice(1..)))
-        }
+        (Protocol::V5 | Protocol::V4, Message::Binary(data)) => channel::decode_binary(&data)
+            .map(|(channel, payload)| (channel, data.slice_ref(payload))),
         _ => None,
     }
 }
@@ -140,9 +119,9 @@ impl Session {
             relay,
             guard,
         } = self;
-        let RelaySession {
-            requests,
-            mut responses,
+        let ExecSession {
+            input: requests,
+            output: mut responses,
         } = relay;
         let (mut sink, mut stream) = ws.split();
         // As kubelet does: an empty frame on the lowest channel the client reads tells
@@ -193,41 +172,35 @@ impl Session {
 enum Output {
     /// Output on a channel.
     Chunk(u8, Bytes),
-    /// Nothing to send: a payload this server does not know.
-    Nothing,
     /// The `Status` the session ends with.
     End(Value),
 }
 
 impl Output {
-    fn of(next: Result<Option<ExecResponse>, tonic::Status>, command: &str) -> Self {
+    fn of(next: Result<Option<ExecOutput>, StreamFailed>, command: &str) -> Self {
         let message = match next {
-            Ok(Some(ExecResponse {
-                payload: Some(payload),
-            })) => payload,
-            Ok(Some(ExecResponse { payload: None })) => return Self::Nothing,
+            Ok(Some(output)) => output,
             Ok(None) => {
                 return Self::End(failure(format!(
                     "command {command} did not finish: the exec agent ended the session \
                      without an exit status"
                 )));
             }
-            Err(status) => {
+            Err(failed) => {
                 return Self::End(failure(format!(
-                    "command {command} did not finish: the exec agent's stream failed: {}",
-                    describe(&status)
+                    "command {command} did not finish: the exec agent's stream failed: {failed}"
                 )));
             }
         };
         match message {
-            exec_response::Payload::Stdout(bytes) => Self::Chunk(STDOUT, bytes),
-            exec_response::Payload::Stderr(bytes) => Self::Chunk(STDERR, bytes),
-            exec_response::Payload::Exit(ExitStatus { outcome }) => Self::End(match outcome {
-                Some(exit_status::Outcome::Code(code)) => exit_status(command, code),
-                Some(exit_status::Outcome::Error(error)) => {
+            ExecOutput::Stdout(bytes) => Self::Chunk(STDOUT, bytes),
+            ExecOutput::Stderr(bytes) => Self::Chunk(STDERR, bytes),
+            ExecOutput::Exit(exit) => Self::End(match exit {
+                Exit::Code(code) => exit_status(command, code),
+                Exit::Error(error) => {
                     failure(format!("error executing command {command}: {error}"))
                 }
-                None => failure(format!(
+                Exit::Unknown => failure(format!(
                     "command {command} did not finish: the exec agent sent an empty exit status"
                 )),
             }),
@@ -239,7 +212,7 @@ impl Output {
 /// the client went away.
 async fn from_agent<W>(
     sink: &mut W,
-    responses: &mut tonic::Streaming<ExecResponse>,
+    responses: &mut ExecOutputs,
     protocol: Protocol,
     command: &str,
 ) -> Option<Value>
@@ -254,13 +227,13 @@ where
         let output = match read_ahead.take() {
             Some(output) => output,
             None => {
-                let next = match responses.message().now_or_never() {
+                let next = match responses.next().now_or_never() {
                     Some(next) => next,
                     None => {
                         if sink.flush().await.is_err() {
                             return None;
                         }
-                        responses.message().await
+                        responses.next().await
                     }
                 };
                 Output::of(next, command)
@@ -268,14 +241,13 @@ where
         };
         let (channel, first) = match output {
             Output::Chunk(channel, bytes) => (channel, bytes),
-            Output::Nothing => continue,
             Output::End(status) => return Some(status),
         };
         // Output of the same channel already in joins this frame: bulk output then costs
         // a frame per batch, not per agent message, at both ends.
         let mut size = first.len();
         let mut parts = vec![first];
-        while let Some(next) = responses.message().now_or_never() {
+        while let Some(next) = responses.next().now_or_never() {
             match Output::of(next, command) {
                 Output::Chunk(next_channel, bytes)
                     if next_channel == channel && size + bytes.len() <= FRAME_OUTPUT_BYTES =>
@@ -283,7 +255,6 @@ where
                     size += bytes.len();
                     parts.push(bytes);
                 }
-                Output::Nothing => {}
                 other => {
                     read_ahead = Some(other);
                     break;
@@ -305,7 +276,7 @@ where
 /// the agent; returns when the client closes or goes away.
 async fn to_agent<R>(
     stream: &mut R,
-    requests: &tokio::sync::mpsc::Sender<ExecRequest>,
+    requests: &ExecInputs,
     protocol: Protocol,
     stdin: bool,
     tty: bool,
@@ -326,38 +297,27 @@ async fn to_agent<R>(
         let request = match channel {
             // Clients may open with an empty frame per channel.
             STDIN if payload.is_empty() || !stdin => continue,
-            STDIN => exec_request::Payload::Stdin(payload),
+            STDIN => ExecInput::Stdin(payload),
             CLOSE if protocol == Protocol::V5 && payload.first() == Some(&STDIN) && stdin => {
-                exec_request::Payload::StdinEof(StdinEof {})
+                ExecInput::StdinEof
             }
             // A size that does not read is dropped, as kubelet drops it.
             RESIZE if tty => match terminal_size(&payload) {
-                Some(size) => exec_request::Payload::Resize(size),
+                Some(size) => ExecInput::Resize(size),
                 None => continue,
             },
             // Without a terminal there is nothing to resize. Anything else is not ours.
             _ => continue,
         };
         if open {
-            let sent = requests
-                .send(ExecRequest {
-                    payload: Some(request),
-                })
-                .await;
-            open = sent.is_ok();
+            open = requests.send(request).await.is_ok();
         }
     }
 }
 
 /// A resize message's size: kubectl's `{"Width": 80, "Height": 24}`.
 fn terminal_size(payload: &[u8]) -> Option<TerminalSize> {
-    #[derive(serde::Deserialize)]
-    #[serde(rename_all = "PascalCase")]
-    struct Size {
-        width: u16,
-        height: u16,
-    }
-    let Size { width, height } = serde_json::from_slice(payload).ok()?;
+    let Resize { width, height } = Resize::parse(payload)?;
     Some(TerminalSize {
         width: width.into(),
         height: height.into(),

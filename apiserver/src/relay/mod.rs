@@ -7,20 +7,28 @@
 //! name the Host the session is for (`domain_name`), whatever address the Host's
 //! `agentAddress` gives, so an agent of another Host, or anyone on that address,
 //! receives nothing. The API server presents its relay client certificate.
+//!
+//! It hands out our own types ([`stream`]): no `tonic` or relay message leaves it.
 
 use std::time::Duration;
 
 use battery_api_machinery::status::ApiError;
 use battery_proto::agent::v1alpha1::relay_client::RelayClient;
 use battery_proto::agent::v1alpha1::{
-    ExecOpen, ExecRequest, ExecResponse, PortForwardOpen, PortForwardRequest, PortForwardResponse,
-    exec_request, port_forward_request,
+    ExecRequest, PortForwardRequest, exec_request, port_forward_request,
 };
 use battery_telemetry::error_chain;
 use moka::sync::Cache;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+mod stream;
+
+pub use stream::{
+    ClaimRef, Closed, ExecInput, ExecInputs, ExecOpen, ExecOutput, ExecOutputs, ExecSession, Exit,
+    PortConnection, PortOpen, PortReader, PortWriter, StreamFailed, TerminalSize,
+};
 
 /// The relay's TLS material, PEM. `serve` reads it from its `--agent-*` files; `dev` may
 /// fill it from what it generates.
@@ -35,7 +43,7 @@ pub struct AgentRelayTls {
 
 /// stdin messages queued towards the agent: with the agent's own queue and the HTTP/2
 /// window, what a WebSocket may send ahead of the command reading it.
-pub const STDIN_BUFFER: usize = 4;
+const STDIN_BUFFER: usize = 4;
 /// The largest message decoded from an agent (its own limit on what it sends).
 const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// How long an agent gets to open a session: above the agent's own 10 s for flintlockd,
@@ -57,22 +65,6 @@ const MAX_FRAME_BYTES: u32 = 1024 * 1024;
 const CHANNELS: u64 = 1024;
 const CHANNEL_IDLE: Duration = Duration::from_secs(600);
 
-/// A session the agent accepted.
-pub struct RelaySession {
-    /// stdin chunks and the EOF, in order; sending waits while the agent is behind.
-    pub requests: mpsc::Sender<ExecRequest>,
-    /// stdout, stderr and, last, the exit status.
-    pub responses: tonic::Streaming<ExecResponse>,
-}
-
-/// A forwarded connection the agent made.
-pub struct RelayPort {
-    /// Bytes for the guest's port; dropping it ends the connection's writing side.
-    pub requests: mpsc::Sender<PortForwardRequest>,
-    /// The guest's bytes; the stream ends when the guest closes.
-    pub responses: tonic::Streaming<PortForwardResponse>,
-}
-
 /// Opens relay sessions; `None` TLS when `serve` was given no `--agent-*` files.
 pub struct AgentRelay {
     tls: Option<(Certificate, Identity)>,
@@ -88,7 +80,7 @@ impl AgentRelay {
                     Identity::from_pem(&tls.client_cert_pem, &tls.client_key_pem),
                 )
             }),
-            channels: crate::http::bounded_cache(CHANNEL_IDLE, CHANNELS),
+            channels: crate::cache::bounded(CHANNEL_IDLE, CHANNELS),
         }
     }
 
@@ -135,13 +127,13 @@ impl AgentRelay {
         host: &str,
         address: &str,
         open: ExecOpen,
-    ) -> Result<RelaySession, ApiError> {
+    ) -> Result<ExecSession, ApiError> {
         let channel = self.channel(host, address)?;
         let (requests, queue) = mpsc::channel(STDIN_BUFFER);
         // The queue is new, so there is room for the first message.
         requests
             .try_send(ExecRequest {
-                payload: Some(exec_request::Payload::Open(open)),
+                payload: Some(exec_request::Payload::Open(open.into())),
             })
             .map_err(|_| ApiError::internal(std::io::Error::other("queueing the exec open")))?;
         let mut client = RelayClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
@@ -169,9 +161,9 @@ impl AgentRelay {
                     unavailable(host, address, why)
                 }
             })?;
-        Ok(RelaySession {
-            requests,
-            responses: opened.into_inner(),
+        Ok(ExecSession {
+            input: ExecInputs(requests),
+            output: ExecOutputs(opened.into_inner()),
         })
     }
 }
@@ -184,8 +176,8 @@ impl AgentRelay {
         &self,
         host: &str,
         address: &str,
-        open: PortForwardOpen,
-    ) -> Result<RelayPort, String> {
+        open: PortOpen,
+    ) -> Result<PortConnection, String> {
         let port = open.port;
         let channel = self
             .channel(host, address)
@@ -194,7 +186,7 @@ impl AgentRelay {
         // The queue is new, so there is room for the first message.
         requests
             .try_send(PortForwardRequest {
-                payload: Some(port_forward_request::Payload::Open(open)),
+                payload: Some(port_forward_request::Payload::Open(open.into())),
             })
             .map_err(|_| "queueing the port-forward open failed".to_owned())?;
         let mut client = RelayClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
@@ -217,9 +209,9 @@ impl AgentRelay {
                 describe(&status)
             ),
         })?;
-        Ok(RelayPort {
-            requests,
-            responses: opened.into_inner(),
+        Ok(PortConnection {
+            to_guest: PortWriter(requests),
+            from_guest: PortReader(opened.into_inner()),
         })
     }
 }
@@ -232,7 +224,7 @@ fn unavailable(host: &str, address: &str, why: impl std::fmt::Display) -> ApiErr
 
 /// A relay failure for a person: its code, message and causes (a TLS refusal is only in
 /// the causes).
-pub fn describe(status: &tonic::Status) -> String {
+fn describe(status: &tonic::Status) -> String {
     let mut text = format!("{:?}: {}", status.code(), status.message());
     if let Some(source) = std::error::Error::source(status) {
         text.push_str(": ");

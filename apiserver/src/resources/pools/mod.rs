@@ -2,6 +2,8 @@
 //! Kubernetes metadata, its `placement` (battery knows only the host names it resolves
 //! to) and the last conditions written, whose transition times reads reuse.
 
+mod adopt;
+
 use std::sync::Arc;
 
 use battery_api_machinery::status::ApiError;
@@ -15,12 +17,12 @@ use serde_json::Value;
 
 use super::hosts::HostDirectory;
 use super::{KeyLocks, check_resource_version, commit};
-use crate::api::{Deleted, RequestContext, Scalable, Storage, server_now};
+use crate::api::{Deleted, RequestContext, Scalable, Storage};
 use crate::battery::objects::{self, PoolMeta};
 use crate::battery::{BatteryClient, BatteryPool, Failure};
-use crate::http::bounded_cache;
-use crate::http::metrics::{Metrics, PoolCounts};
+use crate::clock::server_now;
 use crate::meta_store::{Key, MetaStore, StoreError, Txn};
+use crate::metrics::{Metrics, PoolCounts};
 use crate::watch::ChangeType;
 
 const RESOURCE: &str = "pools";
@@ -129,7 +131,7 @@ impl PoolStorage {
             hosts,
             locks: KeyLocks::default(),
             metrics,
-            bind_settings: bounded_cache(BIND_SETTINGS_TTL, BIND_SETTINGS_CAPACITY),
+            bind_settings: crate::cache::bounded(BIND_SETTINGS_TTL, BIND_SETTINGS_CAPACITY),
         }
     }
 
@@ -308,29 +310,6 @@ impl PoolStorage {
         }
         self.commit_with(&mut object, ChangeType::Modified, rejected, also)
             .await
-    }
-
-    /// Records every Pool battery has that we have no record of, so each gets its
-    /// metadata (uid, creationTimestamp, resourceVersion) once.
-    pub async fn adopt_all(&self) -> Result<(), ApiError> {
-        let pools = self
-            .battery
-            .pools(None)
-            .await
-            .map_err(|e| e.into_api_error(info(), ""))?;
-        for pool in pools {
-            // Pools that battery reports no event for still get their gauges.
-            self.metrics
-                .set_pool_counts(&pool.namespace, &pool.name, counts(&pool.counts));
-            let key = key(&pool.namespace, &pool.name);
-            let _guard = self.locks.lock(&key).await;
-            // Checked under the lock: a create in flight records the Pool itself.
-            if self.store.get::<PoolRecord>(&key)?.is_none() {
-                self.observe_locked(&pool.namespace, &pool.name, None, |_| Ok(()))
-                    .await?;
-            }
-        }
-        Ok(())
     }
 
     /// The Hosts Pools are placed on, for what a claim's status shows of its Host.
@@ -545,54 +524,5 @@ impl Scalable for PoolStorage {
 
     fn selector(&self, pool: &Pool) -> String {
         pool.scale_selector()
-    }
-}
-
-impl PoolStorage {
-    /// Re-resolves every Pool's `placement.nodeSelector` after a Host was added, changed
-    /// or removed, and tells battery where the Pools whose Hosts changed may now run.
-    pub async fn reresolve_all(&self) -> Result<(), ApiError> {
-        let pools = self
-            .battery
-            .pools(None)
-            .await
-            .map_err(|e| e.into_api_error(info(), ""))?;
-        for pool in pools {
-            let key = key(&pool.namespace, &pool.name);
-            let _guard = self.locks.lock(&key).await;
-            let record = self.store.get::<PoolRecord>(&key)?;
-            let was_rejected = record.as_ref().is_some_and(|r| r.rejected.is_some());
-            let mut spec = pool.spec.clone();
-            spec.placement = record.as_ref().and_then(|r| r.placement.clone());
-            let hosts = self.resolve_hosts(&spec).await?;
-            if hosts == pool.hosts && !was_rejected {
-                continue;
-            }
-            // battery may refuse the new placement (a static address on several Hosts);
-            // the Pool then says so in its Ready condition until a Host change fixes it.
-            let rejected = match self
-                .battery
-                .update_pool(&pool.namespace, &pool.name, &spec, hosts)
-                .await
-            {
-                Ok(_) => None,
-                Err(err) => match err.refusal() {
-                    Some(message) => Some(message.to_owned()),
-                    None => return Err(err.into_api_error(info(), &pool.name)),
-                },
-            };
-            let current = self
-                .battery
-                .pool(&pool.namespace, &pool.name)
-                .await
-                .map_err(|e| e.into_api_error(info(), &pool.name))?;
-            let mut record =
-                record.unwrap_or_else(|| PoolRecord::adopted(&pool.namespace, &pool.name));
-            record.rejected = rejected.clone();
-            let mut object = self.assemble(Some(record), current);
-            self.commit(&mut object, ChangeType::Modified, rejected)
-                .await?;
-        }
-        Ok(())
     }
 }

@@ -1,6 +1,7 @@
 //! `/metrics`: what the server does, in OpenMetrics text through `prometheus-client`, one
 //! [`Registry`] per server (a global one would be shared by every server in a test
-//! process). `docs/metrics.md` lists every series.
+//! process). `docs/metrics.md` lists every series. It sits below everything that counts —
+//! the HTTP layers, the battery client, the storages — so none of them imports upwards.
 //!
 //! Every label value comes from a fixed set — the resource table's names, the API verbs,
 //! HTTP codes, the outcome enums here — or names an object the caller was authorized to

@@ -1,0 +1,330 @@
+//! The bind: `ClaimVM` with a `request_id` derived from the claim's uid, the claim's
+//! files written, the Bound claim recorded in one durable write; a bind that cannot finish
+//! releases what battery leased.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use battery_api_machinery::status::ApiError;
+use battery_types::{HasResourceInfo as _, LeaseSettings, MicroVMClaim};
+use k8s_openapi::jiff::Timestamp;
+use tokio::sync::broadcast;
+
+use super::lease::release;
+use super::{ClaimRecord, ClaimStorage, LeaseRecord, config, info, key};
+use crate::battery::objects;
+use crate::battery::{BatteryEvent, EventKind, Failure, LeaseId};
+use crate::meta_store::StoreError;
+use crate::metrics::BindOutcome;
+use crate::resources::hosts::HostDirectory;
+use crate::watch::ChangeType;
+
+/// ABORTED from ClaimVM means the MicroVM was deleted under the claim: battery says
+/// retry. We retry this often, with growing pauses, before answering 409.
+const ABORTED_RETRIES: u32 = 4;
+
+/// Why a bind did not bind, and how that counts.
+pub(super) struct BindFailure {
+    error: ApiError,
+    /// `Ambiguous` when battery may have leased anyway (the answer was lost).
+    outcome: BindOutcome,
+}
+
+impl BindFailure {
+    /// Refused for good: nothing was leased.
+    pub(super) fn refused(error: ApiError) -> Self {
+        Self {
+            error,
+            outcome: BindOutcome::Refused,
+        }
+    }
+}
+
+/// The API server itself failed (its metadata store).
+impl From<ApiError> for BindFailure {
+    fn from(error: ApiError) -> Self {
+        Self {
+            error,
+            outcome: BindOutcome::Failed,
+        }
+    }
+}
+
+impl From<StoreError> for BindFailure {
+    fn from(error: StoreError) -> Self {
+        ApiError::from(error).into()
+    }
+}
+
+/// What every claim's `request_id` starts with: a lease with it that no claim's record
+/// holds was left by a bind that never answered (see `recover`).
+pub(super) const REQUEST_ID_PREFIX: &str = "microvmclaim/";
+
+/// battery's `request_id` for a claim: stable across retries and restarts, unique per
+/// claim, well under battery's 255 bytes.
+pub(super) fn request_id(uid: &str) -> String {
+    format!("{REQUEST_ID_PREFIX}{uid}")
+}
+
+/// The request ids of the binds between their `ClaimVM` and their claim's record (or
+/// their release), which `recover` must not take for left over. One per create in flight,
+/// which the server's request limits bound.
+#[derive(Default)]
+pub(super) struct BindsInFlight(std::sync::Mutex<HashSet<String>>);
+
+impl BindsInFlight {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Holds `request_id` in flight until the guard drops.
+    pub(super) fn enter(self: &Arc<Self>, request_id: &str) -> InFlight {
+        self.lock().insert(request_id.to_owned());
+        InFlight {
+            binds: self.clone(),
+            request_id: request_id.to_owned(),
+        }
+    }
+}
+
+pub(super) struct InFlight {
+    binds: Arc<BindsInFlight>,
+    request_id: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.binds.lock().remove(&self.request_id);
+    }
+}
+
+impl ClaimStorage {
+    /// Calls `ClaimVM`, retrying ABORTED and waiting (bounded) for a MicroVM when the pool
+    /// has none available. The lease's expiry is reckoned from the pool's `threshold`:
+    /// reading it back from battery would cost a listing of the pool's leases per bind.
+    pub(super) async fn claim_vm(
+        &self,
+        namespace: &str,
+        pool: &str,
+        request_id: &str,
+        name: &str,
+        threshold: Option<battery_types::Duration>,
+    ) -> Result<crate::battery::Lease, BindFailure> {
+        let deadline = tokio::time::Instant::now() + self.bind_wait;
+        let mut aborted = 0;
+        loop {
+            // Subscribe before asking, so a VM_AVAILABLE between the answer and the wait
+            // is not missed.
+            let mut events = self.events.subscribe();
+            let asked = Timestamp::now();
+            let err = match self.battery.claim_vm(namespace, pool, request_id).await {
+                Ok(lease) => return Ok(lease.asked_at(asked, threshold)),
+                Err(err) => err,
+            };
+            match err.failure() {
+                Failure::Aborted if aborted < ABORTED_RETRIES => {
+                    aborted += 1;
+                    tokio::time::sleep(Duration::from_millis(50 << aborted)).await;
+                }
+                Failure::Exhausted => {
+                    if !wait_for_available(&mut events, namespace, pool, deadline).await {
+                        return Err(BindFailure {
+                            error: ApiError::too_many_requests(
+                                format!(
+                                    "pool {namespace}/{pool} has no MicroVM available; retry later"
+                                ),
+                                crate::battery::RETRY_AFTER_SECONDS,
+                            ),
+                            outcome: BindOutcome::Exhausted,
+                        });
+                    }
+                }
+                Failure::NotFound => {
+                    return Err(BindFailure::refused(ApiError::not_found(
+                        &battery_types::Pool::INFO,
+                        pool,
+                    )));
+                }
+                _ => {
+                    return Err(BindFailure {
+                        outcome: if err.is_definitive() {
+                            BindOutcome::Refused
+                        } else {
+                            BindOutcome::Ambiguous
+                        },
+                        error: err.into_api_error(info(), name),
+                    });
+                }
+            }
+        }
+    }
+
+    /// The bind of `create`, timed and counted by its outcome.
+    pub(super) async fn bind(
+        &self,
+        claim: MicroVMClaim,
+        resolved: config::Resolved,
+    ) -> Result<MicroVMClaim, ApiError> {
+        let started = Instant::now();
+        let bound = self.bind_steps(claim, resolved).await;
+        let outcome = bound
+            .as_ref()
+            .map_or_else(|f| f.outcome, |_| BindOutcome::Bound);
+        self.metrics.record_bind(outcome, started.elapsed());
+        bound.map_err(|f| f.error)
+    }
+
+    /// Calls `ClaimVM`, writes the claim's files, records the bound claim; a bind that
+    /// cannot finish releases what battery leased.
+    pub(super) async fn bind_steps(
+        &self,
+        mut claim: MicroVMClaim,
+        resolved: config::Resolved,
+    ) -> Result<MicroVMClaim, BindFailure> {
+        let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let uid = claim.metadata.uid.clone().unwrap_or_default();
+        let pool = claim.spec.pool_ref.name.clone();
+        let key = key(&namespace, &name);
+        let _guard = self.locks.lock(&key).await;
+        if self.store.get::<ClaimRecord>(&key)?.is_some() {
+            return Err(BindFailure::refused(ApiError::already_exists(
+                info(),
+                &name,
+            )));
+        }
+        if self.pools.is_deleting(&namespace, &pool)? {
+            return Err(BindFailure::refused(
+                ApiError::conflict(
+                    info(),
+                    &name,
+                    format!("pool {namespace}/{pool} is being deleted"),
+                )
+                .with_specific_reason("PoolDeleting"),
+            ));
+        }
+        // Held until the claim is recorded Bound (or the bind fails), so quotas count it.
+        let usage = self.quotas.usage_of(&self.pools, &namespace, &pool).await;
+        let _reservation = match usage {
+            Some(usage) => self
+                .quotas
+                .reserve(&namespace, &name, &uid, usage)
+                .await
+                .map_err(BindFailure::refused)?,
+            None => None,
+        };
+        let request_id = request_id(&uid);
+        // Until the claim is recorded: `recover` leaves its lease alone meanwhile.
+        let _in_flight = self.binds_in_flight.enter(&request_id);
+        // Usually cached; a Pool battery lacks is ClaimVM's to refuse.
+        let settings = self.pools.lease_settings(&namespace, &pool).await.ok();
+        let threshold = settings.as_ref().map(|s| s.expiry_threshold);
+        let lease = match self
+            .claim_vm(&namespace, &pool, &request_id, &name, threshold)
+            .await
+        {
+            Ok(lease) => lease,
+            Err(failure) if failure.outcome == BindOutcome::Ambiguous => {
+                // battery may have leased: the create fails, so whatever it leased is
+                // released, now if battery answers, else at the next start.
+                let this = self.clone();
+                tokio::spawn(async move {
+                    if let Err(err) = this
+                        .release_abandoned(&namespace, &pool, &request_id, &name)
+                        .await
+                    {
+                        tracing::warn!(error = %err, "releasing an abandoned bind; the next start releases it");
+                    }
+                });
+                return Err(failure);
+            }
+            // battery said no: nothing was leased, so nothing is left behind.
+            Err(failure) => return Err(failure),
+        };
+        crate::failpoint::crash_point("bind:claimed");
+        let lease_id = lease.id.clone();
+        let secrets = LeaseRecord {
+            lease: None,
+            duration_seconds: settings.as_ref().and_then(lease_seconds),
+            usage,
+        };
+        if let Err(failure) = self
+            .finish_bind(&mut claim, lease, secrets, resolved.files)
+            .await
+        {
+            // Released before the create answers. If battery does not release for
+            // certain, the next start releases every lease no claim holds (`recover`),
+            // or the lease expires, whichever comes first.
+            if let Err(err) = release(&self.battery, &lease_id, &name).await {
+                tracing::warn!(error = %err, claim = %name, "releasing an unfinished bind; the next start releases it");
+            }
+            return Err(failure);
+        }
+        self.config.remember(&uid, resolved.env);
+        Ok(claim)
+    }
+
+    /// The steps of a bind after battery leased: the bound status, the claim's files,
+    /// the record that holds the lease.
+    pub(super) async fn finish_bind(
+        &self,
+        claim: &mut MicroVMClaim,
+        lease: crate::battery::Lease,
+        mut secrets: LeaseRecord,
+        files: Vec<config::FileContent>,
+    ) -> Result<(), BindFailure> {
+        secrets.lease = Some(bind_status(claim, self.pools.hosts(), lease)?);
+        self.config
+            .write_files(claim, files)
+            .await
+            .map_err(BindFailure::refused)?;
+        Ok(self.commit(claim, secrets, ChangeType::Added).await?)
+    }
+}
+
+/// A lease's lifetime in whole seconds, as `coordination.k8s.io` Leases give it.
+fn lease_seconds(settings: &LeaseSettings) -> Option<i32> {
+    i32::try_from(settings.expiry_threshold.as_nanos() / 1_000_000_000).ok()
+}
+
+/// Fills a claim's status from battery's answer and what `hosts` says of its Host's exec
+/// agent (its address and readiness), returning the lease id to keep.
+fn bind_status(
+    claim: &mut MicroVMClaim,
+    hosts: &HostDirectory,
+    lease: crate::battery::Lease,
+) -> Result<LeaseId, ApiError> {
+    let agent_address = hosts.agent_address(&lease.host_name)?;
+    let readiness = hosts.readiness(&lease.host_name)?;
+    let (status, id) =
+        objects::bound_status(lease, agent_address, &readiness, claim.metadata.generation);
+    claim.status = Some(status);
+    Ok(id)
+}
+
+async fn wait_for_available(
+    events: &mut broadcast::Receiver<BatteryEvent>,
+    namespace: &str,
+    pool: &str,
+    deadline: tokio::time::Instant,
+) -> bool {
+    loop {
+        match tokio::time::timeout_at(deadline, events.recv()).await {
+            Err(_) => return false,
+            Ok(Ok(e))
+                if e.kind == EventKind::VmAvailable
+                    && e.namespace == namespace
+                    && e.pool == pool =>
+            {
+                return true;
+            }
+            Ok(Ok(_)) => {}
+            // Missed events: one of them may have been ours, so try again.
+            Ok(Err(broadcast::error::RecvError::Lagged(_))) => return true,
+            Ok(Err(broadcast::error::RecvError::Closed)) => return false,
+        }
+    }
+}
