@@ -100,6 +100,7 @@
 mod error;
 mod exec;
 mod microvm;
+mod records;
 mod registry;
 mod ssh;
 #[cfg(feature = "test-util")]

@@ -18,7 +18,6 @@ use battery_proto::flintlock::types::{
 };
 use battery_telemetry::error_chain;
 use prost::Message as _;
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -26,6 +25,10 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 use tracing::warn;
 
 use super::error::{PersistError, RequestError, SimHostError};
+use super::records::{
+    StoredInterface, StoredMicroVm, create_dir, read_legacy_state_file, read_records,
+    write_atomically,
+};
 
 /// The whole list, as versions before per-MicroVM records kept it.
 const LEGACY_STATE_FILE: &str = "microvms.json";
@@ -496,94 +499,6 @@ impl Registry {
     }
 }
 
-/// Creates the directory `path` if it is missing; returns it.
-async fn create_dir(path: PathBuf) -> Result<PathBuf, SimHostError> {
-    match tokio::fs::create_dir_all(&path).await {
-        Ok(()) => Ok(path),
-        Err(source) => Err(SimHostError::CreateStateDir { path, source }),
-    }
-}
-
-/// Replaces `path` atomically: a crash leaves the old content or the new.
-async fn write_atomically(path: &Path, bytes: Vec<u8>) -> Result<(), PersistError> {
-    let temporary = path.with_extension(TEMPORARY_EXTENSION);
-    tokio::fs::write(&temporary, bytes)
-        .await
-        .map_err(|source| PersistError::Write {
-            path: temporary.clone(),
-            source,
-        })?;
-    tokio::fs::rename(&temporary, path)
-        .await
-        .map_err(|source| PersistError::Write {
-            path: path.to_owned(),
-            source,
-        })
-}
-
-/// What a write in progress is named until it replaces its record.
-const TEMPORARY_EXTENSION: &str = "json.tmp";
-
-/// The JSON file `path` read as a `T`, or `None` if there is no such file.
-async fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, SimHostError> {
-    let bytes = match tokio::fs::read(path).await {
-        Ok(bytes) => bytes,
-        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(SimHostError::ReadState {
-                path: path.to_owned(),
-                source,
-            });
-        }
-    };
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|source| SimHostError::ParseState {
-            path: path.to_owned(),
-            source,
-        })
-}
-
-/// Every record in `dir`, with the path it was read from; a write a crash cut short
-/// (a temporary file) is removed.
-async fn read_records(dir: &Path) -> Result<Vec<(PathBuf, StoredMicroVm)>, SimHostError> {
-    let read_error = |source| SimHostError::ReadState {
-        path: dir.to_owned(),
-        source,
-    };
-    let mut entries = tokio::fs::read_dir(dir).await.map_err(read_error)?;
-    let mut records = Vec::new();
-    while let Some(entry) = entries.next_entry().await.map_err(read_error)? {
-        let path = entry.path();
-        if entry
-            .file_name()
-            .to_string_lossy()
-            .ends_with(TEMPORARY_EXTENSION)
-        {
-            if let Err(error) = tokio::fs::remove_file(&path).await {
-                warn!(path = %path.display(), %error, "removing an unfinished record failed");
-            }
-            continue;
-        }
-        if let Some(record) = read_json(&path).await? {
-            records.push((path, record));
-        }
-    }
-    Ok(records)
-}
-
-/// The MicroVMs of the whole-list state file of earlier versions, if there is one.
-async fn read_legacy_state_file(
-    path: &Path,
-) -> Result<Option<Vec<(PathBuf, StoredMicroVm)>>, SimHostError> {
-    Ok(read_json::<StateFile>(path).await?.map(|file| {
-        file.microvms
-            .into_iter()
-            .map(|record| (path.to_owned(), record))
-            .collect()
-    }))
-}
-
 fn validate_interfaces(spec: &MicroVmSpec) -> Result<(), RequestError> {
     let mut seen = HashSet::new();
     for (position, iface) in spec.interfaces.iter().enumerate() {
@@ -642,71 +557,10 @@ async fn remove_scratch_dir(path: &Path) {
     }
 }
 
-/// `microvms.json`, the whole list, as earlier versions kept it.
-#[derive(Default, Serialize, Deserialize)]
-struct StateFile {
-    microvms: Vec<StoredMicroVm>,
-}
-
-/// A MicroVM's record. The spec is kept as base64 protobuf: the generated types have no
-/// serde, and protobuf keeps every field, including ones added later.
-#[derive(Serialize, Deserialize)]
-struct StoredMicroVm {
-    uid: String,
-    state: VmState,
-    version: i32,
-    #[serde(with = "base64_bytes")]
-    spec: Vec<u8>,
-    network_interfaces: BTreeMap<String, StoredInterface>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct StoredInterface {
-    host_device_name: String,
-    index: i32,
-    mac_address: String,
-}
-
-impl From<&NetworkInterfaceStatus> for StoredInterface {
-    fn from(status: &NetworkInterfaceStatus) -> Self {
-        Self {
-            host_device_name: status.host_device_name.clone(),
-            index: status.index,
-            mac_address: status.mac_address.clone(),
-        }
-    }
-}
-
-impl From<StoredInterface> for NetworkInterfaceStatus {
-    fn from(stored: StoredInterface) -> Self {
-        Self {
-            host_device_name: stored.host_device_name,
-            index: stored.index,
-            mac_address: stored.mac_address,
-        }
-    }
-}
-
-mod base64_bytes {
-    use base64::Engine as _;
-    use base64::engine::general_purpose::STANDARD as BASE64;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&BASE64.encode(bytes))
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Vec<u8>, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        BASE64.decode(text).map_err(serde::de::Error::custom)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::simhost::records::StateFile;
     use battery_proto::flintlock::types::NetworkInterface;
 
     fn iface(device_id: &str, kind: IfaceType, guest_mac: Option<&str>) -> NetworkInterface {
