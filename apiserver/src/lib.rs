@@ -19,6 +19,8 @@ pub mod relay;
 pub mod resources;
 mod serve_command;
 pub mod server;
+#[cfg(feature = "test-util")]
+pub mod testing;
 pub mod watch;
 
 /// Runs the command the user chose.

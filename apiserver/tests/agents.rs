@@ -1,7 +1,7 @@
 //! Exec agents and their Hosts: an agent may write only its own Host; its readiness
 //! report reaches the claims on that Host and battery's placement.
 
-mod common;
+use battery_apiserver::testing as common;
 mod dev_process;
 
 use axum::body::Body;

@@ -1,7 +1,7 @@
 //! `hosts/<name>/certificate`: the exec agent of a Host, and only it, gets a serving
 //! certificate signed for that Host's names (ADR 0011).
 
-mod common;
+use battery_apiserver::testing as common;
 
 use std::sync::Arc;
 use std::time::Duration;

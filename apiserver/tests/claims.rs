@@ -2,7 +2,7 @@
 //! expiry, release, renewal through the `lease` subresource, and pool deletion while a
 //! claim is bound.
 
-mod common;
+use battery_apiserver::testing as common;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -16,8 +16,21 @@ use common::{CLAIMS, DEADLINE, HOSTS, Harness, POOLS, condition, eventually, get
 use http::{Request, StatusCode, header};
 use serde_json::{Value, json};
 
-impl Harness {
+/// What these tests do with the harness beyond what it offers.
+trait ClaimSteps {
     /// A request that authenticates with a bearer token, as a client in a pod would.
+    async fn call_with_token(
+        &self,
+        token: &str,
+        method: &str,
+        uri: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value);
+    /// A Pool whose leases beat every 100 ms and expire after `expiry` unrenewed.
+    async fn create_pool(&self, name: &str, size: i32, replenishment: &str, expiry: &str);
+}
+
+impl ClaimSteps for Harness {
     async fn call_with_token(
         &self,
         token: &str,
@@ -35,7 +48,6 @@ impl Harness {
         self.json_as_is(request).await
     }
 
-    /// A Pool whose leases beat every 100 ms and expire after `expiry` unrenewed.
     async fn create_pool(&self, name: &str, size: i32, replenishment: &str, expiry: &str) {
         let mut body = pool(name, size);
         body["spec"]["replenishment"] = json!({"type": replenishment});

@@ -3,7 +3,7 @@
 //! in-process `battery-agent` per Host over mTLS, and two clients: kube-rs's `ws` exec
 //! and a hand-written `tokio-tungstenite` one speaking the channel protocol.
 
-mod common;
+use battery_apiserver::testing as common;
 #[path = "exec/harness.rs"]
 mod harness;
 

@@ -4,7 +4,7 @@
 //! battery's leases and the claims must agree — no MicroVM leased twice, no lease without
 //! a claim, no Bound claim without a lease.
 
-mod common;
+use battery_apiserver::testing as common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};

@@ -2,7 +2,7 @@
 //! HostAdmin show without a restart, and deleting a Host is a graceful deletion in
 //! battery's order that keeps its Pools at size on the other Hosts.
 
-mod common;
+use battery_apiserver::testing as common;
 
 use battery_proto::poolmgr::v1alpha1 as pb;
 use common::{CLAIMS, HOSTS, Harness, POOLS, claim, condition, get, pool};

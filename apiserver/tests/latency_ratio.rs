@@ -8,7 +8,7 @@
 //! whole delayed-ACK periods when a socket to battery stalls. The margins are below one
 //! such period, the ratios well above what a busy machine showed.
 
-mod common;
+use battery_apiserver::testing as common;
 mod dev_process;
 
 use std::path::PathBuf;

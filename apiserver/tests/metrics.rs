@@ -1,7 +1,7 @@
 //! `/metrics` driven through the whole router, in-process: hostile paths add no series,
 //! and the in-flight and open-watch gauges follow the requests.
 
-mod common;
+use battery_apiserver::testing as common;
 
 use std::sync::Arc;
 

@@ -8,7 +8,7 @@
 //!
 //! `PROPTEST_CASES` sets the number of requests (2000 by default).
 
-mod common;
+use battery_apiserver::testing as common;
 
 use std::time::Duration;
 

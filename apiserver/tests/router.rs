@@ -2,7 +2,7 @@
 //! kubectl cannot show directly — watch resourceVersion semantics, bookmarks, streaming
 //! lists, metadata-only watches, pagination, discovery caching and content negotiation.
 
-mod common;
+use battery_apiserver::testing as common;
 
 use std::time::Duration;
 
@@ -12,17 +12,24 @@ use battery_apiserver::meta_store::MetaStore;
 use battery_apiserver::server::Settings;
 use common::{CLAIMS, Harness, POOLS, as_dev, as_user, claim, get, pool, post};
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use http::{Request, StatusCode, header};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-impl Harness {
+/// What these tests do with the harness beyond what it offers.
+trait RouterSteps {
+    async fn create_pool(&self, name: &str, size: i32) -> Value;
+    /// Opens a watch and returns its lines as they come.
+    async fn watch(&self, uri: &str, accept: &str) -> BoxStream<'static, Value>;
+}
+
+impl RouterSteps for Harness {
     async fn create_pool(&self, name: &str, size: i32) -> Value {
         self.create(POOLS, &pool(name, size)).await
     }
 
-    /// Opens a watch and returns its lines as they come.
-    async fn watch(&self, uri: &str, accept: &str) -> impl futures::Stream<Item = Value> + use<> {
+    async fn watch(&self, uri: &str, accept: &str) -> BoxStream<'static, Value> {
         let request = Request::get(uri)
             .header(header::ACCEPT, accept)
             .body(Body::empty())
@@ -42,6 +49,7 @@ impl Harness {
                 }
                 futures::stream::iter(lines)
             })
+            .boxed()
     }
 }
 

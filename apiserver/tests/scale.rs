@@ -2,7 +2,7 @@
 //! projects, every write kind kubectl, HPA and KEDA send, and each refusal, with battery's
 //! own GetPool checked after each write that changes the size.
 
-mod common;
+use battery_apiserver::testing as common;
 
 use battery_proto::poolmgr::v1alpha1 as pb;
 use battery_types::POOL_UID_LABEL;

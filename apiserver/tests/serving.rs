@@ -2,7 +2,7 @@
 //! concurrent streams per connection (the aggregator multiplexes every user's requests
 //! and watches over few connections), and a request with many group headers is served.
 
-mod common;
+use battery_apiserver::testing as common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -1,21 +1,19 @@
-//! The in-process server the router-level tests drive: the whole router on an embedded
-//! battery and an in-memory metadata store, requests sent without a socket. Also the
-//! bodies they send and the one way every test waits for something.
-
-// Each test crate that includes this module uses a different part of it.
-#![allow(dead_code)]
+//! For tests (the `test-util` feature): the in-process server the router-level tests
+//! drive, the whole router on an embedded battery and an in-memory metadata store,
+//! requests sent without a socket; the bodies they send, the one way every test waits
+//! for something, and a battery proxy that loses answers on purpose ([`faults`]).
 
 pub mod faults;
 
 use std::time::Duration;
 
+use crate::battery::BatteryClient;
+use crate::dev::pki::DEV_USER;
+use crate::http::authn::UserInfo;
+use crate::meta_store::MetaStore;
+use crate::server::{self, App, Settings};
 use axum::Router;
 use axum::body::Body;
-use battery_apiserver::battery::BatteryClient;
-use battery_apiserver::dev::pki::DEV_USER;
-use battery_apiserver::http::authn::UserInfo;
-use battery_apiserver::meta_store::MetaStore;
-use battery_apiserver::server::{self, App, Settings};
 use battery_embedded::BatteryConfig;
 use battery_embedded::local::{LocalBattery, LocalBatteryConfig};
 use http::{HeaderMap, Request, StatusCode, header};
