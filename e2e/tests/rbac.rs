@@ -1,8 +1,8 @@
 //! RBAC exactly as `deploy/` ships it, through a real kube-apiserver: the `battery-holder`
 //! role alone is enough to claim, renew, exec and release; Kubernetes' `view` (which our
-//! `battery-view` aggregates into) reads claims but neither renews nor execs; and exec
-//! needs the two verbs `docs/security.md` names, `get` at kube-apiserver's front door and
-//! `create` at ours.
+//! `battery-view` aggregates into) reads claims but neither renews, execs, opens a
+//! terminal nor forwards a port; and exec needs the two verbs `docs/security.md` names,
+//! `get` at kube-apiserver's front door and `create` at ours.
 
 use battery_e2e::apiserver::{ApiServer, front};
 use battery_e2e::channel_exec;
@@ -172,6 +172,45 @@ async fn view_reads_claims_but_cannot_renew_or_exec() {
     );
     assert_forbidden(renew(&claims, "watched").await, "renewing with view");
     assert!(echo(&claims, "watched").await.is_err(), "view may not exec");
+    // Nor open a terminal or forward a port: kube-apiserver refuses both upgrades itself.
+    let cluster = server.cluster().expect("a real control plane");
+    let token = cluster
+        .plane
+        .service_account_token(NAMESPACE, "viewer")
+        .await;
+    let client = channel_exec::Client {
+        https: battery_e2e::https::Client::new(
+            cluster.url(),
+            &cluster.ca(),
+            Identity::Token(token),
+        ),
+    };
+    let claim_path = format!(
+        "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/{NAMESPACE}/microvmclaims/watched"
+    );
+    for (subresource, query, protocol) in [
+        (
+            "exec",
+            "command=sh&stdin=true&stdout=true&tty=true",
+            "v5.channel.k8s.io",
+        ),
+        ("portforward", "ports=80", "v4.channel.k8s.io"),
+    ] {
+        let refused = client
+            .open(&format!("{claim_path}/{subresource}?{query}"), protocol)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("view may not open {subresource}"));
+        assert_eq!(refused.0, 403, "{subresource}: {}", refused.1);
+        let message = refused.1["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(&format!(
+                "cannot get resource \"microvmclaims/{subresource}\""
+            )),
+            "{subresource}: {}",
+            refused.1
+        );
+    }
     assert_forbidden(
         claims
             .create(&PostParams::default(), &claim("mine", "viewer"))
