@@ -6,13 +6,11 @@ pub mod hosts;
 pub mod microvmclaims;
 pub mod pools;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use battery_api_machinery::status::ApiError;
 use battery_types::ResourceInfo;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use tokio::sync::OwnedMutexGuard;
 
 use crate::meta_store::{Key, MetaStore, StoreError, Txn};
 use crate::watch::ChangeType;
@@ -20,22 +18,7 @@ use crate::watch::ChangeType;
 /// Serializes writes to one object, so a battery call and the record written after it
 /// are never interleaved with another write to the same object (a store transaction
 /// alone cannot span the battery call).
-#[derive(Default)]
-pub struct KeyLocks {
-    locks: Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
-}
-
-impl KeyLocks {
-    pub async fn lock(&self, key: &Key) -> OwnedMutexGuard<()> {
-        let lock = {
-            let mut locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
-            // Forget locks nobody holds, so the map stays as small as the writes in flight.
-            locks.retain(|_, l| Arc::strong_count(l) > 1);
-            locks.entry(key.clone()).or_default().clone()
-        };
-        lock.lock_owned().await
-    }
-}
+pub type KeyLocks = battery_locks::KeyLocks<Key>;
 
 /// A store failure, answered as a 500 with the cause kept for the log.
 pub fn store_error(error: StoreError) -> ApiError {

@@ -1,9 +1,9 @@
 //! The state every service and background task shares: configuration, store, host
 //! connections, reconcilers, per-pool locks and the tracked background tasks.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use battery_locks::KeyLocks;
 use battery_proto::poolmgr::v1alpha1::EventType;
 use tokio::sync::{OwnedMutexGuard, oneshot};
 use tokio::task::JoinSet;
@@ -21,7 +21,7 @@ pub(crate) struct Engine {
     pub(crate) hosts: HostConnections,
     pub(crate) reconcilers: Reconcilers,
     /// battery's per-pool lock for CreatePool, UpdatePool and DeletePool (§3.2).
-    pool_locks: Mutex<HashMap<PoolKey, Arc<tokio::sync::Mutex<()>>>>,
+    pool_locks: KeyLocks<PoolKey>,
     /// Detached work (VM bring-up, deletions, claims, event streams, the sweeper);
     /// None once shut down.
     tasks: Mutex<Option<JoinSet<()>>>,
@@ -35,7 +35,7 @@ impl Engine {
             store,
             hosts: HostConnections::default(),
             reconcilers: Reconcilers::default(),
-            pool_locks: Mutex::default(),
+            pool_locks: KeyLocks::default(),
             tasks: Mutex::new(Some(JoinSet::new())),
             shutdown: CancellationToken::new(),
         })
@@ -91,16 +91,7 @@ impl Engine {
 
     /// Takes the per-pool lock.
     pub(crate) async fn lock_pool(&self, pool: &PoolKey) -> OwnedMutexGuard<()> {
-        let lock = {
-            let mut locks = self
-                .pool_locks
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            // Forget locks nobody holds or waits for.
-            locks.retain(|_, lock| Arc::strong_count(lock) > 1);
-            Arc::clone(locks.entry(pool.clone()).or_default())
-        };
-        lock.lock_owned().await
+        self.pool_locks.lock(pool).await
     }
 
     /// Stops everything in the background: signals shutdown, stops the reconcilers, then
