@@ -16,46 +16,6 @@ use common::{CLAIMS, DEADLINE, HOSTS, Harness, POOLS, condition, eventually, get
 use http::{Request, StatusCode, header};
 use serde_json::{Value, json};
 
-/// What these tests do with the harness beyond what it offers.
-trait ClaimSteps {
-    /// A request that authenticates with a bearer token, as a client in a pod would.
-    async fn call_with_token(
-        &self,
-        token: &str,
-        method: &str,
-        uri: &str,
-        body: Option<Value>,
-    ) -> (StatusCode, Value);
-    /// A Pool whose leases beat every 100 ms and expire after `expiry` unrenewed.
-    async fn create_pool(&self, name: &str, size: i32, replenishment: &str, expiry: &str);
-}
-
-impl ClaimSteps for Harness {
-    async fn call_with_token(
-        &self,
-        token: &str,
-        method: &str,
-        uri: &str,
-        body: Option<Value>,
-    ) -> (StatusCode, Value) {
-        let request = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header(header::CONTENT_TYPE, "application/merge-patch+json")
-            .header(header::AUTHORIZATION, format!("Bearer {token}"))
-            .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
-            .unwrap();
-        self.json_as_is(request).await
-    }
-
-    async fn create_pool(&self, name: &str, size: i32, replenishment: &str, expiry: &str) {
-        let mut body = pool(name, size);
-        body["spec"]["replenishment"] = json!({"type": replenishment});
-        body["spec"]["lease"] = json!({"heartbeatInterval": "100ms", "expiryThreshold": expiry});
-        self.create(POOLS, &body).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_hundred_concurrent_claims_on_a_pool_of_one_hundred() {
     let h = Arc::new(
@@ -66,7 +26,7 @@ async fn two_hundred_concurrent_claims_on_a_pool_of_one_hundred() {
         .await,
     );
     // ReplaceOnDelete keeps 100 MicroVMs in all: none is added while they are leased.
-    h.create_pool("hundred", 100, "ReplaceOnDelete", "60s")
+    h.create_pool_with_lease("hundred", 100, "ReplaceOnDelete", "60s")
         .await;
     h.wait_available("hundred", 100).await;
     let mut tasks = tokio::task::JoinSet::new();
@@ -117,7 +77,8 @@ async fn two_hundred_concurrent_claims_on_a_pool_of_one_hundred() {
 #[tokio::test]
 async fn an_unrenewed_claim_expires_and_a_renewed_one_does_not() {
     let h = Harness::start().await;
-    h.create_pool("short", 2, "ImmediateOnLease", "1s").await;
+    h.create_pool_with_lease("short", 2, "ImmediateOnLease", "1s")
+        .await;
     h.wait_available("short", 2).await;
     let (status, _, renewed) = h.claim("renewed", "short").await;
     assert_eq!(status, StatusCode::CREATED, "{renewed}");
@@ -201,7 +162,8 @@ async fn an_unrenewed_claim_expires_and_a_renewed_one_does_not() {
 #[tokio::test]
 async fn deleting_a_claim_releases_its_microvm() {
     let h = Harness::start().await;
-    h.create_pool("rel", 1, "ReplaceOnDelete", "60s").await;
+    h.create_pool_with_lease("rel", 1, "ReplaceOnDelete", "60s")
+        .await;
     h.wait_available("rel", 1).await;
     let (_, _, claim) = h.claim("c", "rel").await;
     let vm = claim["status"]["microVM"]["uid"]
@@ -228,7 +190,8 @@ async fn deleting_a_claim_releases_its_microvm() {
 #[tokio::test]
 async fn a_pool_with_a_bound_claim_waits_for_it_before_going() {
     let h = Harness::start().await;
-    h.create_pool("doomed", 2, "ReplaceOnDelete", "60s").await;
+    h.create_pool_with_lease("doomed", 2, "ReplaceOnDelete", "60s")
+        .await;
     h.wait_available("doomed", 2).await;
     let (status, _, _) = h.claim("holder", "doomed").await;
     assert_eq!(status, StatusCode::CREATED);
@@ -392,7 +355,8 @@ async fn a_node_selector_follows_host_labels() {
 async fn deleting_every_claim_of_a_namespace_releases_every_microvm() {
     // What the namespace controller does when a namespace goes: one deletecollection.
     let h = Harness::start().await;
-    h.create_pool("ns", 3, "ReplaceOnDelete", "60s").await;
+    h.create_pool_with_lease("ns", 3, "ReplaceOnDelete", "60s")
+        .await;
     h.wait_available("ns", 3).await;
     let mut vms = Vec::new();
     for name in ["a", "b", "c"] {
@@ -603,7 +567,8 @@ async fn every_resource_request_and_metrics_are_authorized_by_subject_access_rev
             .filter(|e| e.get("review").is_some())
             .count()
     };
-    h.create_pool("p", 0, "ImmediateOnLease", "60s").await;
+    h.create_pool_with_lease("p", 0, "ImmediateOnLease", "60s")
+        .await;
     let (status, _, _) = h
         .call_as("viewer", "GET", POOLS, "application/json", None)
         .await;
@@ -669,7 +634,8 @@ async fn bearer_tokens_are_reviewed_and_only_the_holder_renews() {
         ..common::settings()
     })
     .await;
-    h.create_pool("tok", 1, "ImmediateOnLease", "60s").await;
+    h.create_pool_with_lease("tok", 1, "ImmediateOnLease", "60s")
+        .await;
     h.wait_available("tok", 1).await;
     let (status, _, claim) = h.claim("held", "tok").await;
     assert_eq!(status, StatusCode::CREATED, "{claim}");
@@ -743,8 +709,10 @@ async fn a_list_copied_from_the_records_answers_as_a_decoded_one() {
     const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
     const METADATA: &str = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io";
     let h = Harness::start().await;
-    h.create_pool("short", 1, "ImmediateOnLease", "1s").await;
-    h.create_pool("long", 2, "ImmediateOnLease", "60s").await;
+    h.create_pool_with_lease("short", 1, "ImmediateOnLease", "1s")
+        .await;
+    h.create_pool_with_lease("long", 2, "ImmediateOnLease", "60s")
+        .await;
     h.wait_available("short", 1).await;
     h.wait_available("long", 2).await;
     let (status, _, gone) = h.claim("gone", "short").await;

@@ -12,46 +12,9 @@ use battery_apiserver::meta_store::MetaStore;
 use battery_apiserver::server::Settings;
 use common::{CLAIMS, Harness, POOLS, as_dev, as_user, claim, get, pool, post};
 use futures::StreamExt;
-use futures::stream::BoxStream;
 use http::{Request, StatusCode, header};
 use serde_json::{Value, json};
 use tower::ServiceExt;
-
-/// What these tests do with the harness beyond what it offers.
-trait RouterSteps {
-    async fn create_pool(&self, name: &str, size: i32) -> Value;
-    /// Opens a watch and returns its lines as they come.
-    async fn watch(&self, uri: &str, accept: &str) -> BoxStream<'static, Value>;
-}
-
-impl RouterSteps for Harness {
-    async fn create_pool(&self, name: &str, size: i32) -> Value {
-        self.create(POOLS, &pool(name, size)).await
-    }
-
-    async fn watch(&self, uri: &str, accept: &str) -> BoxStream<'static, Value> {
-        let request = Request::get(uri)
-            .header(header::ACCEPT, accept)
-            .body(Body::empty())
-            .unwrap();
-        let response = self.router().oneshot(as_dev(request)).await.unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
-        let mut buffer = Vec::new();
-        response
-            .into_body()
-            .into_data_stream()
-            .flat_map(move |chunk| {
-                buffer.extend_from_slice(&chunk.unwrap());
-                let mut lines = Vec::new();
-                while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
-                    let line: Vec<u8> = buffer.drain(..=end).collect();
-                    lines.push(serde_json::from_slice(&line).unwrap());
-                }
-                futures::stream::iter(lines)
-            })
-            .boxed()
-    }
-}
 
 async fn next_event(stream: &mut (impl futures::Stream<Item = Value> + Unpin)) -> Value {
     tokio::time::timeout(Duration::from_secs(10), stream.next())

@@ -186,8 +186,13 @@ fn percent_encode(text: &str) -> String {
 
 /// The path of a claim's exec subresource.
 pub fn exec_path(namespace: &str, claim: &str) -> String {
+    connect_path(namespace, claim, "exec")
+}
+
+/// The path of the claim's WebSocket subresource `subresource` (`exec`, `portforward`).
+pub fn connect_path(namespace: &str, claim: &str, subresource: &str) -> String {
     format!(
-        "/apis/{}/namespaces/{namespace}/microvmclaims/{claim}/exec",
+        "/apis/{}/namespaces/{namespace}/microvmclaims/{claim}/{subresource}",
         battery_types::API_VERSION
     )
 }

@@ -52,6 +52,20 @@ async fn account_bound_to(
     Api::namespaced(kube_client(&kubeconfig).await, NAMESPACE)
 }
 
+/// A WebSocket client of kube-apiserver with the token of the ServiceAccount `name` of
+/// [`NAMESPACE`], for the claims' `exec` and `portforward`.
+async fn channel_client_as(server: &ApiServer, name: &str) -> channel_exec::Client {
+    let cluster = server.cluster().expect("a real control plane");
+    let token = cluster.plane.service_account_token(NAMESPACE, name).await;
+    channel_exec::Client {
+        https: battery_e2e::https::Client::new(
+            cluster.url(),
+            &cluster.ca(),
+            Identity::Token(token),
+        ),
+    }
+}
+
 /// Renews `claim` as the SDK does: a PUT of a Lease to its `lease` subresource.
 async fn renew(claims: &Api<MicroVMClaim>, claim: &str) -> Result<Lease, kube::Error> {
     let body = Lease {
@@ -173,21 +187,7 @@ async fn view_reads_claims_but_cannot_renew_or_exec() {
     assert_forbidden(renew(&claims, "watched").await, "renewing with view");
     assert!(echo(&claims, "watched").await.is_err(), "view may not exec");
     // Nor open a terminal or forward a port: kube-apiserver refuses both upgrades itself.
-    let cluster = server.cluster().expect("a real control plane");
-    let token = cluster
-        .plane
-        .service_account_token(NAMESPACE, "viewer")
-        .await;
-    let client = channel_exec::Client {
-        https: battery_e2e::https::Client::new(
-            cluster.url(),
-            &cluster.ca(),
-            Identity::Token(token),
-        ),
-    };
-    let claim_path = format!(
-        "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/{NAMESPACE}/microvmclaims/watched"
-    );
+    let client = channel_client_as(&server, "viewer").await;
     for (subresource, query, protocol) in [
         (
             "exec",
@@ -197,7 +197,13 @@ async fn view_reads_claims_but_cannot_renew_or_exec() {
         ("portforward", "ports=80", "v4.channel.k8s.io"),
     ] {
         let refused = client
-            .open(&format!("{claim_path}/{subresource}?{query}"), protocol)
+            .open(
+                &format!(
+                    "{}?{query}",
+                    channel_exec::connect_path(NAMESPACE, "watched", subresource)
+                ),
+                protocol,
+            )
             .await
             .err()
             .unwrap_or_else(|| panic!("view may not open {subresource}"));
@@ -253,14 +259,7 @@ async fn exec_needs_get_at_kube_apiserver_and_create_at_ours() {
         cluster
             .grant(&format!("e2e:exec-{holder}"), rules, subject)
             .await;
-        let token = cluster.plane.service_account_token(NAMESPACE, holder).await;
-        let client = channel_exec::Client {
-            https: battery_e2e::https::Client::new(
-                cluster.url(),
-                &cluster.ca(),
-                Identity::Token(token),
-            ),
-        };
+        let client = channel_client_as(&server, holder).await;
         let path = format!(
             "{}?{}",
             channel_exec::exec_path(NAMESPACE, holder),

@@ -16,6 +16,8 @@ use axum::Router;
 use axum::body::Body;
 use battery_embedded::BatteryConfig;
 use battery_embedded::local::{LocalBattery, LocalBatteryConfig};
+use futures::StreamExt as _;
+use futures::stream::BoxStream;
 use http::{HeaderMap, Request, StatusCode, header};
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -161,6 +163,67 @@ impl Harness {
     ) -> (StatusCode, HeaderMap, Value) {
         self.call_as(DEV_USER, method, uri, content_type, body)
             .await
+    }
+
+    /// Creates the Pool `name` of `size` MicroVMs; the created object.
+    pub async fn create_pool(&self, name: &str, size: i32) -> Value {
+        self.create(POOLS, &pool(name, size)).await
+    }
+
+    /// Opens a watch as the dev user and returns its lines as they come.
+    pub async fn watch(&self, uri: &str, accept: &str) -> BoxStream<'static, Value> {
+        let request = Request::get(uri)
+            .header(header::ACCEPT, accept)
+            .body(Body::empty())
+            .unwrap();
+        let response = self.router().oneshot(as_dev(request)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let mut buffer = Vec::new();
+        response
+            .into_body()
+            .into_data_stream()
+            .flat_map(move |chunk| {
+                buffer.extend_from_slice(&chunk.unwrap());
+                let mut lines = Vec::new();
+                while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = buffer.drain(..=end).collect();
+                    lines.push(serde_json::from_slice(&line).unwrap());
+                }
+                futures::stream::iter(lines)
+            })
+            .boxed()
+    }
+
+    /// A request that authenticates with a bearer token, as a client in a pod would.
+    pub async fn call_with_token(
+        &self,
+        token: &str,
+        method: &str,
+        uri: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(header::CONTENT_TYPE, "application/merge-patch+json")
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+            .unwrap();
+        self.json_as_is(request).await
+    }
+
+    /// A Pool whose leases beat every 100 ms and expire after `expiry` unrenewed.
+    pub async fn create_pool_with_lease(
+        &self,
+        name: &str,
+        size: i32,
+        replenishment: &str,
+        expiry: &str,
+    ) {
+        let mut body = pool(name, size);
+        body["spec"]["replenishment"] = json!({"type": replenishment});
+        body["spec"]["lease"] = json!({"heartbeatInterval": "100ms", "expiryThreshold": expiry});
+        self.create(POOLS, &body).await;
     }
 
     /// POSTs `body` to `uri`, which must create it; the created object.

@@ -42,7 +42,7 @@ pub(super) const THROUGHPUT_ROUNDS: usize = 5;
 /// When the first stdout byte came, and how many came in all, and when the last did.
 pub(super) struct Run {
     pub(super) first_byte: Duration,
-    bytes: usize,
+    pub(super) bytes: usize,
     pub(super) took: Duration,
 }
 
@@ -395,20 +395,35 @@ pub(super) async fn on_a_pipe(command: &[&str]) -> Result<Run> {
         .kill_on_drop(true)
         .spawn()
         .with_context(|| format!("running {command:?}"))?;
-    let mut stdout = child.stdout.take().context("stdout is piped")?;
+    let stdout = child.stdout.take().context("stdout is piped")?;
+    let run = read_to_end(stdout, started)
+        .await
+        .context("the command's stdout")?;
+    child.wait().await?;
+    Ok(Run {
+        took: started.elapsed(),
+        ..run
+    })
+}
+
+/// `stream` read to its end, timed from `started`: when its first byte came, how many
+/// came, and when the last did.
+pub(super) async fn read_to_end(
+    mut stream: impl tokio::io::AsyncRead + Unpin,
+    started: Instant,
+) -> Result<Run> {
     let mut buffer = vec![0; 64 * 1024];
     let (mut first_byte, mut bytes) = (None, 0);
     loop {
-        let read = stdout.read(&mut buffer).await?;
+        let read = stream.read(&mut buffer).await?;
         if read == 0 {
             break;
         }
         first_byte.get_or_insert_with(|| started.elapsed());
         bytes += read;
     }
-    child.wait().await?;
     Ok(Run {
-        first_byte: first_byte.context("the command printed nothing")?,
+        first_byte: first_byte.context("nothing came")?,
         bytes,
         took: started.elapsed(),
     })

@@ -15,7 +15,7 @@ use battery_sdk::{Claim, TerminalSize};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::exec::{MB, THROUGHPUT_ROUNDS, median, on_a_pipe};
+use super::exec::{MB, THROUGHPUT_ROUNDS, median, on_a_pipe, read_to_end};
 use super::report::{Row, Unit, millis, percentiles, quantile};
 use super::rig::Rig;
 
@@ -194,13 +194,15 @@ async fn forward_throughput(claim: &Claim, bytes: usize) -> Result<Vec<Row>> {
             .connect_port(port)
             .await
             .context("connecting through the forward")?;
-        let (first, took) = read_all(forwarded, bytes, started).await?;
-        first_bytes.push(first);
-        rates[0].push(bytes as f64 / MB / took.as_secs_f64());
+        let through = read_to_end(forwarded, started).await?;
+        first_bytes.push(through.first_byte);
         let started = Instant::now();
         let local = TcpStream::connect(("127.0.0.1", port)).await?;
-        let (_, took) = read_all(local, bytes, started).await?;
-        rates[1].push(bytes as f64 / MB / took.as_secs_f64());
+        let straight = read_to_end(local, started).await?;
+        for (rates, run) in rates.iter_mut().zip([through, straight]) {
+            ensure!(run.bytes == bytes, "read {} bytes, not {bytes}", run.bytes);
+            rates.push(bytes as f64 / MB / run.took.as_secs_f64());
+        }
         let piped = on_a_pipe(&head).await?;
         rates[2].push(bytes as f64 / MB / piped.took.as_secs_f64());
     }
@@ -233,25 +235,4 @@ async fn forward_throughput(claim: &Claim, bytes: usize) -> Result<Vec<Row>> {
         Unit::Times,
     ));
     Ok(rows)
-}
-
-/// Reads `stream` to its end, which must be `bytes` long: when its first byte came and
-/// when its last did, from `started`.
-async fn read_all(
-    mut stream: impl AsyncRead + Unpin,
-    bytes: usize,
-    started: Instant,
-) -> Result<(Duration, Duration)> {
-    let mut buffer = vec![0; 64 * 1024];
-    let (mut first, mut read) = (None, 0);
-    loop {
-        let n = stream.read(&mut buffer).await?;
-        if n == 0 {
-            break;
-        }
-        first.get_or_insert_with(|| started.elapsed());
-        read += n;
-    }
-    ensure!(read == bytes, "read {read} bytes, not {bytes}");
-    Ok((first.context("nothing came")?, started.elapsed()))
 }

@@ -280,7 +280,8 @@ async fn only_the_holder_with_rbac_may_exec() {
         channel_exec::query(&["echo", "hi"], false)
     );
     let portforward = format!(
-        "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/{NAMESPACE}/microvmclaims/mine/portforward?ports=80"
+        "{}?ports=80",
+        channel_exec::connect_path(NAMESPACE, "mine", "portforward")
     );
     for (subresource, path, protocol) in [
         ("exec", exec, "v5.channel.k8s.io"),
