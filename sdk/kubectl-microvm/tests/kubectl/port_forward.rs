@@ -1,12 +1,12 @@
-//! `kubectl microvm port-forward` through a real kube-apiserver, its aggregator, `serve`,
-//! the agent and a real sshd's `direct-tcpip` behind the simulated Host's SSH proxy
-//! (ADR 33): an HTTP server started in the MicroVM, fetched through the forward, twenty
+//! `kubectl microvm port-forward` on `dev`, and through a real kube-apiserver, its
+//! aggregator, `serve` and the agent, to a real sshd's `direct-tcpip` behind the simulated
+//! Host's SSH proxy (ADR 33): an HTTP server started in the MicroVM, fetched through the forward, twenty
 //! connections at once, and a closed guest port failing its connection with a line that
 //! says so while the forward goes on.
 
 use std::time::Duration;
 
-use battery_e2e::apiserver::{ApiServer, Stream, free_loopback_address};
+use battery_e2e::apiserver::{ApiServer, Route, Stream, free_loopback_address};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::common::{hold, kubectl, path_with_plugin};
@@ -35,7 +35,16 @@ async fn get(port: u16) -> Result<String, String> {
 
 #[tokio::test]
 async fn port_forward_through_kube_apiserver_reaches_a_guest_http_server() {
-    let server = ApiServer::aggregated_with_agents().await;
+    forwards_to_a_guest_http_server(ApiServer::aggregated_with_agents().await).await;
+}
+
+/// The same on `dev`, whose agents run in its process.
+#[tokio::test]
+async fn port_forward_on_dev_reaches_a_guest_http_server() {
+    forwards_to_a_guest_http_server(ApiServer::start(Route::Direct).await).await;
+}
+
+async fn forwards_to_a_guest_http_server(server: ApiServer) {
     let kubectl = kubectl(&server);
     let _held = hold(&kubectl, "c").await;
     // The simulated guest's loopback is this machine's.

@@ -1,8 +1,8 @@
-//! `kubectl microvm shell` and `exec -it` on a real terminal (tmux), through a real
-//! kube-apiserver, its aggregator, `serve`, the agent and a real sshd behind the simulated
-//! Host's SSH proxy (ADR 33): typing, the terminal's size before and after a resize,
-//! Ctrl-C, and the shell's exit code as the plugin's. Every wait polls the screen until
-//! what it waits for is on it.
+//! `kubectl microvm shell` and `exec -it` on a real terminal (tmux), on `dev` and through a
+//! real kube-apiserver, its aggregator, `serve`, the agent and a real sshd behind the
+//! simulated Host's SSH proxy (ADR 33): typing, the terminal's size before and after a
+//! resize, Ctrl-C, and the shell's exit code as the plugin's. Every wait polls the screen
+//! until what it waits for is on it.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::common::{hold, kubectl, path_with_plugin};
-use battery_e2e::apiserver::ApiServer;
+use battery_e2e::apiserver::{ApiServer, Route};
 
 /// How long the screen may take to show what a step waits for, on a loaded machine.
 const SCREEN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -124,7 +124,23 @@ impl Drop for Tmux {
 async fn a_shell_through_kube_apiserver_types_resizes_takes_ctrl_c_and_exits_with_its_code() {
     let server = ApiServer::aggregated_with_agents().await;
     let kubectl = kubectl(&server);
-    let _held = hold(&kubectl, "c").await;
+    a_shell_types_resizes_takes_ctrl_c_and_exits_with_its_code(&server, &kubectl).await;
+    no_ssh_secret_anywhere(&server, &kubectl).await;
+}
+
+/// The same on `dev`, whose agents run in its process and whose SSH CA never leaves its
+/// memory.
+#[tokio::test]
+async fn a_shell_on_dev_types_resizes_takes_ctrl_c_and_exits_with_its_code() {
+    let server = ApiServer::start(Route::Direct).await;
+    a_shell_types_resizes_takes_ctrl_c_and_exits_with_its_code(&server, &kubectl(&server)).await;
+}
+
+async fn a_shell_types_resizes_takes_ctrl_c_and_exits_with_its_code(
+    server: &ApiServer,
+    kubectl: &battery_e2e::apiserver::Kubectl,
+) {
+    let _held = hold(kubectl, "c").await;
     let shell = kubectl
         .cmd(&["microvm", "shell", "c"])
         .env("PATH", path_with_plugin())
@@ -154,7 +170,6 @@ async fn a_shell_through_kube_apiserver_types_resizes_takes_ctrl_c_and_exits_wit
 
     tmux.type_line("exit 4");
     assert_eq!(tmux.exit_status().await, 4, "{}", tmux.screen());
-    no_ssh_secret_anywhere(&server, &kubectl).await;
 }
 
 /// Nothing of the SSH CA's private key, and no private key at all, is in any process's
