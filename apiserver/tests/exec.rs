@@ -8,9 +8,10 @@ use battery_apiserver::testing as common;
 mod harness;
 
 use battery_apiserver::dev::pki::DEV_USER;
+use battery_telemetry::free_loopback_address;
 use common::{CLAIMS, POOLS, claim, get, pool};
 use futures::{SinkExt, StreamExt};
-use harness::{AgentProcess, DEADLINE, Exec, OTHER_USER, Raw, free_address, kube_exec};
+use harness::{AgentProcess, DEADLINE, Exec, OTHER_USER, Raw, kube_exec};
 use http::{Request as HttpRequest, StatusCode};
 use kube::api::AttachParams;
 use serde_json::{Value, json};
@@ -249,7 +250,7 @@ async fn refusals_are_statuses_before_the_upgrade() {
         .unwrap()
         .0
         .clone();
-    let rogue_address = free_address();
+    let rogue_address = free_loopback_address();
     let _rogue = AgentProcess::start(
         rogue_address,
         exec.h.battery().host(&host).unwrap().address(),
@@ -270,7 +271,7 @@ async fn refusals_are_statuses_before_the_upgrade() {
     );
 
     // Nothing listening: unreachable is a 503 too.
-    exec.register(&host, free_address()).await;
+    exec.register(&host, free_loopback_address()).await;
     refused(
         StatusCode::SERVICE_UNAVAILABLE,
         "ServiceUnavailable",
@@ -562,7 +563,7 @@ async fn a_full_agent_is_answered_429_as_our_own_cap_is() {
     let exec = Exec::start().await;
     let host = exec.claim("c").await;
     // A second agent for the Host, relaying one session at most.
-    let listen = free_address();
+    let listen = free_loopback_address();
     let flintlock = exec.h.battery().host(&host).unwrap().address();
     let _capped = AgentProcess::start_capped(
         listen,

@@ -35,6 +35,7 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::control_plane::Options;
 use crate::process::Process;
+use battery_telemetry::free_loopback_address;
 pub use front::Cluster;
 
 pub use agents::{AgentSpec, SIMULATED_HOST_SKIPS};
@@ -475,14 +476,6 @@ impl ApiServer {
     pub fn scratch(&self) -> &Path {
         self.dir.path()
     }
-}
-
-/// A loopback address free a moment ago, for a process that must know its address before
-/// it listens (an agent advertises it).
-pub fn free_loopback_address() -> std::net::SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free loopback port")
 }
 
 /// The `battery-apiserver` binary of this build (see [`target_binary`]).

@@ -222,7 +222,7 @@ impl Exec {
         .await;
         let mut agents = Vec::new();
         for host in h.battery().hosts() {
-            let listen = free_address();
+            let listen = battery_telemetry::free_loopback_address();
             let agent = AgentProcess::start(
                 listen,
                 host.address(),
@@ -386,13 +386,6 @@ impl Raw {
         }
         output
     }
-}
-
-pub fn free_address() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
 }
 
 /// What kube-rs's exec of `command` printed, and its Status.

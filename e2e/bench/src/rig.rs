@@ -20,10 +20,11 @@ use super::client::{self, Client, GROUP_VERSION, NAMESPACE};
 use battery_e2e::api::PoolRef;
 use battery_e2e::api::lease_client::LeaseClient;
 use battery_e2e::apiserver::agents::Agents;
-use battery_e2e::apiserver::{AgentSpec, Cluster, free_loopback_address};
+use battery_e2e::apiserver::{AgentSpec, Cluster};
 use battery_e2e::control_plane::Options;
 use battery_e2e::process::Process;
 use battery_proto::agent::v1alpha1::relay_client::RelayClient;
+use battery_telemetry::free_loopback_address;
 use tonic::transport::Channel;
 
 /// What `battery-apiserver serve` prints once it accepts connections, before the URL.

@@ -62,12 +62,12 @@ impl ControlPlane {
     pub async fn start(dir: &Path, options: Options) -> Self {
         std::fs::create_dir_all(dir).expect("create the control plane's directory");
         let bin = binaries();
-        let api_port = crate::apiserver::free_loopback_address().port();
+        let api_port = battery_telemetry::free_loopback_address().port();
         let url = format!("https://127.0.0.1:{api_port}");
         let pki = ClusterPki::write(&dir.join("pki"), &url).expect("the control plane's PKI");
 
-        let etcd_client = format!("http://{}", crate::apiserver::free_loopback_address());
-        let etcd_peer = format!("http://{}", crate::apiserver::free_loopback_address());
+        let etcd_client = format!("http://{}", battery_telemetry::free_loopback_address());
+        let etcd_peer = format!("http://{}", battery_telemetry::free_loopback_address());
         let mut etcd = Command::new(bin.join("etcd"));
         etcd.arg("--data-dir")
             .arg(dir.join("etcd"))

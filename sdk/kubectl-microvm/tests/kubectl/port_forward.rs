@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use battery_e2e::apiserver::{ApiServer, Route, Stream, free_loopback_address};
+use battery_e2e::apiserver::{ApiServer, Route, Stream};
+use battery_telemetry::free_loopback_address;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::common::{hold, kubectl, path_with_plugin};
