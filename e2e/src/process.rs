@@ -150,6 +150,11 @@ impl Process {
         self.child.id().expect("the process is running")
     }
 
+    /// The CPU time it and its children it has reaped have used so far: see [`cpu_time`].
+    pub fn cpu_time(&self) -> Duration {
+        cpu_time(self.pid()).unwrap_or_else(|e| panic!("read the CPU time of {}: {e}", self.name))
+    }
+
     /// The most memory it has held at once so far (`VmHWM`, its peak resident set), in
     /// bytes.
     pub fn peak_rss_bytes(&self) -> u64 {
@@ -170,6 +175,33 @@ impl Process {
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
     }
+}
+
+/// The CPU time (user and system) the process `pid` and the children it has reaped have
+/// used so far, from `/proc/PID/stat`: what a benchmark charges to a process, including
+/// the commands it ran.
+pub fn cpu_time(pid: u32) -> std::io::Result<Duration> {
+    /// The unit of `/proc`'s times: `USER_HZ`, part of Linux's ABI, 100 on the
+    /// architectures we run on.
+    const TICKS_PER_SECOND: u64 = 100;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields follow the command's name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    // utime, stime, cutime and cstime: fields 14 to 17, of which the first after the
+    // name is field 3.
+    let ticks = fields
+        .get(11..15)
+        .and_then(|times| {
+            times
+                .iter()
+                .map(|t| t.parse::<u64>().ok())
+                .sum::<Option<u64>>()
+        })
+        .ok_or_else(|| std::io::Error::other(format!("/proc/{pid}/stat does not read: {stat}")))?;
+    Ok(Duration::from_millis(ticks * 1000 / TICKS_PER_SECOND))
 }
 
 impl Drop for Process {

@@ -128,7 +128,7 @@ pub async fn latency(rig: &super::rig::Rig, pool: &PoolRef, count: usize) -> Res
     let mut lease = rig.lease_client().await?;
     let (mut binds, mut raws) = (Vec::with_capacity(count), Vec::with_capacity(count));
     let before = served::read(&client).await?;
-    let cpu_before = rig.cpu_used()?;
+    let cpu_before = rig.cpu_use()?;
     for i in 0..count {
         let (took, _) = bind(&client, &format!("latency-{i}"), &pool.name).await?;
         binds.push(took);
@@ -149,7 +149,7 @@ pub async fn latency(rig: &super::rig::Rig, pool: &PoolRef, count: usize) -> Res
             .await
             .context("releasing a raw lease")?;
     }
-    let cpu_after = rig.cpu_used()?;
+    let cpu_after = rig.cpu_use()?;
     let after = served::read(&client).await?;
     let mut rows = Vec::new();
     let [p50, p90, p99] = percentiles(LATENCY, "POST -> 201 Bound", &binds);
@@ -180,16 +180,11 @@ pub async fn latency(rig: &super::rig::Rig, pool: &PoolRef, count: usize) -> Res
     let [floor_p50, _, floor_p99] = percentiles(LATENCY, DURABLE_WRITE, &floor);
     rows.extend([floor_p50, floor_p99]);
     rows.extend(where_the_time_goes(&binds, &before, &after)?);
-    for (who, (before, after)) in ["serve", "the embedded battery"]
-        .iter()
-        .zip(cpu_before.iter().zip(cpu_after))
-    {
-        rows.push(Row::millis(
-            LATENCY,
-            format!("{who}'s CPU a round (a bind, a raw ClaimVM and its release)"),
-            (after - *before) / count as u32,
-        ));
-    }
+    rows.extend(cpu_after.since(&cpu_before).rows(
+        LATENCY,
+        "a round (a bind, a raw ClaimVM and its release)",
+        count as f64,
+    ));
     Ok(rows)
 }
 

@@ -26,7 +26,7 @@ use serde_json::Value;
 use super::binds::bind;
 use super::client::NAMESPACE;
 use super::report::{Row, Unit, percentiles, quantile};
-use super::rig::{Rig, Route};
+use super::rig::{CpuUse, Rig, Route};
 use battery_e2e::channel_exec;
 use battery_types::channel::{self, ERROR, STDOUT};
 
@@ -77,9 +77,14 @@ pub async fn run(rig: &Rig, pool: &str, rounds: usize, bytes: usize) -> Result<V
     // Interleaved, and the median of each: this machine's speed drifts between runs
     // more than they differ. The relay's and the Host's own rates tell each hop's part.
     let mut rates = [const { Vec::new() }; 5];
+    // Each process's CPU for the output straight through `serve`: which hop costs what.
+    let mut through_serve_cpu = Vec::with_capacity(THROUGHPUT_ROUNDS);
     for _ in 0..THROUGHPUT_ROUNDS {
+        let before = rig.cpu_use()?;
+        let through_serve = through_server(&exec, "exec", &head).await?;
+        through_serve_cpu.push(rig.cpu_use()?.since(&before));
         let runs = [
-            through_server(&exec, "exec", &head).await?,
+            through_serve,
             through_server(&through_kube, "exec", &head).await?,
             agent.run(&head).await?,
             host.run(&head).await?,
@@ -142,6 +147,11 @@ pub async fn run(rig: &Rig, pool: &str, rounds: usize, bytes: usize) -> Result<V
         )
         .at_least(0.5),
     );
+    rows.extend(through_serve_cpu.into_iter().sum::<CpuUse>().rows(
+        EXEC,
+        "a MB through server+agent",
+        (bytes * THROUGHPUT_ROUNDS) as f64 / MB,
+    ));
     Ok(rows)
 }
 

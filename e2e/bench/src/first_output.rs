@@ -10,7 +10,7 @@ use battery_sdk::Claim;
 use tokio::io::AsyncReadExt as _;
 
 use super::report::{Row, Unit, millis, percentiles, quantile};
-use super::rig::Rig;
+use super::rig::{CpuUse, Rig};
 
 pub const FIRST_OUTPUT: &str = "time to first output";
 
@@ -19,12 +19,18 @@ pub const FIRST_OUTPUT: &str = "time to first output";
 pub async fn run(rig: &Rig, pool: &str, serial: usize, burst: usize) -> Result<Vec<Row>> {
     let client = rig.sdk_client().await?;
     let mut alone = Vec::with_capacity(serial);
+    // Each process's CPU for a claim and its `echo` (not its release): where a burst's
+    // time goes on a machine whose cores all of them share.
+    let mut cpu_alone = Vec::with_capacity(serial);
     for _ in 0..serial {
+        let cpu_before = rig.cpu_use()?;
         let started = Instant::now();
         let claim = first_output(&client, pool).await?;
         alone.push(started.elapsed());
+        cpu_alone.push(rig.cpu_use()?.since(&cpu_before));
         claim.release().await.context("releasing a claim")?;
     }
+    let cpu_before_burst = rig.cpu_use()?;
     let started = Instant::now();
     let tasks: Vec<_> = (0..burst)
         .map(|_| {
@@ -43,6 +49,7 @@ pub async fn run(rig: &Rig, pool: &str, serial: usize, burst: usize) -> Result<V
         claims.push(claim);
     }
     let all = started.elapsed();
+    let cpu_burst = rig.cpu_use()?;
     for claim in claims {
         claim.release().await.context("releasing a claim")?;
     }
@@ -65,6 +72,16 @@ pub async fn run(rig: &Rig, pool: &str, serial: usize, burst: usize) -> Result<V
         )
         .at_most(2.0),
     );
+    rows.extend(cpu_alone.into_iter().sum::<CpuUse>().rows(
+        FIRST_OUTPUT,
+        "a claim and its echo, serial",
+        serial as f64,
+    ));
+    rows.extend(cpu_burst.since(&cpu_before_burst).rows(
+        FIRST_OUTPUT,
+        &format!("a claim and its echo, in the burst of {burst}"),
+        burst as f64,
+    ));
     Ok(rows)
 }
 

@@ -17,6 +17,7 @@ use tempfile::TempDir;
 use tokio::process::Command;
 
 use super::client::{self, Client, GROUP_VERSION, NAMESPACE};
+use super::report::Row;
 use battery_e2e::api::PoolRef;
 use battery_e2e::api::lease_client::LeaseClient;
 use battery_e2e::apiserver::agents::Agents;
@@ -322,21 +323,41 @@ impl Rig {
         Ok(LeaseClient::new(channel))
     }
 
-    /// `serve`'s resident memory now and at its peak (VmRSS, VmHWM), in MB.
     /// Where `serve` keeps its metadata store.
     pub fn store_dir(&self) -> PathBuf {
         self.dir.path().join(STORE_DIR)
     }
 
-    /// The CPU time `serve` and the embedded battery have used so far, in that order.
-    pub fn cpu_used(&self) -> Result<[Duration; 2]> {
-        Ok([
-            cpu_used(self.processes.serve.pid())?,
-            cpu_used(self.processes.battery.pid())?,
-        ])
+    /// The CPU time every process of the rig has used so far, the bench's own clients
+    /// included.
+    pub fn cpu_use(&self) -> Result<CpuUse> {
+        let Processes {
+            agents,
+            serve,
+            battery,
+            cluster,
+        } = &self.processes;
+        let bench = battery_e2e::process::cpu_time(std::process::id())
+            .context("reading the bench's own CPU time")?;
+        let [(etcd, etcd_process), (apiserver, apiserver_process)] = cluster.plane.processes();
+        Ok(CpuUse(vec![
+            ("the bench's clients", bench),
+            (etcd, etcd_process.cpu_time()),
+            (apiserver, apiserver_process.cpu_time()),
+            ("serve", serve.cpu_time()),
+            (
+                "the embedded battery, its Hosts and their commands",
+                battery.cpu_time(),
+            ),
+            (
+                "the agents",
+                agents.processes().map(Process::cpu_time).sum(),
+            ),
+        ]))
     }
 
-    pub fn serve_memory(&self) -> Result<(f64, f64)> {
+    /// `serve`'s resident memory now, in MB.
+    pub fn serve_memory(&self) -> Result<Memory> {
         let pid = self.processes.serve.pid();
         let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
             .with_context(|| format!("reading the status of serve ({pid})"))?;
@@ -348,7 +369,12 @@ impl Rig {
                 .with_context(|| format!("no {name} in the status of serve"))?;
             Ok(kb / 1024.0)
         };
-        Ok((field("VmRSS:")?, field("VmHWM:")?))
+        Ok(Memory {
+            resident: field("VmRSS:")?,
+            peak: field("VmHWM:")?,
+            anonymous: field("RssAnon:")?,
+            mapped_files: field("RssFile:")?,
+        })
     }
 
     /// Makes the Pool `name` of `size` MicroVMs and waits until all are available, so no
@@ -446,26 +472,61 @@ pub async fn ready_within<T>(
         .with_context(|| format!("waiting {timeout:?} for {what}"))
 }
 
-/// The user and system time process `pid` has used, all its threads.
-fn cpu_used(pid: u32) -> Result<Duration> {
-    // Linux counts them in USER_HZ, 100 a second on every architecture's ABI.
-    const TICKS_PER_SECOND: u64 = 100;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("reading the stat of {pid}"))?;
-    // After the command's name, which may hold spaces, in parentheses: state is field 3,
-    // utime and stime fields 14 and 15.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| -> Result<u64> {
-        fields
-            .get(i - 3)
-            .and_then(|t| t.parse().ok())
-            .with_context(|| format!("no field {i} in the stat of {pid}: {stat}"))
-    };
-    let used = ticks(14)? + ticks(15)?;
-    Ok(Duration::from_millis(used * 1000 / TICKS_PER_SECOND))
+/// A process's resident memory, in MB (from `/proc/PID/status`).
+pub struct Memory {
+    /// `VmRSS`: all of it.
+    pub resident: f64,
+    /// `VmHWM`: the most it has been.
+    pub peak: f64,
+    /// `RssAnon`: its own memory (heap, stacks).
+    pub anonymous: f64,
+    /// `RssFile`: pages of files it maps, mostly its binary's code, which the kernel
+    /// shares with every process of the same binary and may drop and read again.
+    pub mapped_files: f64,
+}
+
+/// The CPU time of each process of a rig: used so far ([`Rig::cpu_use`]), or used
+/// between two moments ([`CpuUse::since`]).
+#[derive(Clone, Default)]
+pub struct CpuUse(Vec<(&'static str, Duration)>);
+
+impl CpuUse {
+    /// What each process used since `earlier`.
+    pub fn since(&self, earlier: &CpuUse) -> CpuUse {
+        let spent = self.0.iter().zip(&earlier.0);
+        CpuUse(
+            spent
+                .map(|((who, now), (_, then))| (*who, now.saturating_sub(*then)))
+                .collect(),
+        )
+    }
+
+    /// Each process's time divided by `per` (claims, rounds, megabytes), as rows of
+    /// `group` named "CPU `what`: WHO".
+    pub fn rows(&self, group: &'static str, what: &str, per: f64) -> Vec<Row> {
+        self.0
+            .iter()
+            .map(|(who, used)| {
+                Row::millis(
+                    group,
+                    format!("CPU {what}: {who}"),
+                    used.div_f64(per.max(f64::MIN_POSITIVE)),
+                )
+            })
+            .collect()
+    }
+}
+
+impl std::iter::Sum for CpuUse {
+    fn sum<I: Iterator<Item = CpuUse>>(uses: I) -> CpuUse {
+        uses.reduce(|mut total, used| {
+            for ((_, sum), (_, more)) in total.0.iter_mut().zip(used.0) {
+                *sum += more;
+            }
+            total
+        })
+        .unwrap_or_default()
+    }
 }
 
 impl Rig {

@@ -43,8 +43,22 @@ pub struct Sizes {
 
 /// Runs the phase on `rig`, whose Pool `pool` holds a MicroVM for every claim it makes.
 pub async fn run(rig: &Rig, pool: &str, sizes: &Sizes) -> Result<Vec<Row>> {
-    let (idle, _) = rig.serve_memory()?;
-    let mut rows = vec![Row::new(MEMORY, "RSS idle", idle, Unit::Megabytes).at_most(30.0)];
+    let idle = rig.serve_memory()?;
+    let mut rows = vec![
+        Row::new(MEMORY, "RSS idle", idle.resident, Unit::Megabytes).at_most(30.0),
+        Row::new(
+            MEMORY,
+            "RSS idle: anonymous (heap, stacks)",
+            idle.anonymous,
+            Unit::Megabytes,
+        ),
+        Row::new(
+            MEMORY,
+            "RSS idle: mapped from files (the binary's code)",
+            idle.mapped_files,
+            Unit::Megabytes,
+        ),
+    ];
     let client = rig.client().await?;
     let mut made = 0;
     for (i, &count) in sizes.lists.iter().enumerate() {
@@ -65,7 +79,7 @@ pub async fn run(rig: &Rig, pool: &str, sizes: &Sizes) -> Result<Vec<Row>> {
             rows.extend(lists(rig, route, &client, count, last).await?);
         }
     }
-    let (at_claims, _) = rig.serve_memory()?;
+    let at_claims = rig.serve_memory()?.resident;
     rows.push(Row::new(
         MEMORY,
         format!("RSS at {made} claims"),
@@ -74,12 +88,12 @@ pub async fn run(rig: &Rig, pool: &str, sizes: &Sizes) -> Result<Vec<Row>> {
     ));
     eprintln!("bench: {} watches", sizes.watchers);
     let watchers = Watchers::open(rig, Route::Direct, sizes.watchers).await?;
-    let (with_watches, peak) = rig.serve_memory()?;
+    let with_watches = rig.serve_memory()?;
     rows.push(
         Row::new(
             MEMORY,
             format!("RSS at {made} claims + {} watches", sizes.watchers),
-            with_watches,
+            with_watches.resident,
             Unit::Megabytes,
         )
         .at_most(200.0),
@@ -111,7 +125,7 @@ pub async fn run(rig: &Rig, pool: &str, sizes: &Sizes) -> Result<Vec<Row>> {
     rows.push(Row::new(
         MEMORY,
         "peak RSS (VmHWM) of the run",
-        peak,
+        with_watches.peak,
         Unit::Megabytes,
     ));
     Ok(rows)

@@ -133,6 +133,11 @@ impl Agents {
     /// Starts the agent `spec` describes, as its Host's identity (a client certificate
     /// of the cluster's CA, as `deploy/README.md` has a Host's agent get one) through
     /// kube-apiserver. The binding `deploy/` ships for the agents' group lets it in.
+    /// The agents running now.
+    pub fn processes(&self) -> impl Iterator<Item = &Process> {
+        self.running.values().map(|(_, process)| process)
+    }
+
     pub async fn start(&mut self, cluster: &Cluster, spec: AgentSpec) {
         let (cert, key) = cluster.client_certificate(&agent_username(&spec.host), &[AGENT_GROUP]);
         let dir = self.dir.join(format!("agent-{}", spec.host));

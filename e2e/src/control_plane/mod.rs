@@ -167,6 +167,11 @@ impl ControlPlane {
         }
     }
 
+    /// etcd and kube-apiserver, by name: for a benchmark's account of who spent what.
+    pub fn processes(&self) -> [(&'static str, &Process); 2] {
+        [("etcd", &self.etcd), ("kube-apiserver", &self.apiserver)]
+    }
+
     /// `https://127.0.0.1:PORT`.
     pub fn url(&self) -> &str {
         &self.url
