@@ -1,6 +1,6 @@
 //! One forwarded connection: the API server's `PortForward` stream to and from a
-//! `direct-tcpip` channel to a port on the guest's loopback, over an SSH login to the
-//! guest ([`crate::ssh`]). Each direction is its own loop, so one that waits (a guest
+//! `direct-tcpip` channel to a port on the guest's loopback, over the agent's SSH
+//! connection to the guest ([`crate::ssh::Logins`]). Each direction is its own loop, so one that waits (a guest
 //! not reading, a client not reading) never stops the other: an echo of more than the
 //! windows hold flows both ways at once.
 
@@ -12,14 +12,21 @@ use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 use tracing::debug;
 
+use crate::ssh::Opened;
+
 pub type Reply = Result<PortForwardResponse, Status>;
 
-/// Relays `channel` until the guest closes it or the API server's stream goes.
+/// Relays `opened`'s channel until the guest closes it or the API server's stream goes,
+/// then closes it.
 pub async fn relay(
-    channel: russh::Channel<russh::client::Msg>,
+    opened: Opened,
     mut inbound: Streaming<PortForwardRequest>,
     replies: mpsc::Sender<Reply>,
 ) {
+    let Opened {
+        channel,
+        connection: _connection,
+    } = opened;
     let (mut from_guest, to_guest) = channel.split();
     // Ends only when the client is gone or broke the protocol; the client being done
     // writing leaves the guest's answer to come.
@@ -77,4 +84,5 @@ pub async fn relay(
         () = upstream => {}
         () = downstream => {}
     }
+    let _ = to_guest.close().await;
 }

@@ -35,7 +35,7 @@ use tracing::{Instrument as _, debug, info, info_span, warn};
 
 use crate::flintlock::Flintlock;
 use crate::forward;
-use crate::ssh::{self, SshIdentity};
+use crate::ssh::{self, Logins, OpenError, Opened, SshIdentity};
 
 /// stdin messages queued towards flintlockd before the agent stops reading the client.
 pub const STDIN_BUFFER: usize = 4;
@@ -53,16 +53,16 @@ pub struct RelayService {
     flintlock: Flintlock,
     /// One permit per session relayed, held until it ends.
     sessions: Arc<Semaphore>,
-    /// What sessions with a terminal log in to guests with.
-    ssh: Arc<SshIdentity>,
+    /// The SSH connections to guests that terminals and forwarded ports are channels on.
+    logins: Logins,
 }
 
 impl RelayService {
     pub fn new(flintlock: Flintlock, max_sessions: NonZeroUsize, ssh: Arc<SshIdentity>) -> Self {
         Self {
+            logins: Logins::new(flintlock.clone(), ssh),
             flintlock,
             sessions: Arc::new(Semaphore::new(max_sessions.get())),
-            ssh,
         }
     }
 }
@@ -93,15 +93,23 @@ impl Relay for RelayService {
             microvm = %session.microvm_uid,
         );
         if session.tty {
-            // Logged in before answering, so a guest that refuses is refused here, before
+            // Opened before answering, so a guest that refuses is refused here, before
             // the API server upgrades its client's connection.
-            let login = self.login(&session.microvm_uid, &span).await?;
+            let opened = self
+                .open(self.logins.open_session(&session.microvm_uid), &span)
+                .await
+                .map_err(|error| match error {
+                    OpenError::Login(status) => status,
+                    OpenError::Channel(error) => {
+                        Status::unavailable(format!("a session in the MicroVM's sshd: {error}"))
+                    }
+                })?;
             debug!(parent: &span, "terminal session opened");
             let command = ssh::command_line(&session.command, &session.env, &session.working_dir);
             let (replies, stream) = mpsc::channel(OUTPUT_BUFFER);
             tokio::spawn(
                 async move {
-                    crate::terminal::relay(login, command, inbound, replies).await;
+                    crate::terminal::relay(opened, command, inbound, replies).await;
                     drop(permit);
                 }
                 .instrument(span),
@@ -186,21 +194,24 @@ impl Relay for RelayService {
             microvm = %open.microvm_uid,
             port,
         );
-        let login = self.login(&open.microvm_uid, &span).await?;
-        let channel = login.open_port(port).await.map_err(|error| {
-            info!(parent: &span, %error, "the guest refused the connection");
-            Status::failed_precondition(format!(
-                "connecting to port {port} in the MicroVM: {error} (is anything listening on \
-                 127.0.0.1:{port} there?)"
-            ))
-        })?;
+        let opened = self
+            .open(self.logins.open_port(&open.microvm_uid, port), &span)
+            .await
+            .map_err(|error| match error {
+                OpenError::Login(status) => status,
+                OpenError::Channel(error) => {
+                    info!(parent: &span, %error, "the guest refused the connection");
+                    Status::failed_precondition(format!(
+                        "connecting to port {port} in the MicroVM: {error} (is anything \
+                         listening on 127.0.0.1:{port} there?)"
+                    ))
+                }
+            })?;
         debug!(parent: &span, "connection opened");
         let (replies, stream) = mpsc::channel(OUTPUT_BUFFER);
         tokio::spawn(
             async move {
-                forward::relay(channel, inbound, replies).await;
-                // The login's connection ends with the channel.
-                drop(login);
+                forward::relay(opened, inbound, replies).await;
                 drop(permit);
             }
             .instrument(span),
@@ -219,18 +230,26 @@ impl RelayService {
         })
     }
 
-    /// Logs in to the MicroVM's sshd, within [`OPEN_TIMEOUT`].
-    async fn login(&self, uid: &str, span: &tracing::Span) -> Result<ssh::Login, Status> {
-        tokio::time::timeout(OPEN_TIMEOUT, ssh::login(&self.flintlock, &self.ssh, uid))
+    /// A channel into the MicroVM, logged in first when needed, within [`OPEN_TIMEOUT`].
+    async fn open(
+        &self,
+        opening: impl Future<Output = Result<Opened, OpenError>>,
+        span: &tracing::Span,
+    ) -> Result<Opened, OpenError> {
+        tokio::time::timeout(OPEN_TIMEOUT, opening)
             .instrument(span.clone())
             .await
             .map_err(|_| {
-                Status::deadline_exceeded(format!(
+                OpenError::Login(Status::deadline_exceeded(format!(
                     "the MicroVM's sshd did not accept the agent within {}s",
                     OPEN_TIMEOUT.as_secs()
-                ))
+                )))
             })?
-            .inspect_err(|status| info!(parent: span, %status, "no SSH login to the guest"))
+            .inspect_err(|error| {
+                if let OpenError::Login(status) = error {
+                    info!(parent: span, %status, "no SSH login to the guest");
+                }
+            })
     }
 }
 

@@ -112,9 +112,144 @@ pub struct Login {
     handle: Handle<Guest>,
 }
 
+/// The agent's logged-in connections to guests, one per MicroVM, each shared by the
+/// terminals and forwarded connections opened into that MicroVM as channels: only the
+/// first pays the login (flintlockd's proxy stream, a key exchange, the certificate
+/// checked, an sshd session). A connection that broke is replaced; one no new channel
+/// asked for in [`IDLE`] is let go, and closes once its last channel has.
+#[derive(Clone)]
+pub struct Logins {
+    flintlock: Flintlock,
+    identity: Arc<SshIdentity>,
+    shared: moka::future::Cache<String, Arc<Login>>,
+}
+
+/// How long a connection no new channel asked for stays open.
+const IDLE: Duration = Duration::from_secs(60);
+/// The most connections kept for sharing: one per MicroVM on the Host, with room.
+const MAX_SHARED: u64 = 4096;
+
+impl std::fmt::Debug for Logins {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Logins")
+            .field("connections", &self.shared.entry_count())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A channel into a guest, and the connection it rides on. Its user closes the channel
+/// when done ([`russh::Channel::close`]): the connection outlives it, and a channel only
+/// dropped stays open in the guest, a terminal's shell with it.
+pub struct Opened {
+    pub channel: russh::Channel<client::Msg>,
+    /// Held until the channel is closed, so that the connection stays up while it is
+    /// used even if [`Logins`] has let it go.
+    pub connection: Arc<Login>,
+}
+
+/// Why no channel opened.
+#[derive(Debug)]
+pub enum OpenError {
+    /// No login: a gRPC status for the API server to refuse the session with.
+    Login(Status),
+    /// Logged in, but the guest refused the channel.
+    Channel(russh::Error),
+}
+
+/// What channel to open.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// A session, for a command on a terminal.
+    Session,
+    /// `direct-tcpip` to a port on the guest's loopback.
+    Port(u16),
+}
+
+impl Logins {
+    pub fn new(flintlock: Flintlock, identity: Arc<SshIdentity>) -> Self {
+        Self {
+            flintlock,
+            identity,
+            shared: moka::future::Cache::builder()
+                .max_capacity(MAX_SHARED)
+                .time_to_idle(IDLE)
+                .build(),
+        }
+    }
+
+    /// A session channel in the MicroVM `uid`, for a command on a terminal.
+    pub async fn open_session(&self, uid: &str) -> Result<Opened, OpenError> {
+        self.open(uid, Kind::Session).await
+    }
+
+    /// A TCP connection to `port` on the guest's loopback (`direct-tcpip`).
+    pub async fn open_port(&self, uid: &str, port: u16) -> Result<Opened, OpenError> {
+        self.open(uid, Kind::Port(port)).await
+    }
+
+    async fn open(&self, uid: &str, kind: Kind) -> Result<Opened, OpenError> {
+        let login = self.shared(uid).await.map_err(OpenError::Login)?;
+        let error = match login.open(kind).await {
+            Ok(channel) => {
+                return Ok(Opened {
+                    channel,
+                    connection: login,
+                });
+            }
+            Err(error) => error,
+        };
+        let login = if login.handle.is_closed() {
+            // The connection broke (the guest's sshd or flintlockd's stream ended): the
+            // next one replaces it for everyone.
+            debug!(uid, %error, "the shared SSH connection to the guest broke");
+            self.shared.invalidate(uid).await;
+            self.shared(uid).await.map_err(OpenError::Login)?
+        } else if matches!(
+            (kind, &error),
+            (Kind::Session, russh::Error::ChannelOpenFailure(_))
+        ) {
+            // sshd allows a connection some sessions at once (`MaxSessions`, 10 by
+            // default), and refuses more (OpenSSH says "connect failed"): past that, this
+            // session gets a connection of its own.
+            debug!(uid, %error, "the guest's sshd took no more sessions on the shared connection");
+            Arc::new(
+                login_to(&self.flintlock, &self.identity, uid)
+                    .await
+                    .map_err(OpenError::Login)?,
+            )
+        } else {
+            return Err(OpenError::Channel(error));
+        };
+        let channel = login.open(kind).await.map_err(OpenError::Channel)?;
+        Ok(Opened {
+            channel,
+            connection: login,
+        })
+    }
+
+    /// The MicroVM's shared connection, logged in when there is none or it broke; one
+    /// login for all who ask at once.
+    async fn shared(&self, uid: &str) -> Result<Arc<Login>, Status> {
+        if let Some(login) = self.shared.get(uid).await {
+            if !login.handle.is_closed() {
+                return Ok(login);
+            }
+            self.shared.invalidate(uid).await;
+        }
+        self.shared
+            .try_get_with_by_ref(uid, async {
+                login_to(&self.flintlock, &self.identity, uid)
+                    .await
+                    .map(Arc::new)
+            })
+            .await
+            .map_err(|status| Status::clone(&status))
+    }
+}
+
 /// Logs in to the sshd of the MicroVM `uid` through flintlockd's SSH proxy. Errors are
 /// gRPC statuses for the API server to refuse the session with.
-pub async fn login(
+async fn login_to(
     flintlock: &Flintlock,
     identity: &SshIdentity,
     uid: &str,
@@ -192,26 +327,29 @@ pub async fn login(
 }
 
 impl Login {
-    /// A TCP connection to `port` on the guest's loopback (`direct-tcpip`).
-    pub async fn open_port(&self, port: u16) -> Result<russh::Channel<client::Msg>, russh::Error> {
-        self.handle
-            .channel_open_direct_tcpip(GUEST_LOOPBACK, port.into(), GUEST_LOOPBACK, 0)
-            .await
+    async fn open(&self, kind: Kind) -> Result<russh::Channel<client::Msg>, russh::Error> {
+        match kind {
+            Kind::Session => self.handle.channel_open_session().await,
+            Kind::Port(port) => {
+                self.handle
+                    .channel_open_direct_tcpip(GUEST_LOOPBACK, port.into(), GUEST_LOOPBACK, 0)
+                    .await
+            }
+        }
     }
+}
 
-    /// Runs `command` (already a shell command line) on a PTY of `size`.
-    pub async fn run_on_terminal(
-        &self,
-        command: &str,
-        size: TerminalSize,
-    ) -> Result<russh::Channel<client::Msg>, russh::Error> {
-        let channel = self.handle.channel_open_session().await?;
-        channel
-            .request_pty(false, TERM, size.width, size.height, 0, 0, &[])
-            .await?;
-        channel.exec(true, command).await?;
-        Ok(channel)
-    }
+/// Runs `command` (already a shell command line) on a PTY of `size` on `channel`, a
+/// session channel.
+pub async fn run_on_terminal(
+    channel: &russh::Channel<client::Msg>,
+    command: &str,
+    size: TerminalSize,
+) -> Result<(), russh::Error> {
+    channel
+        .request_pty(false, TERM, size.width, size.height, 0, 0, &[])
+        .await?;
+    channel.exec(true, command).await
 }
 
 /// argv as one shell command line, each word quoted, run in `working_dir` (when given)

@@ -19,7 +19,7 @@ use tonic::{Status, Streaming};
 use tracing::debug;
 
 use crate::relay::{Reply, exit, output};
-use crate::ssh::{DEFAULT_SIZE, Login};
+use crate::ssh::{self, DEFAULT_SIZE, Opened};
 
 /// How long the command waits for the client's terminal size before it starts at
 /// [`DEFAULT_SIZE`]: clients that send none (a program, not a person) then lose only this.
@@ -27,25 +27,28 @@ const FIRST_SIZE_WAIT: Duration = Duration::from_secs(1);
 /// A shell reports death by signal n as 128+n.
 const SIGNAL_EXIT_BASE: i32 = 128;
 
-/// Runs `command` on a PTY over `login` and relays it until it ends.
+/// Runs `command` on a PTY on `opened`, a session channel, and relays it until it ends;
+/// then closes the channel, which hangs up the terminal if the command still runs.
 pub async fn relay(
-    login: Login,
+    opened: Opened,
     command: String,
     mut inbound: Streaming<ExecRequest>,
     replies: mpsc::Sender<Reply>,
 ) {
+    let Opened {
+        channel,
+        connection: _connection,
+    } = opened;
     let (size, early) = first_size(&mut inbound).await;
-    let channel = match login.run_on_terminal(&command, size).await {
-        Ok(channel) => channel,
-        Err(error) => {
-            let _ = replies
-                .send(exit(exit_status::Outcome::Error(format!(
-                    "starting the command on a terminal in the MicroVM: {error}"
-                ))))
-                .await;
-            return;
-        }
-    };
+    if let Err(error) = ssh::run_on_terminal(&channel, &command, size).await {
+        let _ = replies
+            .send(exit(exit_status::Outcome::Error(format!(
+                "starting the command on a terminal in the MicroVM: {error}"
+            ))))
+            .await;
+        let _ = channel.close().await;
+        return;
+    }
     let (mut from_guest, to_guest) = channel.split();
     for request in early {
         if apply(&to_guest, request).await.is_err() {
@@ -128,6 +131,7 @@ pub async fn relay(
         () = upstream => {}
         () = downstream => {}
     }
+    let _ = to_guest.close().await;
 }
 
 /// Waits (up to [`FIRST_SIZE_WAIT`]) for the client's first size; what came before it

@@ -38,7 +38,7 @@ const CLIENT_WINDOW_BYTES: u32 = 64 * 1024;
 
 struct Fixture {
     _dir: TempDir,
-    _host: SimulatedHost,
+    host: SimulatedHost,
     microvm_uid: String,
     agent: SocketAddr,
     /// Signs the agent's serving certificate, and the client certificates it accepts.
@@ -130,7 +130,7 @@ impl Fixture {
         }));
         Self {
             _dir: dir,
-            _host: host,
+            host,
             microvm_uid,
             agent: address,
             ca,
@@ -750,4 +750,93 @@ async fn a_closed_guest_port_is_refused_saying_so() {
     );
     let zero = forward_port(&fixture, 0).await.expect_err("refused");
     assert_eq!(zero.code(), Code::InvalidArgument, "{zero:?}");
+}
+
+/// A listener on this machine's loopback, which is the simulated guest's, that answers
+/// one connection with "pong" and closes it; and its port.
+async fn pong_server() -> (u16, tokio::task::JoinHandle<()>) {
+    use tokio::io::AsyncWriteExt as _;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(async move {
+        let (mut connection, _) = listener.accept().await.unwrap();
+        connection.write_all(b"pong").await.unwrap();
+    });
+    (port, server)
+}
+
+/// What a forwarded connection to `port` reads until the guest closes it.
+async fn read_forwarded(fixture: &Fixture, port: u16) -> Vec<u8> {
+    let (_requests, mut responses) = forward_port(fixture, port.into()).await.expect("opened");
+    let mut answer = Vec::new();
+    while let Some(response) = tokio::time::timeout(DEADLINE, responses.message())
+        .await
+        .expect("in time")
+        .expect("a healthy stream")
+    {
+        answer.extend(response.data);
+    }
+    answer
+}
+
+#[tokio::test]
+async fn terminals_and_forwarded_connections_into_one_microvm_share_one_login() {
+    let fixture = Fixture::with_terminals().await;
+    let mut client = fixture.trusted_client().await;
+    for word in ["one", "two"] {
+        let output = open(&mut client, on_a_terminal(&fixture, &["echo", word]))
+            .await
+            .expect("opened")
+            .collect()
+            .await;
+        assert!(
+            String::from_utf8_lossy(&output.stdout).contains(word),
+            "{output:?}"
+        );
+    }
+    for _ in 0..2 {
+        let (port, server) = pong_server().await;
+        assert_eq!(read_forwarded(&fixture, port).await, b"pong");
+        server.await.unwrap();
+    }
+    assert_eq!(fixture.host.ssh_logins(), 1);
+}
+
+#[tokio::test]
+async fn terminals_past_sshds_max_sessions_get_a_login_of_their_own() {
+    // sshd's default MaxSessions: sessions one connection may hold at once.
+    const MAX_SESSIONS: usize = 10;
+    let fixture = Fixture::with_terminals().await;
+    let mut client = fixture.trusted_client().await;
+    let mut sessions = Vec::new();
+    for _ in 0..=MAX_SESSIONS {
+        let command = on_a_terminal(&fixture, &["sh", "-c", "echo ready; read line"]);
+        sessions.push(open(&mut client, command).await.expect("opened"));
+    }
+    for session in &mut sessions {
+        session.read_until(&mut Vec::new(), "ready").await;
+    }
+    assert_eq!(fixture.host.ssh_logins(), 2);
+}
+
+#[tokio::test]
+async fn a_terminal_whose_client_goes_away_hangs_up_its_command() {
+    let (_fixture, mut session) = script_on_a_terminal("echo pid=$$; exec sleep 600").await;
+    let mut seen = Vec::new();
+    session.read_until(&mut seen, "\n").await;
+    let seen = String::from_utf8_lossy(&seen);
+    let pid = seen
+        .split("pid=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no pid in {seen:?}"))
+        .to_owned();
+    assert!(!process_gone(&pid), "sleep {pid} runs");
+    // The shared connection stays; only this session's channel closes, and with it
+    // the terminal, whose hangup ends the command.
+    drop(session);
+    eventually(DEADLINE, &format!("sleep {pid} is gone"), async || {
+        process_gone(&pid)
+    })
+    .await;
 }

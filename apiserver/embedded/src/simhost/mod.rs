@@ -224,6 +224,7 @@ struct Host {
 pub struct SimulatedHost {
     host: Arc<Host>,
     address: SocketAddr,
+    ssh_proxy: Option<Arc<SshProxy>>,
     server: Option<JoinHandle<()>>,
 }
 
@@ -244,7 +245,8 @@ impl SimulatedHost {
             .ssh_proxy
             .as_ref()
             .map(SshProxy::prepare)
-            .transpose()?;
+            .transpose()?
+            .map(Arc::new);
         let shutdown = CancellationToken::new();
         let (registry, pending) = Registry::open(&config.state_dir, shutdown.clone()).await?;
         let listener =
@@ -280,7 +282,7 @@ impl SimulatedHost {
             .add_service(health_service)
             .add_service(MicroVmServer::new(MicroVmService::new(Arc::clone(&host))))
             .add_service(MicroVmExecServer::new(ExecService::new(Arc::clone(&host))))
-            .add_optional_service(ssh_proxy.map(|proxy| {
+            .add_optional_service(ssh_proxy.clone().map(|proxy| {
                 MicroVmsshProxyServer::new(SshProxyService::new(Arc::clone(&host), proxy))
             }));
         let name = host.name.clone();
@@ -298,6 +300,7 @@ impl SimulatedHost {
         Ok(SimulatedHost {
             host,
             address,
+            ssh_proxy,
             server: Some(server),
         })
     }
@@ -315,6 +318,13 @@ impl SimulatedHost {
     /// Fault injection, for tests.
     pub fn faults(&self) -> &HostFaults {
         &self.host.faults
+    }
+
+    /// How many SSH sessions (logins, one sshd each) its SSH proxy has started.
+    pub fn ssh_logins(&self) -> u64 {
+        self.ssh_proxy
+            .as_ref()
+            .map_or(0, |proxy| proxy.sessions_started())
     }
 
     /// The uids of the MicroVMs that exist (not deleted), in order.

@@ -109,6 +109,11 @@ impl SshProxy {
         })
     }
 
+    /// How many sessions [`Self::spawn`] has started.
+    pub(super) fn sessions_started(&self) -> u64 {
+        self.sessions.load(Ordering::Relaxed)
+    }
+
     /// Starts an sshd for one session, its shell and commands starting in `workdir`.
     fn spawn(&self, workdir: &Path) -> Result<Session, RequestError> {
         // Checked first, so a Host without sshd says what to install rather than how
@@ -244,11 +249,8 @@ pub(super) struct SshProxyService {
 }
 
 impl SshProxyService {
-    pub(super) fn new(host: Arc<Host>, proxy: SshProxy) -> Self {
-        Self {
-            host,
-            proxy: Arc::new(proxy),
-        }
+    pub(super) fn new(host: Arc<Host>, proxy: Arc<SshProxy>) -> Self {
+        Self { host, proxy }
     }
 }
 
