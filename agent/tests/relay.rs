@@ -463,14 +463,17 @@ async fn dropping_the_stream_ends_the_command() {
     let Some(exec_response::Payload::Stdout(pid)) = session.next().await else {
         panic!("want the pid on stdout");
     };
-    let pid = String::from_utf8(pid.to_vec())
-        .expect("utf-8")
-        .trim()
-        .to_owned();
-    assert!(!process_gone(&pid), "sleep {pid} runs");
+    let pid = String::from_utf8(pid.to_vec()).expect("utf-8");
+    dropping_it_ends(session, pid.trim()).await;
+}
+
+/// Checks that `sleep` of `pid`, run by `session`, runs until the session is dropped,
+/// then ends.
+async fn dropping_it_ends(session: Session, pid: &str) {
+    assert!(!process_gone(pid), "sleep {pid} runs");
     drop(session);
     eventually(DEADLINE, &format!("sleep {pid} is gone"), async || {
-        process_gone(&pid)
+        process_gone(pid)
     })
     .await;
 }
@@ -829,14 +832,8 @@ async fn a_terminal_whose_client_goes_away_hangs_up_its_command() {
         .split("pid=")
         .nth(1)
         .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no pid in {seen:?}"))
-        .to_owned();
-    assert!(!process_gone(&pid), "sleep {pid} runs");
+        .unwrap_or_else(|| panic!("no pid in {seen:?}"));
     // The shared connection stays; only this session's channel closes, and with it
     // the terminal, whose hangup ends the command.
-    drop(session);
-    eventually(DEADLINE, &format!("sleep {pid} is gone"), async || {
-        process_gone(&pid)
-    })
-    .await;
+    dropping_it_ends(session, pid).await;
 }
