@@ -14,7 +14,9 @@ use battery_agent::ssh::SshIdentity;
 use battery_agent::testing::Ca;
 use battery_apiserver::resources::hosts::ssh_certificate::SshUserCa;
 use battery_embedded::simhost::testing::create_microvm;
-use battery_embedded::simhost::{SimulatedHost, SimulatedHostConfig, SshProxyConfig};
+use battery_embedded::simhost::{
+    SSHD_MAX_SESSIONS, SimulatedHost, SimulatedHostConfig, SshProxyConfig,
+};
 use battery_proto::Bytes;
 use battery_proto::agent::v1alpha1::relay_client::RelayClient;
 use battery_proto::agent::v1alpha1::{
@@ -807,12 +809,10 @@ async fn terminals_and_forwarded_connections_into_one_microvm_share_one_login() 
 
 #[tokio::test]
 async fn terminals_past_sshds_max_sessions_get_a_login_of_their_own() {
-    // sshd's default MaxSessions: sessions one connection may hold at once.
-    const MAX_SESSIONS: usize = 10;
     let fixture = Fixture::with_terminals().await;
     let mut client = fixture.trusted_client().await;
     let mut sessions = Vec::new();
-    for _ in 0..=MAX_SESSIONS {
+    for _ in 0..=SSHD_MAX_SESSIONS {
         let command = on_a_terminal(&fixture, &["sh", "-c", "echo ready; read line"]);
         sessions.push(open(&mut client, command).await.expect("opened"));
     }

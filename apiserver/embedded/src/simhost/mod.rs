@@ -122,7 +122,7 @@ use tonic::transport::server::TcpIncoming;
 use tracing::{info, warn};
 
 pub use error::{PersistError, SimHostError};
-pub use ssh::SshProxyConfig;
+pub use ssh::{SSHD_MAX_SESSIONS, SshProxyConfig};
 
 use exec::ExecService;
 use microvm::MicroVmService;

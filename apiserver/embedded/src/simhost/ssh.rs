@@ -39,6 +39,8 @@ use super::Host;
 use super::error::{RequestError, SimHostError};
 use super::registry::ExecTarget;
 
+/// How many sessions (terminals, commands) one SSH connection may hold at once.
+pub const SSHD_MAX_SESSIONS: usize = 10;
 /// Where Debian's openssh-server installs sshd. sshd re-executes itself by this path,
 /// so it must be absolute.
 const SSHD: &str = "/usr/sbin/sshd";
@@ -160,7 +162,8 @@ fn setup_error(
 
 /// sshd's configuration: certificates of the user CA are the only way in, and logins
 /// get ptys and forwarding, as on a guest. `StrictModes no` because the temp directory's
-/// ancestors are not all owned by the user logging in.
+/// ancestors are not all owned by the user logging in. `MaxSessions` is OpenSSH's
+/// default, said so that tests of a connection's limit do not rest on a build's.
 fn sshd_config(user_ca_file: &Path) -> io::Result<String> {
     Ok(format!(
         "PidFile none\n\
@@ -173,6 +176,7 @@ fn sshd_config(user_ca_file: &Path) -> io::Result<String> {
          PermitRootLogin prohibit-password\n\
          AllowTcpForwarding yes\n\
          PermitTTY yes\n\
+         MaxSessions {SSHD_MAX_SESSIONS}\n\
          StrictModes no\n\
          LogLevel INFO\n",
         config_word(user_ca_file)?
