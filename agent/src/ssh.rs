@@ -199,10 +199,9 @@ impl Logins {
             Err(error) => error,
         };
         let login = if login.handle.is_closed() {
-            // The connection broke (the guest's sshd or flintlockd's stream ended): the
-            // next one replaces it for everyone.
+            // The connection broke (the guest's sshd or flintlockd's stream ended):
+            // `shared` sees it closed and logs in anew, for everyone.
             debug!(uid, %error, "the shared SSH connection to the guest broke");
-            self.shared.invalidate(uid).await;
             self.shared(uid).await.map_err(OpenError::Login)?
         } else if matches!(
             (kind, &error),

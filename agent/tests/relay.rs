@@ -723,6 +723,14 @@ async fn a_forwarded_port_carries_bytes_both_ways_until_the_guest_closes() {
         })
         .await
         .unwrap();
+    assert_eq!(read_until_closed(&mut responses).await, b"pong:ping");
+    server.await.unwrap();
+}
+
+/// What a forwarded connection reads until the guest closes it.
+async fn read_until_closed(
+    responses: &mut Streaming<battery_proto::agent::v1alpha1::PortForwardResponse>,
+) -> Vec<u8> {
     let mut answer = Vec::new();
     while let Some(response) = tokio::time::timeout(DEADLINE, responses.message())
         .await
@@ -731,8 +739,7 @@ async fn a_forwarded_port_carries_bytes_both_ways_until_the_guest_closes() {
     {
         answer.extend(response.data);
     }
-    assert_eq!(answer, b"pong:ping");
-    server.await.unwrap();
+    answer
 }
 
 #[tokio::test]
@@ -770,20 +777,6 @@ async fn pong_server() -> (u16, tokio::task::JoinHandle<()>) {
     (port, server)
 }
 
-/// What a forwarded connection to `port` reads until the guest closes it.
-async fn read_forwarded(fixture: &Fixture, port: u16) -> Vec<u8> {
-    let (_requests, mut responses) = forward_port(fixture, port.into()).await.expect("opened");
-    let mut answer = Vec::new();
-    while let Some(response) = tokio::time::timeout(DEADLINE, responses.message())
-        .await
-        .expect("in time")
-        .expect("a healthy stream")
-    {
-        answer.extend(response.data);
-    }
-    answer
-}
-
 #[tokio::test]
 async fn terminals_and_forwarded_connections_into_one_microvm_share_one_login() {
     let fixture = Fixture::with_terminals().await;
@@ -801,7 +794,8 @@ async fn terminals_and_forwarded_connections_into_one_microvm_share_one_login() 
     }
     for _ in 0..2 {
         let (port, server) = pong_server().await;
-        assert_eq!(read_forwarded(&fixture, port).await, b"pong");
+        let (_requests, mut responses) = forward_port(&fixture, port.into()).await.expect("opened");
+        assert_eq!(read_until_closed(&mut responses).await, b"pong");
         server.await.unwrap();
     }
     assert_eq!(fixture.host.ssh_logins(), 1);

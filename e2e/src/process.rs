@@ -161,10 +161,7 @@ impl Process {
         let pid = self.pid();
         let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
             .unwrap_or_else(|e| panic!("read the status of {}: {e}", self.name));
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix("VmHWM:"))
-            .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        status_kb(&status, "VmHWM")
             .map(|kb| kb * 1024)
             .unwrap_or_else(|| panic!("no VmHWM in the status of {}", self.name))
     }
@@ -175,6 +172,14 @@ impl Process {
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
     }
+}
+
+/// The field `name` (such as `VmRSS`) of a `/proc/PID/status`, in kB.
+pub fn status_kb(status: &str, name: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+        .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 /// The CPU time (user and system) the process `pid` and the children it has reaped have

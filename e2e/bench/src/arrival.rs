@@ -121,18 +121,7 @@ pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row
         kube: rig.kube_client().await?,
         lease: rig.lease_client().await?,
     };
-    let reference = json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": REFERENCE}, "data": {"key": "value"}
-    });
-    senders
-        .kube
-        .json(
-            Method::POST,
-            &configmaps_path(),
-            Some(&reference),
-            StatusCode::CREATED,
-        )
+    create_config_map(&senders.kube, REFERENCE)
         .await
         .context("creating the ConfigMap the gets read")?;
     let mut rows = Vec::new();
@@ -253,21 +242,7 @@ async fn send(
                 .context("releasing a raw lease")?;
             return Ok(took);
         }
-        Kind::ConfigMapCreate => {
-            let object = json!({
-                "apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": name}, "data": {"key": "value"}
-            });
-            senders
-                .kube
-                .json(
-                    Method::POST,
-                    &configmaps_path(),
-                    Some(&object),
-                    StatusCode::CREATED,
-                )
-                .await?;
-        }
+        Kind::ConfigMapCreate => create_config_map(&senders.kube, name).await?,
         Kind::ConfigMapGet => {
             let path = format!("{}/{REFERENCE}", configmaps_path());
             let got = senders
@@ -280,6 +255,23 @@ async fn send(
         }
     }
     Ok(arrived.elapsed())
+}
+
+/// Creates the ConfigMap `name`, a small one, as the reference writes through
+/// kube-apiserver.
+async fn create_config_map(kube: &Client, name: &str) -> Result<()> {
+    let object = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name}, "data": {"key": "value"}
+    });
+    kube.json(
+        Method::POST,
+        &configmaps_path(),
+        Some(&object),
+        StatusCode::CREATED,
+    )
+    .await?;
+    Ok(())
 }
 
 fn configmaps_path() -> String {

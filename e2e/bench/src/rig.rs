@@ -362,18 +362,15 @@ impl Rig {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
             .with_context(|| format!("reading the status of serve ({pid})"))?;
         let field = |name: &str| -> Result<f64> {
-            let kb = status
-                .lines()
-                .find_map(|line| line.strip_prefix(name))
-                .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            let kb = battery_e2e::process::status_kb(&status, name)
                 .with_context(|| format!("no {name} in the status of serve"))?;
-            Ok(kb / 1024.0)
+            Ok(kb as f64 / 1024.0)
         };
         Ok(Memory {
-            resident: field("VmRSS:")?,
-            peak: field("VmHWM:")?,
-            anonymous: field("RssAnon:")?,
-            mapped_files: field("RssFile:")?,
+            resident: field("VmRSS")?,
+            peak: field("VmHWM")?,
+            anonymous: field("RssAnon")?,
+            mapped_files: field("RssFile")?,
         })
     }
 
