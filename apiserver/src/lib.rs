@@ -21,6 +21,7 @@ mod serve_command;
 pub mod server;
 #[cfg(feature = "test-util")]
 pub mod testing;
+pub mod tls_files;
 pub mod watch;
 
 /// Runs the command the user chose.

@@ -303,7 +303,7 @@ pub fn build(
             let battery = battery.clone();
             Box::new(move || {
                 let battery = battery.clone();
-                Box::pin(async move { battery.is_serving().await })
+                Box::pin(async move { battery.readiness().await })
             })
         },
         metrics: metrics.clone(),

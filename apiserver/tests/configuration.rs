@@ -41,7 +41,13 @@ fn issue_34_serve_exits_64_naming_the_flag_before_it_binds() {
     // Held, so a serve that bound before checking would fail on it instead.
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let listen = taken.local_addr().unwrap().to_string();
-    let battery = ["--battery-address".as_ref(), "http://127.0.0.1:9".as_ref()];
+    let battery = [
+        "--battery-address".as_ref(),
+        "127.0.0.1:9".as_ref(),
+        "--battery-insecure".as_ref(),
+    ];
+    let empty = dir.path().join("empty-token");
+    std::fs::write(&empty, "\n").unwrap();
     let tls = [
         "--tls-cert-file".as_ref(),
         cert.as_os_str(),
@@ -74,8 +80,74 @@ fn issue_34_serve_exits_64_naming_the_flag_before_it_binds() {
         (
             "--battery-address",
             [
-                &["--battery-address".as_ref(), "not an address".as_ref()][..],
+                &[
+                    "--battery-address".as_ref(),
+                    "not an address".as_ref(),
+                    "--battery-insecure".as_ref(),
+                ][..],
                 &tls[..],
+            ]
+            .concat(),
+        ),
+        // Plaintext only when asked for: an http:// address with a CA is a contradiction.
+        (
+            "--battery-address",
+            [
+                &[
+                    "--battery-address".as_ref(),
+                    "http://127.0.0.1:9".as_ref(),
+                    "--battery-ca-file".as_ref(),
+                    cert.as_os_str(),
+                ][..],
+                &tls[..],
+            ]
+            .concat(),
+        ),
+        (
+            "--battery-ca-file",
+            [
+                &[
+                    "--battery-address".as_ref(),
+                    "127.0.0.1:9".as_ref(),
+                    "--battery-ca-file".as_ref(),
+                    not_pem.as_os_str(),
+                ][..],
+                &tls[..],
+            ]
+            .concat(),
+        ),
+        (
+            "--battery-client-cert-file",
+            [
+                &[
+                    "--battery-address".as_ref(),
+                    "127.0.0.1:9".as_ref(),
+                    "--battery-ca-file".as_ref(),
+                    cert.as_os_str(),
+                    "--battery-client-cert-file".as_ref(),
+                    cert.as_os_str(),
+                    "--battery-client-key-file".as_ref(),
+                    missing.as_os_str(),
+                ][..],
+                &tls[..],
+            ]
+            .concat(),
+        ),
+        (
+            "--battery-token-file",
+            [
+                &battery[..],
+                &tls[..],
+                &["--battery-token-file".as_ref(), missing.as_os_str()],
+            ]
+            .concat(),
+        ),
+        (
+            "--battery-token-file",
+            [
+                &battery[..],
+                &tls[..],
+                &["--battery-token-file".as_ref(), empty.as_os_str()],
             ]
             .concat(),
         ),

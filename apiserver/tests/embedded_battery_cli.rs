@@ -21,6 +21,7 @@ impl Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_battery-apiserver"))
             .args([
                 "embedded-battery",
+                "--insecure",
                 "--listen",
                 "127.0.0.1:0",
                 "--provisioning-delay",

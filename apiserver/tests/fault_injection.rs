@@ -70,6 +70,7 @@ impl World {
             .args(["serve", "--listen", "127.0.0.1:0", "--bind-wait", "300ms"])
             .arg("--battery-address")
             .arg(battery)
+            .arg("--battery-insecure")
             .arg("--tls-cert-file")
             .arg(&self.pki.serving_cert)
             .arg("--tls-private-key-file")

@@ -68,7 +68,11 @@ fn issue_9_the_error_that_ends_the_process_is_a_json_line_too() {
     let missing = dir.path().join("missing.pem");
     let output = Command::new(env!("CARGO_BIN_EXE_battery-apiserver"))
         .args(["serve", "--log-format", "json", "--listen", "127.0.0.1:0"])
-        .args(["--battery-address", "http://127.0.0.1:9"])
+        .args([
+            "--battery-address",
+            "http://127.0.0.1:9",
+            "--battery-insecure",
+        ])
         .arg("--tls-cert-file")
         .arg(&missing)
         .arg("--tls-private-key-file")

@@ -33,6 +33,7 @@ use tempfile::TempDir;
 use tokio::process::Command;
 use tokio::sync::{Semaphore, SemaphorePermit};
 
+use crate::battery_access::{BatteryAccess, BatteryPki};
 use crate::control_plane::Options;
 use crate::process::Process;
 use battery_telemetry::free_loopback_address;
@@ -88,8 +89,9 @@ pub struct ApiServer {
     cluster: Option<Box<Cluster>>,
     /// battery-apiserver's own URL.
     backend: String,
-    /// The embedded battery's gRPC address, where it runs in a process of its own.
-    battery: Option<String>,
+    /// The embedded battery's gRPC address, where it runs in a process of its own, and
+    /// the credentials it requires.
+    battery: Option<(String, BatteryPki)>,
     kubeconfig: PathBuf,
     dir: TempDir,
     _slot: SemaphorePermit<'static>,
@@ -364,6 +366,9 @@ impl ApiServer {
     ) -> Self {
         let fresh = data.is_none_or(|data| !data.join("apiserver").exists());
         let cluster = Box::new(Cluster::start(dir.path(), binary(), options).await);
+        // Secured as poolmgrd is in production: TLS, a client certificate and a token.
+        let pki = BatteryPki::write(&dir.path().join("battery-pki"))
+            .expect("write battery's credentials");
         let mut command = Command::new(binary());
         command.args([
             "embedded-battery",
@@ -372,6 +377,7 @@ impl ApiServer {
             "--sweep-interval",
             SWEEP_INTERVAL,
         ]);
+        command.args(pki.battery_args());
         command.args(battery_args);
         if let Some(data) = data {
             command.arg("--data-dir").arg(data.join("battery"));
@@ -382,7 +388,7 @@ impl ApiServer {
             BATTERY_SERVING_PREFIX,
         )
         .await;
-        let mut command = serve_command(binary(), &battery_address, &cluster);
+        let mut command = serve_command(binary(), &battery_address, &pki, &cluster);
         command.args(serve_args);
         // On disk, as on its volume in a cluster: a test may stop `serve` and start it again.
         let store = data.map_or_else(|| dir.path().join("apiserver"), |d| d.join("apiserver"));
@@ -399,7 +405,7 @@ impl ApiServer {
             kubeconfig: cluster.kubeconfig().to_owned(),
             cluster: Some(cluster),
             backend: url,
-            battery: Some(battery_address),
+            battery: Some((battery_address, pki)),
             dir,
             _slot: slot,
         };
@@ -443,22 +449,24 @@ impl ApiServer {
         self.cluster.as_deref()
     }
 
-    /// The embedded battery's gRPC address (`host:port`) on [`Route::Aggregated`], for a
-    /// test that acts on battery as another client of it would.
-    pub fn battery_address(&self) -> Option<&str> {
-        self.battery.as_deref()
+    /// How a test reaches the embedded battery on [`Route::Aggregated`] with every
+    /// credential it requires, to act on battery as another client of it would.
+    pub fn battery_access(&self) -> Option<BatteryAccess> {
+        self.battery
+            .as_ref()
+            .map(|(address, pki)| pki.access(address))
+    }
+
+    /// The file `serve` reads battery's token from, on [`Route::Aggregated`].
+    pub fn battery_token_file(&self) -> Option<PathBuf> {
+        self.battery.as_ref().map(|(_, pki)| pki.token_file())
     }
 
     /// Every lease the embedded battery holds now, asked of battery itself (on
     /// [`Route::Aggregated`]; panics on another route).
     pub async fn battery_leases(&self) -> Vec<crate::api::LeaseRecord> {
-        let address = self
-            .battery_address()
-            .expect("a route with its own battery");
-        let mut leases =
-            crate::api::lease_client::LeaseClient::connect(format!("http://{address}"))
-                .await
-                .expect("connect to the embedded battery");
+        let access = self.battery_access().expect("a route with its own battery");
+        let mut leases = crate::api::lease_client::LeaseClient::new(access.channel());
         leases
             .list_leases(crate::api::ListLeasesRequest { pool_ref: None })
             .await
@@ -496,13 +504,14 @@ async fn start_serve(args: &[std::ffi::OsString], log: &Path) -> (Process, Strin
     Process::start(command, log, SERVE_SERVING_PREFIX).await
 }
 
-/// `binary serve` in front of the battery at `battery` (`host:port`), behind `cluster`:
-/// where it listens, its serving certificate, and the cluster it asks.
-pub fn serve_command(binary: &Path, battery: &str, cluster: &Cluster) -> Command {
+/// `binary serve` in front of the battery at `battery` (`host:port`) that requires the
+/// credentials of `pki`, behind `cluster`: where it listens, its serving certificate, and
+/// the cluster it asks.
+pub fn serve_command(binary: &Path, battery: &str, pki: &BatteryPki, cluster: &Cluster) -> Command {
     let mut command = Command::new(binary);
     command
-        .args(["serve", "--battery-address"])
-        .arg(format!("http://{battery}"))
+        .args(["serve", "--battery-address", battery])
+        .args(pki.serve_args())
         .args(cluster.serve_args());
     command
 }

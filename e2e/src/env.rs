@@ -2,9 +2,19 @@
 
 use std::time::Duration;
 
-/// battery's gRPC address (`host:port` or `http://host:port`). Unset: the suite starts
+/// battery's gRPC address (`host:port`). Unset: the suite starts
 /// the embedded battery in-process, one per test.
 pub const ADDRESS_VAR: &str = "BATTERY_CONFORMANCE_ADDRESS";
+/// For an external battery served over TLS (poolmgrd's default): the CA bundle its
+/// serving certificate chains to. Unset: plaintext.
+pub const CA_FILE_VAR: &str = "BATTERY_CONFORMANCE_CA_FILE";
+/// For an external battery that validates clients: the client certificate and its key.
+pub const CLIENT_CERT_FILE_VAR: &str = "BATTERY_CONFORMANCE_CLIENT_CERT_FILE";
+pub const CLIENT_KEY_FILE_VAR: &str = "BATTERY_CONFORMANCE_CLIENT_KEY_FILE";
+/// For an external battery: the name its certificate carries, when not the address's host.
+pub const SERVER_NAME_VAR: &str = "BATTERY_CONFORMANCE_SERVER_NAME";
+/// For an external battery with a `basic_auth_token`: a file holding it.
+pub const TOKEN_FILE_VAR: &str = "BATTERY_CONFORMANCE_TOKEN_FILE";
 /// For an external battery: the flintlock Hosts it already has registered, as
 /// `name=host:port,...`. The suite reaches them directly (plaintext) to look at MicroVMs.
 pub const HOSTS_VAR: &str = "BATTERY_CONFORMANCE_HOSTS";

@@ -31,6 +31,7 @@
 
 pub mod apiserver;
 mod assert;
+mod battery_access;
 pub mod channel_exec;
 pub mod control_plane;
 mod env;
@@ -45,6 +46,7 @@ mod spec;
 mod suite;
 
 pub use assert::{expect_code, expect_ok, nanos, ts_nanos};
+pub use battery_access::{BasicAuth, BatteryAccess, BatteryChannel, BatteryPki, Credential};
 pub use battery_embedded::local::insecure_host;
 pub use battery_telemetry::{consistently, eventually};
 pub use env::{

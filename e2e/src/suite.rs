@@ -15,11 +15,12 @@ use battery_proto::poolmgr::v1alpha1::lease_client::LeaseClient;
 use battery_proto::poolmgr::v1alpha1::pool_admin_client::PoolAdminClient;
 use battery_telemetry::error_chain;
 use tempfile::TempDir;
-use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::health_client::HealthClient;
 
+use crate::battery_access::{BatteryAccess, BatteryChannel, BatteryPki};
 use crate::env::{
-    ADDRESS_VAR, HOSTS_VAR, LOG_VAR, SWEEP_VAR, TIMEOUT_VAR, WARNING_WINDOW_VAR, duration_var,
+    ADDRESS_VAR, CA_FILE_VAR, CLIENT_CERT_FILE_VAR, CLIENT_KEY_FILE_VAR, HOSTS_VAR, LOG_VAR,
+    SERVER_NAME_VAR, SWEEP_VAR, TIMEOUT_VAR, TOKEN_FILE_VAR, WARNING_WINDOW_VAR, duration_var,
     parse_hosts, var,
 };
 
@@ -125,12 +126,18 @@ enum Target {
     External,
 }
 
+/// A file an environment variable names, read whole; panics naming the variable.
+fn file_var(name: &str) -> Option<String> {
+    var(name)
+        .map(|path| std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{name}={path}: {e}")))
+}
+
 /// One test's battery: embedded (started for this test alone) or external (shared, so
 /// every test works in its own namespace and cleans up in [`Suite::finish`]).
 pub struct Suite {
     target: Target,
-    endpoint: String,
-    channel: Channel,
+    access: BatteryAccess,
+    channel: BatteryChannel,
     namespace: String,
     timing: Timing,
     hosts: Vec<HostRef>,
@@ -163,12 +170,6 @@ fn init_logging() {
     if let Some(filter) = var(LOG_VAR) {
         battery_telemetry::init_test_logging(&filter);
     }
-}
-
-fn lazy_channel(endpoint: &str) -> Channel {
-    Endpoint::from_shared(endpoint.to_owned())
-        .unwrap_or_else(|e| panic!("bad battery address {endpoint:?}: {e}"))
-        .connect_lazy()
 }
 
 fn short_id() -> String {
@@ -229,15 +230,29 @@ impl Suite {
             ));
             return None;
         }
-        let endpoint = if address.contains("://") {
-            address
-        } else {
-            format!("http://{address}")
+        let address = address
+            .split_once("://")
+            .map_or(address.as_str(), |(_, rest)| rest)
+            .to_owned();
+        let identity = match (
+            file_var(CLIENT_CERT_FILE_VAR),
+            file_var(CLIENT_KEY_FILE_VAR),
+        ) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => panic!("{CLIENT_CERT_FILE_VAR} and {CLIENT_KEY_FILE_VAR} go together"),
+        };
+        let access = BatteryAccess {
+            address,
+            ca_pem: file_var(CA_FILE_VAR),
+            identity,
+            server_name: var(SERVER_NAME_VAR),
+            token: file_var(TOKEN_FILE_VAR).map(|t| t.trim_end_matches(['\r', '\n']).to_owned()),
         };
         Some(Suite {
             target: Target::External,
-            channel: lazy_channel(&endpoint),
-            endpoint,
+            channel: access.channel(),
+            access,
             namespace: format!("e2e-{}", short_id()),
             timing,
             hosts,
@@ -252,6 +267,12 @@ impl Suite {
                 .tempdir()
                 .expect("create data directory")
         });
+        // Secured as a production poolmgrd is: TLS, a client certificate and a token.
+        let credentials = tempfile::Builder::new()
+            .prefix("battery-e2e-pki-")
+            .tempdir()
+            .expect("create the credentials' directory");
+        let pki = BatteryPki::write(credentials.path()).expect("write battery's credentials");
         let sweep_interval = options.sweep_interval.unwrap_or(EMBEDDED_SWEEP);
         let config = LocalBatteryConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -271,6 +292,7 @@ impl Suite {
                 guest_agent_interval: Duration::from_millis(250),
                 guest_agent_timeout: Duration::from_secs(10),
                 exec_timeout: Duration::ZERO,
+                api: pki.api_security().expect("read battery's credentials"),
             },
             // The conformance suite speaks to battery, which never reaches a guest's sshd.
             ssh_proxy: None,
@@ -278,7 +300,7 @@ impl Suite {
         let local = LocalBattery::start(config)
             .await
             .unwrap_or_else(|e| panic!("starting the embedded battery: {}", error_chain(&e)));
-        let endpoint = format!("http://{}", local.address());
+        let access = pki.access(&local.address().to_string());
         let hosts = local
             .hosts()
             .iter()
@@ -292,8 +314,8 @@ impl Suite {
                 local: Some(Box::new(local)),
                 _data_dir: data_dir,
             },
-            channel: lazy_channel(&endpoint),
-            endpoint,
+            channel: access.channel(),
+            access,
             namespace: format!("e2e-{}", short_id()),
             timing: Timing {
                 sweep_interval,
@@ -359,26 +381,32 @@ impl Suite {
             .await
             .expect("restart_battery finished in time (does shutdown wait on in-flight RPCs?)")
             .unwrap_or_else(|e| panic!("restarting the embedded battery: {}", error_chain(&e)));
-        self.channel = lazy_channel(&self.endpoint);
+        self.channel = self.access.channel();
     }
 
-    pub fn pool_admin(&self) -> PoolAdminClient<Channel> {
+    /// How this test reaches its battery: for a client of its own (one without a
+    /// credential, to see it refused).
+    pub fn access(&self) -> &BatteryAccess {
+        &self.access
+    }
+
+    pub fn pool_admin(&self) -> PoolAdminClient<BatteryChannel> {
         PoolAdminClient::new(self.channel.clone())
     }
 
-    pub fn lease_client(&self) -> LeaseClient<Channel> {
+    pub fn lease_client(&self) -> LeaseClient<BatteryChannel> {
         LeaseClient::new(self.channel.clone())
     }
 
-    pub fn events_client(&self) -> EventsClient<Channel> {
+    pub fn events_client(&self) -> EventsClient<BatteryChannel> {
         EventsClient::new(self.channel.clone())
     }
 
-    pub fn host_admin(&self) -> HostAdminClient<Channel> {
+    pub fn host_admin(&self) -> HostAdminClient<BatteryChannel> {
         HostAdminClient::new(self.channel.clone())
     }
 
-    pub fn health(&self) -> HealthClient<Channel> {
+    pub fn health(&self) -> HealthClient<BatteryChannel> {
         HealthClient::new(self.channel.clone())
     }
 

@@ -256,8 +256,7 @@ async fn lost_reports_a_lease_that_battery_ended() {
         .into_iter()
         .find(|l| l.vm_uid == vm)
         .expect("battery has the claim's lease");
-    let battery = format!("http://{}", server.battery_address().unwrap());
-    let mut leases = LeaseClient::connect(battery).await.unwrap();
+    let mut leases = LeaseClient::new(server.battery_access().unwrap().channel());
     leases
         .release_vm(ReleaseVmRequest {
             lease_id: lease.lease_id,

@@ -10,4 +10,4 @@ mod battery;
 pub mod local;
 pub mod simhost;
 
-pub use battery::{BatteryConfig, BatteryError, EmbeddedBattery};
+pub use battery::{ApiSecurity, BatteryConfig, BatteryError, EmbeddedBattery, ServerTls};

@@ -1,14 +1,14 @@
 //! A battery with its simulated Hosts on this machine: what `battery-apiserver
 //! embedded-battery` serves and what tests run against. It starts the Hosts, then the
-//! battery, then registers each Host through battery's own HostAdmin API, exactly as an
-//! operator would with `poolmgrctl host add`.
+//! battery, then registers each Host through battery's own HostAdmin handlers, as an
+//! operator would with `poolmgrctl host add` (in-process, so whatever the port's TLS
+//! and token).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use battery_proto::poolmgr::v1alpha1::host_admin_client::HostAdminClient;
-use battery_proto::poolmgr::v1alpha1::{AddHostRequest, Host, HostTls, UpdateHostRequest};
+use battery_proto::poolmgr::v1alpha1::{Host, HostTls};
 use tokio::net::TcpListener;
 
 use crate::simhost::{SimHostError, SimulatedHost, SimulatedHostConfig, SshProxyConfig};
@@ -68,12 +68,6 @@ pub enum LocalError {
     },
     #[error("starting the embedded battery")]
     BatteryStart(#[source] BatteryError),
-    #[error("connecting to the embedded battery at {addr}")]
-    Connect {
-        addr: SocketAddr,
-        #[source]
-        source: tonic::transport::Error,
-    },
     #[error("registering simulated host {name} with battery")]
     RegisterHost {
         name: String,
@@ -182,36 +176,16 @@ impl LocalBattery {
     }
 
     async fn register_hosts(&self) -> Result<(), LocalError> {
-        let endpoint = format!("http://{}", self.address);
-        let mut client =
-            HostAdminClient::connect(endpoint)
-                .await
-                .map_err(|source| LocalError::Connect {
-                    addr: self.address,
-                    source,
-                })?;
+        let battery = self.battery.as_ref().expect("started");
         for host in &self.hosts {
             let spec = insecure_host(host.name(), &host.address().to_string());
-            let added = client
-                .add_host(AddHostRequest {
-                    host: Some(spec.clone()),
-                    skip_validation: false,
-                })
-                .await;
-            let result = match added {
-                Err(status) if status.code() == tonic::Code::AlreadyExists => client
-                    .update_host(UpdateHostRequest {
-                        host: Some(spec),
-                        skip_validation: false,
-                    })
-                    .await
-                    .map(|_| ()),
-                other => other.map(|_| ()),
-            };
-            result.map_err(|source| LocalError::RegisterHost {
-                name: host.name().to_owned(),
-                source,
-            })?;
+            battery
+                .register_host(spec)
+                .await
+                .map_err(|source| LocalError::RegisterHost {
+                    name: host.name().to_owned(),
+                    source,
+                })?;
         }
         Ok(())
     }

@@ -11,8 +11,10 @@ use pb::events_client::EventsClient;
 use pb::host_admin_client::HostAdminClient;
 use pb::lease_client::LeaseClient;
 use pb::pool_admin_client::PoolAdminClient;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+use super::channel::{BatteryEndpoint, ChannelError, Credentials};
 use super::convert;
 use super::errors::{BatteryError, Rpc};
 use crate::metrics::{BatteryOutcome, Metrics};
@@ -147,16 +149,19 @@ impl BatteryHost {
     }
 }
 
+/// battery's channel, every call carrying our credentials.
+type Transport = InterceptedService<Channel, Credentials>;
+
 /// A cheap-to-clone client of all of battery's services over one channel.
 #[derive(Clone)]
 pub struct BatteryClient {
     /// For the calls made without a generated client ([`Self::leased_request_ids`]).
-    channel: Channel,
-    pools: PoolAdminClient<Channel>,
-    leases: LeaseClient<Channel>,
-    events: EventsClient<Channel>,
-    hosts: HostAdminClient<Channel>,
-    health: tonic_health::pb::health_client::HealthClient<Channel>,
+    transport: Transport,
+    pools: PoolAdminClient<Transport>,
+    leases: LeaseClient<Transport>,
+    events: EventsClient<Transport>,
+    hosts: HostAdminClient<Transport>,
+    health: tonic_health::pb::health_client::HealthClient<Transport>,
     /// Where each call's latency and outcome is recorded, once the server has a registry.
     metrics: Option<Arc<Metrics>>,
 }
@@ -189,22 +194,38 @@ fn call<T>(message: T) -> tonic::Request<T> {
 }
 
 impl BatteryClient {
-    /// A client of the battery at `address` (`http://host:port`). It connects on first
+    /// A client of the battery at `address` (`http://host:port`) in plaintext, without
+    /// credentials: the embedded battery on loopback (`dev`, tests). It connects on first
     /// use and reconnects after failures, so the server starts while battery is down.
     pub fn connect_lazy(address: &str) -> Result<Self, tonic::transport::Error> {
         let channel = Endpoint::from_shared(address.to_owned())?
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
             .connect_lazy();
-        Ok(Self {
-            channel: channel.clone(),
-            pools: PoolAdminClient::new(channel.clone()),
-            leases: LeaseClient::new(channel.clone()),
-            events: EventsClient::new(channel.clone()),
-            hosts: HostAdminClient::new(channel.clone()),
-            health: tonic_health::pb::health_client::HealthClient::new(channel),
+        Ok(Self::over(channel, Credentials::default()))
+    }
+
+    /// A client of the battery `endpoint` describes: its files read and checked, nothing
+    /// dialled. The task returned, when there are files to follow, reloads them when they
+    /// change (a rotation needs no restart); it runs until aborted.
+    pub fn connect_secured(
+        endpoint: &BatteryEndpoint,
+    ) -> Result<(Self, Option<tokio::task::JoinHandle<()>>), ChannelError> {
+        let (channel, credentials, follower) = endpoint.connect_lazy()?;
+        Ok((Self::over(channel, credentials), follower))
+    }
+
+    fn over(channel: Channel, credentials: Credentials) -> Self {
+        let transport = InterceptedService::new(channel, credentials);
+        Self {
+            pools: PoolAdminClient::new(transport.clone()),
+            leases: LeaseClient::new(transport.clone()),
+            events: EventsClient::new(transport.clone()),
+            hosts: HostAdminClient::new(transport.clone()),
+            health: tonic_health::pb::health_client::HealthClient::new(transport.clone()),
+            transport,
             metrics: None,
-        })
+        }
     }
 
     /// The same client, recording every call into `metrics`.
@@ -234,16 +255,23 @@ impl BatteryClient {
         answered
     }
 
-    /// True when battery's health service says SERVING.
-    pub async fn is_serving(&self) -> bool {
+    /// `Ok` when battery's health service says SERVING; otherwise why not, in words for
+    /// `/readyz` (refused credentials said as such; no secret in them).
+    pub async fn readiness(&self) -> Result<(), String> {
         let mut health = self.health.clone();
         let request = call(tonic_health::pb::HealthCheckRequest {
             service: String::new(),
         });
-        matches!(
-            self.answer(Rpc::HealthCheck, health.check(request)).await,
-            Ok(r) if r.status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-        )
+        match self.answer(Rpc::HealthCheck, health.check(request)).await {
+            Ok(r)
+                if r.status
+                    == tonic_health::pb::health_check_response::ServingStatus::Serving as i32 =>
+            {
+                Ok(())
+            }
+            Ok(_) => Err("battery is not serving".to_owned()),
+            Err(err) => Err(err.unready_reason()),
+        }
     }
 
     pub async fn pool(&self, namespace: &str, name: &str) -> Result<BatteryPool, BatteryError> {
@@ -409,7 +437,7 @@ impl BatteryClient {
     ) -> Result<HashSet<String>, BatteryError> {
         let request = list_leases_request(pool);
         let call = async {
-            let mut grpc = tonic::client::Grpc::new(self.channel.clone());
+            let mut grpc = tonic::client::Grpc::new(self.transport.clone());
             grpc.ready().await.map_err(|e| {
                 tonic::Status::unavailable(format!("battery's channel is not ready: {e}"))
             })?;

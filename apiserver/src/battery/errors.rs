@@ -207,6 +207,26 @@ impl BatteryError {
             .then(|| self.status.message())
     }
 
+    /// What `/readyz` says of battery when this failed its health check. battery's own
+    /// words are included: neither they nor a transport error ever carry the token.
+    pub fn unready_reason(&self) -> String {
+        match self.failure {
+            Failure::Unauthenticated => self.credentials_refused(),
+            _ => format!(
+                "battery is not serving: {}",
+                battery_telemetry::error_chain(self)
+            ),
+        }
+    }
+
+    fn credentials_refused(&self) -> String {
+        format!(
+            "battery refused the API server's credentials ({}): check --battery-token-file \
+             and --battery-client-cert-file against poolmgrd's api_server settings",
+            self.status.message()
+        )
+    }
+
     /// The error a client sees for this failure of an operation on the object `name` of
     /// `info`. battery's message is shown only where it is meant for the user; the status
     /// goes to the log as the error's source.
@@ -252,10 +272,10 @@ impl BatteryError {
             Failure::Unavailable => ApiError::service_unavailable("battery is unavailable")
                 .with_retry_after(RETRY_AFTER_SECONDS),
             Failure::TimedOut => ApiError::timeout("battery did not answer in time"),
-            Failure::Unauthenticated => ApiError::new(
-                Reason::InternalError,
-                "battery refused the API server's credentials",
-            ),
+            // Not the client's doing, and mended only by an operator's fix of the token or
+            // certificate files, which are read again when they change.
+            Failure::Unauthenticated => ApiError::service_unavailable(self.credentials_refused())
+                .with_retry_after(RETRY_AFTER_SECONDS),
             Failure::Cancelled | Failure::Failed => ApiError::new(
                 Reason::InternalError,
                 "battery failed to complete the request; the cause is in the API server's log",
@@ -288,7 +308,12 @@ impl fmt::Display for BatteryError {
     }
 }
 
-impl std::error::Error for BatteryError {}
+impl std::error::Error for BatteryError {
+    /// What tonic knows beneath battery's status: a refused handshake, a closed socket.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.status)
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -313,7 +338,7 @@ mod tests {
             (Code::Unavailable, StatusCode::SERVICE_UNAVAILABLE),
             (Code::DeadlineExceeded, StatusCode::GATEWAY_TIMEOUT),
             (Code::Internal, StatusCode::INTERNAL_SERVER_ERROR),
-            (Code::Unauthenticated, StatusCode::INTERNAL_SERVER_ERROR),
+            (Code::Unauthenticated, StatusCode::SERVICE_UNAVAILABLE),
             (Code::Unknown, StatusCode::INTERNAL_SERVER_ERROR),
             (Code::Cancelled, StatusCode::INTERNAL_SERVER_ERROR),
         ];

@@ -4,12 +4,14 @@
 //! `objects` turns battery's answers into Kubernetes objects. Only this module imports
 //! `battery-proto` or `tonic`.
 
+mod channel;
 mod client;
 mod convert;
 mod errors;
 mod events;
 pub mod objects;
 
+pub use channel::{BatteryEndpoint, ChannelError, Security, TlsSettings};
 pub use client::{
     BatteryClient, BatteryHost, BatteryPool, CLAIM_TIMEOUT, Lease, LeaseId, LeaseInfo,
 };

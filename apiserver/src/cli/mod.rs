@@ -109,9 +109,60 @@ pub struct ServeArgs {
     #[arg(long, env = "BATTERY_APISERVER_LISTEN", default_value = "0.0.0.0:8443")]
     pub listen: SocketAddr,
 
-    /// battery's gRPC address, e.g. http://127.0.0.1:9090 (the poolmgrd sidecar).
+    /// battery's gRPC address, host:port (e.g. 127.0.0.1:50051, the poolmgrd sidecar):
+    /// over TLS, or in plaintext with --battery-insecure.
     #[arg(long, env = "BATTERY_APISERVER_BATTERY_ADDRESS")]
     pub battery_address: String,
+
+    /// CA bundle (PEM) battery's serving certificate must chain to (poolmgrd's
+    /// api_server.tls.cert_file). Required unless --battery-insecure; reloaded when it
+    /// changes.
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_BATTERY_CA_FILE",
+        required_unless_present = "battery_insecure"
+    )]
+    pub battery_ca_file: Option<PathBuf>,
+
+    /// Client certificate (PEM) for a poolmgrd that validates clients
+    /// (api_server.tls.validate_client); reloaded when it changes.
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_BATTERY_CLIENT_CERT_FILE",
+        requires_all = ["battery_client_key_file", "battery_ca_file"]
+    )]
+    pub battery_client_cert_file: Option<PathBuf>,
+
+    /// The key (PEM) of --battery-client-cert-file.
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_BATTERY_CLIENT_KEY_FILE",
+        requires = "battery_client_cert_file"
+    )]
+    pub battery_client_key_file: Option<PathBuf>,
+
+    /// The name battery's certificate must carry, when not the host of
+    /// --battery-address.
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_BATTERY_TLS_SERVER_NAME",
+        requires = "battery_ca_file"
+    )]
+    pub battery_tls_server_name: Option<String>,
+
+    /// File holding poolmgrd's basic-auth token (api_server.basic_auth_token), sent on
+    /// every call; read again when it changes. A trailing newline is ignored.
+    #[arg(long, env = "BATTERY_APISERVER_BATTERY_TOKEN_FILE")]
+    pub battery_token_file: Option<PathBuf>,
+
+    /// Reach battery in plaintext (poolmgrd's api_server.tls.insecure): anyone who can
+    /// reach its port can then read and spoof the channel.
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_BATTERY_INSECURE",
+        conflicts_with_all = ["battery_ca_file", "battery_client_cert_file", "battery_tls_server_name"]
+    )]
+    pub battery_insecure: bool,
 
     /// The serving certificate (PEM); reloaded when the file changes.
     #[arg(long, env = "BATTERY_APISERVER_TLS_CERT_FILE")]
@@ -385,6 +436,46 @@ pub struct EmbeddedBatteryArgs {
     /// How long before expiry battery emits VM_EXPIRING_SOON.
     #[arg(long, env = "BATTERY_APISERVER_WARNING_WINDOW", default_value = "30s", value_parser = humantime::parse_duration)]
     pub warning_window: Duration,
+
+    /// Serving certificate (PEM) of the gRPC port, as poolmgrd's api_server.tls.cert_file:
+    /// battery serves TLS unless --insecure.
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_TLS_CERT_FILE",
+        requires = "tls_private_key_file",
+        required_unless_present = "insecure"
+    )]
+    pub tls_cert_file: Option<PathBuf>,
+
+    /// The key (PEM) of --tls-cert-file.
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_TLS_PRIVATE_KEY_FILE",
+        requires = "tls_cert_file"
+    )]
+    pub tls_private_key_file: Option<PathBuf>,
+
+    /// CA bundle (PEM) client certificates must chain to; with it, a client without one
+    /// is refused (poolmgrd's validate_client with client_ca_file).
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_CLIENT_CA_FILE",
+        requires = "tls_cert_file"
+    )]
+    pub client_ca_file: Option<PathBuf>,
+
+    /// File holding a basic-auth token every call must carry, health included
+    /// (poolmgrd's api_server.basic_auth_token). A trailing newline is ignored.
+    #[arg(long, env = "BATTERY_APISERVER_BASIC_AUTH_TOKEN_FILE")]
+    pub basic_auth_token_file: Option<PathBuf>,
+
+    /// Serve plaintext gRPC (poolmgrd's api_server.tls.insecure).
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_INSECURE",
+        conflicts_with_all = ["tls_cert_file", "client_ca_file"]
+    )]
+    pub insecure: bool,
 
     /// The public key (one line) of the SSH user CA the simulated Hosts' guests trust:
     /// with it, they serve flintlock's SSH proxy with the Host's own sshd (Debian's

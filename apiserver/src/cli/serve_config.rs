@@ -11,7 +11,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::ServeArgs;
 use crate::api::{CreateRate, Limits};
-use crate::battery::BatteryClient;
+use crate::battery::{BatteryClient, BatteryEndpoint, ChannelError, Security, TlsSettings};
 use crate::http::authn::{RequestHeaderFlags, RequestHeaderNames, TrustSources, verifier};
 use crate::http::serve::{self, TlsError, TlsFiles};
 use crate::relay::AgentRelayTls;
@@ -50,7 +50,7 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn invalid(
+    pub(crate) fn invalid(
         flag: &'static str,
         value: impl std::fmt::Display,
         source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -83,8 +83,7 @@ impl ServeArgs {
         };
         // The reloader runs for as long as the process does.
         let (tls, _reloader) = serve::acceptor(&files).map_err(|e| tls_invalid(&files, e))?;
-        let battery = BatteryClient::connect_lazy(&self.battery_address)
-            .map_err(|e| ConfigError::invalid("battery-address", &self.battery_address, e))?;
+        let battery = self.battery()?;
         let cluster = cluster(self.kubeconfig.as_deref()).await?;
         Ok(ServeConfig {
             listen: self.listen,
@@ -106,6 +105,56 @@ impl ServeArgs {
             },
             max_exec_sessions: self.max_exec_sessions,
         })
+    }
+
+    /// battery's client, its files read; the task that follows them runs for as long as
+    /// the process does.
+    fn battery(&self) -> Result<BatteryClient, ConfigError> {
+        let security = match &self.battery_ca_file {
+            Some(ca_file) if !self.battery_insecure => Security::Tls(TlsSettings {
+                ca_file: ca_file.clone(),
+                client: self
+                    .battery_client_cert_file
+                    .clone()
+                    .zip(self.battery_client_key_file.clone())
+                    .map(|(cert, key)| TlsFiles { cert, key }),
+                server_name: self.battery_tls_server_name.clone(),
+            }),
+            _ => Security::Plaintext,
+        };
+        let endpoint = BatteryEndpoint {
+            address: self.battery_address.clone(),
+            security,
+            token_file: self.battery_token_file.clone(),
+        };
+        let (battery, _follower) = BatteryClient::connect_secured(&endpoint).map_err(|err| {
+            let path = |path: &Option<PathBuf>| {
+                path.as_deref()
+                    .map_or_else(String::new, |p| p.display().to_string())
+            };
+            let (flag, value) = match &err {
+                ChannelError::Address(_)
+                | ChannelError::PlaintextNotAsked
+                | ChannelError::TlsNotConfigured => {
+                    ("battery-address", self.battery_address.clone())
+                }
+                ChannelError::ServerName(name) => ("battery-tls-server-name", name.clone()),
+                ChannelError::CaFile(_) | ChannelError::Tls(_) => {
+                    ("battery-ca-file", path(&self.battery_ca_file))
+                }
+                ChannelError::ClientCertificate(_) => (
+                    "battery-client-cert-file",
+                    path(&self.battery_client_cert_file),
+                ),
+                ChannelError::TokenRead { .. }
+                | ChannelError::TokenEmpty { .. }
+                | ChannelError::TokenInvalid { .. } => {
+                    ("battery-token-file", path(&self.battery_token_file))
+                }
+            };
+            ConfigError::invalid(flag, value, err)
+        })?;
+        Ok(battery)
     }
 
     fn trust(&self) -> TrustSources {

@@ -5,6 +5,7 @@ fn flags_parse_durations_and_defaults() {
     let cli = Cli::try_parse_from([
         "battery-apiserver",
         "embedded-battery",
+        "--insecure",
         "--listen",
         "127.0.0.1:0",
         "--sweep-interval",
@@ -29,6 +30,7 @@ fn the_agent_relay_files_come_together() {
             "serve",
             "--battery-address",
             "127.0.0.1:1",
+            "--battery-insecure",
             "--tls-cert-file",
             "c",
             "--tls-private-key-file",
@@ -75,7 +77,8 @@ fn a_create_rate_must_be_positive() {
         "battery-apiserver",
         "serve",
         "--battery-address",
-        "http://127.0.0.1:9090",
+        "127.0.0.1:9090",
+        "--battery-insecure",
         "--tls-cert-file",
         "c",
         "--tls-private-key-file",
@@ -92,7 +95,8 @@ fn serve_with(extra: &[&str]) -> Result<Box<ServeArgs>, clap::Error> {
         "battery-apiserver",
         "serve",
         "--battery-address",
-        "http://127.0.0.1:9090",
+        "127.0.0.1:9090",
+        "--battery-insecure",
         "--tls-cert-file",
         "c",
         "--tls-private-key-file",
@@ -152,13 +156,14 @@ fn the_log_format_is_a_global_flag_and_defaults_to_text() {
     let text = Cli::try_parse_from(["battery-apiserver", "dev"]).unwrap();
     assert_eq!(text.log_format, LogFormat::Text);
     for args in [
-        ["battery-apiserver", "--log-format", "json", "dev"],
-        ["battery-apiserver", "dev", "--log-format", "json"],
-        [
+        &["battery-apiserver", "--log-format", "json", "dev"][..],
+        &["battery-apiserver", "dev", "--log-format", "json"],
+        &[
             "battery-apiserver",
             "embedded-battery",
             "--log-format",
             "json",
+            "--insecure",
         ],
     ] {
         let cli = Cli::try_parse_from(args).unwrap();
@@ -176,9 +181,56 @@ fn a_bad_duration_is_refused() {
     let err = Cli::try_parse_from([
         "battery-apiserver",
         "embedded-battery",
+        "--insecure",
         "--sweep-interval",
         "soon",
     ])
     .unwrap_err();
     assert!(err.to_string().contains("--sweep-interval"), "{err}");
+}
+
+#[test]
+fn battery_is_reached_over_tls_unless_plaintext_is_asked_for() {
+    let serve = |extra: &[&str]| {
+        let mut argv = vec![
+            "battery-apiserver",
+            "serve",
+            "--battery-address",
+            "127.0.0.1:50051",
+            "--tls-cert-file",
+            "c",
+            "--tls-private-key-file",
+            "k",
+        ];
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv)
+    };
+    let err = serve(&[]).unwrap_err();
+    assert!(err.to_string().contains("--battery-ca-file"), "{err}");
+    assert!(serve(&["--battery-insecure"]).is_ok());
+    assert!(serve(&["--battery-ca-file", "ca.crt"]).is_ok());
+    let err = serve(&["--battery-insecure", "--battery-ca-file", "ca.crt"]).unwrap_err();
+    assert!(err.to_string().contains("cannot be used with"), "{err}");
+    let err = serve(&["--battery-ca-file", "ca", "--battery-client-cert-file", "c"]).unwrap_err();
+    assert!(
+        err.to_string().contains("--battery-client-key-file"),
+        "{err}"
+    );
+    // A token may go either way: poolmgrd checks it whatever its TLS.
+    assert!(serve(&["--battery-insecure", "--battery-token-file", "t"]).is_ok());
+}
+
+#[test]
+fn the_embedded_battery_serves_tls_unless_plaintext_is_asked_for() {
+    let battery = |extra: &[&str]| {
+        let mut argv = vec!["battery-apiserver", "embedded-battery"];
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv)
+    };
+    let err = battery(&[]).unwrap_err();
+    assert!(err.to_string().contains("--tls-cert-file"), "{err}");
+    assert!(battery(&["--insecure"]).is_ok());
+    assert!(battery(&["--tls-cert-file", "c", "--tls-private-key-file", "k"]).is_ok());
+    let err = battery(&["--insecure", "--client-ca-file", "ca"]).unwrap_err();
+    assert!(err.to_string().contains("cannot be used with"), "{err}");
 }

@@ -41,9 +41,9 @@ pub struct ServedOpenApi {
 pub struct NonResource {
     pub discovery: Discovery,
     pub openapi: watch::Receiver<ServedOpenApi>,
-    /// Whether battery answers: asked by `/readyz`, a function so that this module
-    /// knows no battery client.
-    pub battery_serving: Box<dyn Fn() -> BoxFuture<'static, bool> + Send + Sync>,
+    /// Whether battery answers, or why not: asked by `/readyz`, a function so that this
+    /// module knows no battery client.
+    pub battery_serving: Box<dyn Fn() -> BoxFuture<'static, Result<(), String>> + Send + Sync>,
     pub metrics: Arc<Metrics>,
     /// Set once the start-up work is done: battery's Hosts and Pools adopted and the
     /// leases binds left without a claim released.
@@ -81,8 +81,8 @@ async fn ok() -> &'static str {
 /// failing check is a `[-]` line, as Go's.
 async fn readyz(State(state): State<Arc<NonResource>>) -> Response {
     let mut failed = String::new();
-    if !(state.battery_serving)().await {
-        failed.push_str("[-]battery failed: battery is not serving\n");
+    if let Err(reason) = (state.battery_serving)().await {
+        failed.push_str(&format!("[-]battery failed: {reason}\n"));
     }
     if !state.started.load(Ordering::Acquire) {
         failed.push_str(

@@ -10,7 +10,6 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -23,9 +22,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use rustls::client::danger::HandshakeSignatureValid;
-use rustls::crypto::CryptoProvider;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -37,6 +34,8 @@ use tokio_rustls::server::TlsStream;
 use tower::ServiceExt;
 
 use crate::http::authn::PeerCertificates;
+use crate::tls_files::{RELOAD_INTERVAL, certified_key, modified, provider};
+pub use crate::tls_files::{TlsError, TlsFiles};
 
 /// HTTP/2 streams per connection (Go's aggregated-server recommendation).
 const MAX_CONCURRENT_STREAMS: u32 = 1000;
@@ -46,8 +45,6 @@ const MAX_HEADER_BYTES: u32 = 1 << 20;
 const MAX_HTTP1_HEADERS: usize = 1000;
 /// A client that has not finished its TLS handshake by then is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often the certificate files are checked for changes.
-const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
 /// How long open connections (watches, exec) get to finish after a shutdown signal.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// The TLS a connection upgraded for bulk output (exec) may hold encrypted and unsent: a
@@ -55,86 +52,6 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// socket in one `writev`, where rustls's default (64 KiB) made it 16 writes and as many
 /// wake-ups of the reader.
 const BULK_TLS_BUFFER_BYTES: usize = 1024 * 1024;
-
-/// Why TLS could not be set up.
-#[derive(Debug, thiserror::Error)]
-pub enum TlsError {
-    #[error("reading {path}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    #[error("{path} holds no PEM certificate")]
-    NoCertificate { path: PathBuf },
-    #[error("parsing PEM in {path}")]
-    Pem {
-        path: PathBuf,
-        #[source]
-        source: rustls::pki_types::pem::Error,
-    },
-    #[error("the key in {key} does not fit the certificate in {cert}")]
-    Key {
-        cert: PathBuf,
-        key: PathBuf,
-        #[source]
-        source: rustls::Error,
-    },
-    #[error("setting up TLS")]
-    Config(#[source] rustls::Error),
-}
-
-/// The files TLS is served from.
-#[derive(Debug, Clone)]
-pub struct TlsFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-}
-
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read {
-        path: path.to_owned(),
-        source,
-    })
-}
-
-fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let pem = read(path)?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| TlsError::Pem {
-            path: path.to_owned(),
-            source,
-        })?;
-    if certs.is_empty() {
-        return Err(TlsError::NoCertificate {
-            path: path.to_owned(),
-        });
-    }
-    Ok(certs)
-}
-
-fn certified_key(files: &TlsFiles) -> Result<CertifiedKey, TlsError> {
-    let chain = certificates(&files.cert)?;
-    let key_pem = read(&files.key)?;
-    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|source| TlsError::Pem {
-        path: files.key.clone(),
-        source,
-    })?;
-    CertifiedKey::from_der(chain, key, &provider()).map_err(|source| TlsError::Key {
-        cert: files.cert.clone(),
-        key: files.key.clone(),
-        source,
-    })
-}
-
-fn modified(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
-}
 
 /// Serves the certificate last loaded, and reloads it when its files change. A broken
 /// new pair is logged and the old one kept, so a half-written rotation never takes the
@@ -464,7 +381,7 @@ mod tests {
         })
         .unwrap();
         let mut roots = rustls::RootCertStore::empty();
-        for cert in certificates(&pki.ca_cert).unwrap() {
+        for cert in crate::tls_files::certificates(&pki.ca_cert).unwrap() {
             roots.add(cert).unwrap();
         }
         let client = rustls::ClientConfig::builder_with_provider(provider())

@@ -110,7 +110,7 @@ const REFERENCE: &str = "arrival-reference";
 struct Senders {
     direct: Client,
     kube: Client,
-    lease: battery_e2e::api::lease_client::LeaseClient<tonic::transport::Channel>,
+    lease: battery_e2e::api::lease_client::LeaseClient<battery_e2e::BatteryChannel>,
 }
 
 /// Runs each rate on its own Pool (`pools[i]` for `rates[i]`, each of
@@ -119,7 +119,7 @@ pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row
     let senders = Senders {
         direct: rig.client().await?,
         kube: rig.kube_client().await?,
-        lease: rig.lease_client().await?,
+        lease: rig.lease_client(),
     };
     create_config_map(&senders.kube, REFERENCE)
         .await

@@ -125,7 +125,7 @@ fn one_file_archive(path: &str, content: &[u8]) -> Result<Vec<u8>> {
 /// machine at the same moment.
 pub async fn latency(rig: &super::rig::Rig, pool: &PoolRef, count: usize) -> Result<Vec<Row>> {
     let client = rig.client().await?;
-    let mut lease = rig.lease_client().await?;
+    let mut lease = rig.lease_client();
     let (mut binds, mut raws) = (Vec::with_capacity(count), Vec::with_capacity(count));
     let before = served::read(&client).await?;
     let cpu_before = rig.cpu_use()?;

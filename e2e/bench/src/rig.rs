@@ -24,6 +24,7 @@ use battery_e2e::apiserver::agents::Agents;
 use battery_e2e::apiserver::{AgentSpec, Cluster};
 use battery_e2e::control_plane::Options;
 use battery_e2e::process::Process;
+use battery_e2e::{BatteryAccess, BatteryChannel, BatteryPki};
 use battery_proto::agent::v1alpha1::relay_client::RelayClient;
 use battery_telemetry::free_loopback_address;
 use tonic::transport::Channel;
@@ -75,8 +76,8 @@ pub struct Rig {
     processes: Processes,
     /// `serve`'s URL.
     pub url: String,
-    /// The embedded battery's gRPC address (`127.0.0.1:PORT`).
-    pub battery: String,
+    /// The embedded battery's gRPC address and the credentials it requires.
+    pub battery: BatteryAccess,
     ca: PathBuf,
     identity: (PathBuf, PathBuf),
     dir: TempDir,
@@ -103,10 +104,13 @@ impl Rig {
         };
         let cluster = Box::new(Cluster::start(dir.path(), binary, options).await);
         let agents = Agents::new(&dir.path().join("agents"));
+        // battery's port secured as deployed: TLS, a client certificate and a token.
+        let pki = BatteryPki::write(&dir.path().join("battery-pki"))?;
         let mut command = Command::new(binary);
         // The Hosts' sshd trusts the agents' SSH CA, for terminals and ports.
         command
             .args(["embedded-battery", "--listen", "127.0.0.1:0"])
+            .args(pki.battery_args())
             .args(agents.battery_args());
         let (battery_process, battery) = Process::start(
             command,
@@ -114,7 +118,7 @@ impl Rig {
             BATTERY_SERVING_PREFIX,
         )
         .await;
-        let mut command = battery_e2e::apiserver::serve_command(binary, &battery, &cluster);
+        let mut command = battery_e2e::apiserver::serve_command(binary, &battery, &pki, &cluster);
         // On disk, as deployed (`deploy/base/apiserver.yaml`): each commit is durable, so
         // a bind's figures include its store's fsyncs.
         command
@@ -138,7 +142,7 @@ impl Rig {
         );
         let mut rig = Self {
             url,
-            battery,
+            battery: pki.access(&battery),
             ca: cluster.installation.serving_ca.clone(),
             identity,
             processes: Processes {
@@ -313,14 +317,10 @@ impl Rig {
         Ok(RelayClient::new(channel))
     }
 
-    /// A gRPC client of the embedded battery's Lease service.
-    pub async fn lease_client(&self) -> Result<LeaseClient<Channel>> {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", self.battery))?
-            .tcp_nodelay(true)
-            .connect()
-            .await
-            .context("connecting to the embedded battery")?;
-        Ok(LeaseClient::new(channel))
+    /// A gRPC client of the embedded battery's Lease service, with the credentials
+    /// `serve` has, so a raw ClaimVM pays what a bind's does.
+    pub fn lease_client(&self) -> LeaseClient<BatteryChannel> {
+        LeaseClient::new(self.battery.channel())
     }
 
     /// Where `serve` keeps its metadata store.

@@ -210,7 +210,7 @@ async fn lists(
         Row::millis(LIST, format!("limit=500 all pages of {count}{on}"), pages),
     ];
     if route == Route::Direct {
-        let mut lease = rig.lease_client().await?;
+        let mut lease = rig.lease_client();
         let mut raw = Vec::with_capacity(LIST_ROUNDS);
         for _ in 0..LIST_ROUNDS {
             let started = Instant::now();

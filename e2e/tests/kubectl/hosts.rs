@@ -17,7 +17,7 @@ use pb::pool_admin_client::PoolAdminClient;
 
 const WITHIN: Duration = Duration::from_secs(30);
 
-type Channel = tonic::transport::Channel;
+type Channel = battery_e2e::BatteryChannel;
 
 /// The Hosts battery places the dev Pool on.
 async fn dev_pool_hosts(pools: &mut PoolAdminClient<Channel>) -> Result<Vec<String>, String> {
@@ -36,9 +36,9 @@ async fn dev_pool_hosts(pools: &mut PoolAdminClient<Channel>) -> Result<Vec<Stri
 #[tokio::test]
 async fn a_host_registered_in_battery_shows_and_a_deleted_one_goes() {
     let server = ApiServer::start(Route::Aggregated).await;
-    let address = format!("http://{}", server.battery_address().expect("aggregated"));
-    let mut hosts = HostAdminClient::connect(address.clone()).await.unwrap();
-    let mut pools = PoolAdminClient::connect(address).await.unwrap();
+    let battery = server.battery_access().expect("aggregated").channel();
+    let mut hosts = HostAdminClient::new(battery.clone());
+    let mut pools = PoolAdminClient::new(battery);
     for kubectl in server.kubectls() {
         let extra = kubectl.unique("extra");
         let names = async || {

@@ -31,6 +31,7 @@ macro_rules! on_both_routes {
     )+};
 }
 
+mod battery_credentials;
 mod discovery;
 mod errors;
 mod hosts;

@@ -47,11 +47,8 @@ async fn pool_size(kubectl: &Kubectl) -> Value {
 /// The size battery holds for the dev Pool, asked of battery itself; `None` where battery
 /// runs inside `battery-apiserver dev` and has no address of its own.
 async fn battery_size(server: &ApiServer) -> Option<i32> {
-    let address = server.battery_address()?;
-    let mut pools =
-        battery_e2e::api::pool_admin_client::PoolAdminClient::connect(format!("http://{address}"))
-            .await
-            .expect("connect to the embedded battery");
+    let access = server.battery_access()?;
+    let mut pools = battery_e2e::api::pool_admin_client::PoolAdminClient::new(access.channel());
     let pool = pools
         .get_pool(battery_e2e::api::GetPoolRequest {
             r#ref: Some(battery_e2e::api::PoolRef {

@@ -16,6 +16,7 @@ mod model;
 mod pooladmin;
 mod provision;
 mod reconciler;
+mod security;
 mod server;
 mod store;
 mod sweeper;
@@ -26,6 +27,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use battery_proto::poolmgr::v1alpha1::host_admin_server::HostAdmin as _;
+use battery_proto::poolmgr::v1alpha1::{AddHostRequest, Host, UpdateHostRequest};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -33,6 +36,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use engine::Engine;
+pub use security::{ApiSecurity, ServerTls};
 use store::{Store, StoreError};
 
 /// How long a shutdown waits for in-flight RPCs before cutting them (poolmgrd forces
@@ -61,6 +65,8 @@ pub struct BatteryConfig {
     pub guest_agent_timeout: Duration,
     /// The timeout given to each hook command; zero means none (0).
     pub exec_timeout: Duration,
+    /// How the gRPC port is secured (`api_server`); plaintext without a token by default.
+    pub api: ApiSecurity,
 }
 
 impl Default for BatteryConfig {
@@ -75,6 +81,7 @@ impl Default for BatteryConfig {
             guest_agent_interval: Duration::from_secs(1),
             guest_agent_timeout: Duration::from_secs(30),
             exec_timeout: Duration::ZERO,
+            api: ApiSecurity::default(),
         }
     }
 }
@@ -88,6 +95,8 @@ pub enum BatteryError {
     Listener(#[source] std::io::Error),
     #[error("building gRPC reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error("setting up the gRPC port's TLS")]
+    Tls(#[source] tonic::transport::Error),
 }
 
 /// A running embedded battery.
@@ -118,7 +127,7 @@ impl EmbeddedBattery {
         let engine = Engine::new(config, store);
         connect_stored_hosts(&engine)?;
         let pools = engine.store.list_pools()?;
-        let services = server::build(Arc::clone(&engine)).await?;
+        let services = server::build(Arc::clone(&engine), &engine.config.api).await?;
         for spec in pools {
             engine.reconcilers.start(&engine, spec);
         }
@@ -138,6 +147,29 @@ impl EmbeddedBattery {
     /// The address the gRPC server listens on.
     pub fn address(&self) -> SocketAddr {
         self.address
+    }
+
+    /// Registers `host` through HostAdmin's own handlers, in this process: `AddHost`, or
+    /// `UpdateHost` when the store knows it under an old address. What an operator's
+    /// `poolmgrctl host add` does, without needing the port's credentials.
+    pub async fn register_host(&self, host: Host) -> Result<(), tonic::Status> {
+        let admin = hostadmin::HostAdminService::new(Arc::clone(&self.engine));
+        let added = admin
+            .add_host(tonic::Request::new(AddHostRequest {
+                host: Some(host.clone()),
+                skip_validation: false,
+            }))
+            .await;
+        match added {
+            Err(status) if status.code() == tonic::Code::AlreadyExists => admin
+                .update_host(tonic::Request::new(UpdateHostRequest {
+                    host: Some(host),
+                    skip_validation: false,
+                }))
+                .await
+                .map(drop),
+            other => other.map(drop),
+        }
     }
 
     /// Stops gracefully: event streams are cut, in-flight RPCs get up to 5 s, then every

@@ -13,11 +13,13 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::Status;
 use tonic::server::NamedService;
+use tonic::service::InterceptorLayer;
 use tonic::transport::Server;
 use tonic::transport::server::Router;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
+use tower::layer::util::{Identity, Stack};
 
 use super::BatteryError;
 use super::engine::Engine;
@@ -25,6 +27,7 @@ use super::events::EventsService;
 use super::hostadmin::HostAdminService;
 use super::lease::LeaseService;
 use super::pooladmin::PoolAdminService;
+use super::security::{ApiSecurity, TokenCheck};
 
 /// A store failure (or any internal failure) as battery answers it: INTERNAL.
 pub(crate) fn internal(err: impl Display) -> Status {
@@ -33,15 +36,26 @@ pub(crate) fn internal(err: impl Display) -> Status {
 
 /// The services, ready to serve, and the health reporter that controls "" status.
 pub(crate) struct Services {
-    router: Router,
+    router: Router<Stack<InterceptorLayer<TokenCheck>, Identity>>,
     health: HealthReporter,
 }
 
-/// Builds every service; nothing is served yet.
-pub(crate) async fn build(engine: Arc<Engine>) -> Result<Services, BatteryError> {
+/// Builds every service, behind the port's TLS and token check; nothing is served yet.
+pub(crate) async fn build(
+    engine: Arc<Engine>,
+    security: &ApiSecurity,
+) -> Result<Services, BatteryError> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_service_status("", ServingStatus::Serving).await;
-    let router = Server::builder()
+    let mut server = Server::builder();
+    if let Some(tls) = security.server_tls() {
+        server = server.tls_config(tls).map_err(BatteryError::Tls)?;
+    }
+    let router = server
+        // Before every service, as poolmgrd's interceptor: health and reflection too.
+        .layer(tonic::service::InterceptorLayer::new(
+            security.token_check(),
+        ))
         .add_service(health_service)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?)
