@@ -215,12 +215,12 @@ pub fn build(
     let metrics = Arc::new(Metrics::default().with_store_writes(store.write_duration()));
     let battery = battery.with_metrics(metrics.clone());
     let directory = Arc::new(HostDirectory::new(battery.clone(), store.clone()));
-    let pools = Arc::new(PoolStorage::new(
+    let pools = PoolStorage::new(
         battery.clone(),
         store.clone(),
         directory.clone(),
         metrics.clone(),
-    ));
+    );
     let hosts = Arc::new(HostStorage::new(directory.clone()));
     let exec_sessions = Arc::new(ExecSessions::new(
         settings.max_exec_sessions,

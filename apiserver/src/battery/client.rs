@@ -27,6 +27,12 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// ClaimVM blocks while pre-lease hooks run (battery-api.md §4.3).
 pub const CLAIM_TIMEOUT: Duration = Duration::from_secs(30);
+/// DeletePool first cancels the Pool's MicroVMs still booting and waits for their
+/// cleanup (up to 30 s, together), then deletes its MicroVMs (up to 30 s each, together);
+/// cut short, poolmgrd starts the Pool's reconciler again
+/// (`docs/reference/battery-behaviour.md` §7). So it gets both and a margin; its caller
+/// runs it apart from any request (`resources::pools::deletion`).
+pub const DELETE_POOL_TIMEOUT: Duration = Duration::from_secs(120);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// battery's lease id: a bearer secret for battery (anyone holding it may heartbeat or
@@ -337,16 +343,15 @@ impl BatteryClient {
 
     /// Deletes the pool; battery refuses ([`super::Failure::PoolHasLeases`]) while a
     /// MicroVM of it is leased (we never force: that would end a Holder's lease under it).
+    /// It may take up to [`DELETE_POOL_TIMEOUT`]: longer than a request may wait.
     pub async fn delete_pool(&self, namespace: &str, name: &str) -> Result<(), BatteryError> {
-        let request = pb::DeletePoolRequest {
+        let mut request = tonic::Request::new(pb::DeletePoolRequest {
             r#ref: Some(pool_ref(namespace, name)),
             force: false,
-        };
-        self.answer(
-            Rpc::DeletePool,
-            self.pools.clone().delete_pool(call(request)),
-        )
-        .await?;
+        });
+        request.set_timeout(DELETE_POOL_TIMEOUT);
+        self.answer(Rpc::DeletePool, self.pools.clone().delete_pool(request))
+            .await?;
         Ok(())
     }
 

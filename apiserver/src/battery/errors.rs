@@ -106,6 +106,7 @@ pub enum Failure {
 
 /// A failed battery call: what failed, in which RPC. battery's own status stays inside as
 /// the source, for the log; it is never shown to a client.
+#[derive(Clone)]
 pub struct BatteryError {
     rpc: Rpc,
     failure: Failure,
@@ -149,6 +150,16 @@ impl BatteryError {
             rpc,
             failure: Failure::Failed,
             status: tonic::Status::internal(what),
+        }
+    }
+
+    /// A call whose task ended before battery answered (the runtime stopping): battery
+    /// may have done it.
+    pub fn interrupted(rpc: Rpc) -> Self {
+        Self {
+            rpc,
+            failure: Failure::Cancelled,
+            status: tonic::Status::cancelled("the call's task ended before battery answered"),
         }
     }
 

@@ -13,7 +13,8 @@ pub mod objects;
 
 pub use channel::{BatteryEndpoint, ChannelError, Security, TlsSettings};
 pub use client::{
-    BatteryClient, BatteryHost, BatteryPool, CLAIM_TIMEOUT, Lease, LeaseId, LeaseInfo,
+    BatteryClient, BatteryHost, BatteryPool, CLAIM_TIMEOUT, DELETE_POOL_TIMEOUT, Lease, LeaseId,
+    LeaseInfo,
 };
 pub use errors::{BatteryError, Failure, RETRY_AFTER_SECONDS, Rpc};
 pub use events::{BatteryEvent, EventKind};

@@ -232,12 +232,14 @@ impl Cluster {
         }))
     }
 
-    /// Records a Warning Event on a Pool. The Event's name carries battery's event id, so
-    /// replays of battery's history create each Event once.
-    pub async fn warn_pool(
+    /// Records an Event of `event_type` (`Normal` or `Warning`) on a Pool. The Event's
+    /// name carries battery's event id, so replays of battery's history create each Event
+    /// once.
+    pub async fn pool_event(
         &self,
         pool: &ObjectMeta,
         battery_event_id: u64,
+        event_type: &str,
         reason: &str,
         message: String,
     ) -> Result<(), kube::Error> {
@@ -262,7 +264,7 @@ impl Cluster {
             },
             reason: Some(reason.to_owned()),
             message: Some(message),
-            type_: Some("Warning".to_owned()),
+            type_: Some(event_type.to_owned()),
             source: Some(EventSource {
                 component: Some(COMPONENT.to_owned()),
                 ..EventSource::default()

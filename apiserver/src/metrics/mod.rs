@@ -219,6 +219,7 @@ pub struct Metrics {
     pool_microvms: Family<PoolLabels, Gauge>,
     battery_events: Counter,
     battery_event_lag: Gauge<f64, AtomicU64>,
+    battery_events_following: Gauge,
 }
 
 impl Default for Metrics {
@@ -288,6 +289,13 @@ impl Default for Metrics {
             Unit::Seconds,
             battery_event_lag.clone(),
         );
+        let battery_events_following = Gauge::default();
+        registry.register(
+            "battery_events_following",
+            "1 once battery's event stream has reached events recorded after it was \
+             subscribed to (its replay is over), 0 before",
+            battery_events_following.clone(),
+        );
         Self {
             registry,
             requests,
@@ -300,6 +308,7 @@ impl Default for Metrics {
             pool_microvms,
             battery_events,
             battery_event_lag,
+            battery_events_following,
         }
     }
 }
@@ -392,6 +401,11 @@ impl Metrics {
     /// The lag is measured against this host's clock; battery's running behind it counts
     /// as no lag.
     /// An event without a creation time counts, and leaves the lag as it was.
+    /// Whether the follower has caught up with battery's event stream.
+    pub fn set_following(&self, following: bool) {
+        self.battery_events_following.set(i64::from(following));
+    }
+
     pub fn record_event(&self, created_at: Option<SystemTime>) {
         self.battery_events.inc();
         if let Some(created_at) = created_at {

@@ -3,10 +3,18 @@
 //! deleted, each with a new resourceVersion so watches see it. battery replays its whole
 //! history on each subscription, so events up to the last id applied (kept durably) are
 //! skipped, and a resubscription after an error loses nothing.
+//!
+//! The follower keeps up ("follows") once it has applied an event battery recorded after
+//! the subscription began: every event before it, the replay, came first, since battery
+//! sends in id order and records in time order. Nothing else tells the replay's end:
+//! poolmgrd sends it in batches of 100 with its database reads between them, and then
+//! polls for new events every second, so no pause in the stream marks it
+//! (`docs/reference/battery-behaviour.md` §4, ADR 36). Until then reads that would trust
+//! the follower's records ask battery instead (`ClaimStorage::lease_followed`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 use tokio::sync::broadcast;
@@ -33,6 +41,10 @@ const BATCH_WINDOW: Duration = Duration::from_millis(5);
 const APPLY_INTERVAL: Duration = Duration::from_millis(50);
 /// Pause before resubscribing after the stream failed.
 const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(1);
+/// MicroVMs whose boot start the follower remembers: those booting now, each forgotten
+/// when it is AVAILABLE, fails or goes. Past this, a failed boot is reported as a failed
+/// hook even when a Pool change of ours cancelled it.
+const BOOTING_REMEMBERED: usize = 100_000;
 
 /// Why following stopped: the stream broke, or the last event id could not be kept.
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +76,7 @@ impl Follower {
                 Ok(stream) => {
                     let followed = self.follow(stream).await;
                     self.claims.set_following(false);
+                    self.metrics.set_following(false);
                     if let Err(err) = followed {
                         tracing::warn!(error = %err, "battery's event stream ended; resubscribing");
                     }
@@ -80,9 +93,13 @@ impl Follower {
         &self,
         stream: impl futures::Stream<Item = Result<BatteryEvent, BatteryError>>,
     ) -> Result<(), FollowError> {
+        // Read before the first event can arrive, so no event of the replay is after it.
+        // battery runs beside us (its sidecar), on the same clock.
+        let subscribed = SystemTime::now();
         futures::pin_mut!(stream);
         let mut last = self.store.last_battery_event_id()?;
         let mut applied_at: Option<Instant> = None;
+        let mut booting = HashMap::new();
         while let Some(first) = stream.next().await {
             let first = first?;
             self.announce(&first, last);
@@ -100,12 +117,13 @@ impl Follower {
                     Ok(None) | Err(_) => break,
                 }
             }
-            // A batch the window closed holds all battery had sent: the replay is done.
-            let caught_up = batch.len() < BATCH;
+            let caught_up = batch
+                .iter()
+                .any(|e| e.created_at.is_some_and(|at| at >= subscribed));
             let fresh: Vec<BatteryEvent> = batch.into_iter().filter(|e| e.id > last).collect();
             if let Some(newest) = fresh.iter().map(|e| e.id).max() {
                 applied_at = Some(Instant::now());
-                if !self.apply(&fresh, newest).await {
+                if !self.apply(&fresh, newest, &mut booting).await {
                     self.store
                         .transact(|tx| tx.set_last_battery_event_id(newest))
                         .await?;
@@ -114,6 +132,7 @@ impl Follower {
             }
             if caught_up {
                 self.claims.set_following(true);
+                self.metrics.set_following(true);
             }
         }
         Ok(())
@@ -128,8 +147,11 @@ impl Follower {
         }
     }
 
-    /// One Warning Event (reason `HookFailed`) on the Pool per battery event id.
-    async fn warn_hook_failed(&self, event: &BatteryEvent) {
+    /// One Event on the Pool per failed hook battery reports: a Warning (reason
+    /// `HookFailed`), unless the MicroVM was booting when we changed or deleted the Pool,
+    /// so that battery cancelled its boot (reason `BootCancelled`, Normal): that is no
+    /// hook of the user's failing.
+    async fn report_hook_failed(&self, event: &BatteryEvent, booted: Option<SystemTime>) {
         let Some(cluster) = &self.cluster else {
             return;
         };
@@ -137,22 +159,48 @@ impl Follower {
             // The pool is gone: there is nothing to attach the Event to.
             return;
         };
-        let message = format!(
-            "a hook failed in MicroVM {}; the pool's hook failure policy was applied",
-            event.vm_uid
-        );
+        let failed = event.created_at.unwrap_or_else(SystemTime::now);
+        let cancelled = booted.is_some_and(|booted| {
+            self.pools
+                .cancelled_by_us(&event.namespace, &event.pool, booted, failed)
+        });
+        let (event_type, reason, message) = if cancelled {
+            (
+                "Normal",
+                "BootCancelled",
+                format!(
+                    "MicroVM {} was still booting when the Pool was changed or deleted; battery \
+                     stopped its boot and applied the pool's hook failure policy",
+                    event.vm_uid
+                ),
+            )
+        } else {
+            (
+                "Warning",
+                "HookFailed",
+                format!(
+                    "a hook failed in MicroVM {}; the pool's hook failure policy was applied",
+                    event.vm_uid
+                ),
+            )
+        };
         if let Err(err) = cluster
-            .warn_pool(&pool.metadata, event.id, "HookFailed", message)
+            .pool_event(&pool.metadata, event.id, event_type, reason, message)
             .await
         {
-            tracing::warn!(error = %err, event = event.id, "recording a HookFailed Event");
+            tracing::warn!(error = %err, event = event.id, reason, "recording a Pool Event");
         }
     }
 
     /// Applies `events`, the newest of them `newest`; answers whether `newest` was
     /// recorded as the last applied, with the last Pool's write (one commit a batch, not
     /// two, which binds would wait behind).
-    async fn apply(&self, events: &[BatteryEvent], newest: u64) -> bool {
+    async fn apply(
+        &self,
+        events: &[BatteryEvent],
+        newest: u64,
+        booting: &mut HashMap<String, SystemTime>,
+    ) -> bool {
         let mut pools = BTreeSet::new();
         for event in events {
             self.metrics.record_event(event.created_at);
@@ -160,8 +208,19 @@ impl Follower {
                 tracing::warn!(error = %err, event = event.id, "applying a battery event to claims");
             }
             pools.insert((event.namespace.clone(), event.pool.clone()));
-            if event.kind == EventKind::VmHookFailed {
-                self.warn_hook_failed(event).await;
+            match event.kind {
+                EventKind::VmProvisioned if booting.len() < BOOTING_REMEMBERED => {
+                    let started = event.created_at.unwrap_or_else(SystemTime::now);
+                    booting.insert(event.vm_uid.clone(), started);
+                }
+                EventKind::VmHookFailed => {
+                    let booted = booting.remove(&event.vm_uid);
+                    self.report_hook_failed(event, booted).await;
+                }
+                kind if kind == EventKind::VmAvailable || kind.deletes_vm() => {
+                    booting.remove(&event.vm_uid);
+                }
+                _ => {}
             }
         }
         let mut recorded = false;

@@ -60,8 +60,7 @@ impl PoolStorage {
             // battery may refuse the new placement (a static address on several Hosts);
             // the Pool then says so in its Ready condition until a Host change fixes it.
             let rejected = match self
-                .battery
-                .update_pool(&pool.namespace, &pool.name, &spec, hosts)
+                .update_in_battery(&pool.namespace, &pool.name, &spec, hosts, pool.clone())
                 .await
             {
                 Ok(_) => None,

@@ -3,8 +3,11 @@
 //! to) and the last conditions written, whose transition times reads reuse.
 
 mod adopt;
+mod deletion;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::SystemTime;
 
 use battery_api_machinery::status::ApiError;
 use battery_api_machinery::table::TableColumnDefinition;
@@ -90,6 +93,14 @@ pub struct PoolStorage {
     metrics: Arc<Metrics>,
     /// What a bind needs of each Pool, as last read or written, so it needs no `GetPool`.
     bind_settings: moka::sync::Cache<Key, BindSettings>,
+    /// battery's DeletePool calls in flight, one per Pool (`deletion`).
+    deletions: Mutex<HashMap<Key, deletion::Deletion>>,
+    /// When we last changed a Pool's spec in battery or deleted it, as (namespace, name):
+    /// battery then cancels the Pool's MicroVMs still booting, and says so with the event
+    /// it gives a failed hook. One entry per Pool.
+    respecified: Mutex<HashMap<(String, String), SystemTime>>,
+    /// For the tasks a deletion leaves running.
+    this: Weak<PoolStorage>,
 }
 
 fn key(namespace: &str, name: &str) -> Key {
@@ -124,15 +135,64 @@ impl PoolStorage {
         store: Arc<MetaStore>,
         hosts: Arc<HostDirectory>,
         metrics: Arc<Metrics>,
-    ) -> Self {
-        Self {
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|this| Self {
             battery,
             store,
             hosts,
             locks: KeyLocks::default(),
             metrics,
             bind_settings: crate::cache::bounded(BIND_SETTINGS_TTL, BIND_SETTINGS_CAPACITY),
+            deletions: Mutex::default(),
+            respecified: Mutex::default(),
+            this: this.clone(),
+        })
+    }
+
+    /// Notes that battery is about to be told a new spec for the Pool, or to delete it.
+    fn respecified(&self, namespace: &str, name: &str) {
+        self.respecified
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((namespace.to_owned(), name.to_owned()), SystemTime::now());
+    }
+
+    /// Whether battery's failed-hook event for a MicroVM of the Pool that started booting
+    /// at `booted` and failed at `failed` is our doing: we changed or deleted the Pool in
+    /// between, and battery cancels the boots in flight when we do (its event says no
+    /// more than that a hook failed).
+    pub fn cancelled_by_us(
+        &self,
+        namespace: &str,
+        name: &str,
+        booted: SystemTime,
+        failed: SystemTime,
+    ) -> bool {
+        self.respecified
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .is_some_and(|at| booted <= *at && *at <= failed)
+    }
+
+    /// Tells battery the Pool's new spec and Hosts, unless `current` (what battery holds)
+    /// has them already: UpdatePool restarts the Pool's reconciler, which cancels the
+    /// Pool's MicroVMs still booting, so it is called only for a real change.
+    async fn update_in_battery(
+        &self,
+        namespace: &str,
+        name: &str,
+        spec: &PoolSpec,
+        hosts: Vec<String>,
+        current: BatteryPool,
+    ) -> Result<BatteryPool, crate::battery::BatteryError> {
+        let mut wanted = spec.clone();
+        wanted.placement = None;
+        if current.spec == wanted && current.hosts == hosts {
+            return Ok(current);
         }
+        self.respecified(namespace, name);
+        self.battery.update_pool(namespace, name, spec, hosts).await
     }
 
     /// Keeps the Pool's MicroVM gauges at what was just recorded of it.
@@ -233,7 +293,16 @@ impl PoolStorage {
         };
         commit(&self.store, &key, object, change, record, also).await?;
         match change {
-            ChangeType::Deleted => self.bind_settings.invalidate(&key),
+            ChangeType::Deleted => {
+                self.bind_settings.invalidate(&key);
+                self.respecified
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&(
+                        object.metadata.namespace.clone().unwrap_or_default(),
+                        object.metadata.name.clone().unwrap_or_default(),
+                    ));
+            }
             _ => self
                 .bind_settings
                 .insert(key.clone(), BindSettings::of(&object.spec)),
@@ -296,10 +365,10 @@ impl PoolStorage {
         let adopted = record.is_none();
         let rejected = record.as_ref().and_then(|r| r.rejected.clone());
         let mut object = self.assemble(record, pool);
-        if blocked && self.battery.delete_pool(namespace, name).await.is_ok() {
-            return self
-                .commit_with(&mut object, ChangeType::Deleted, None, also)
-                .await;
+        if blocked {
+            // A deletion battery refused while MicroVMs were leased, or that outlasted its
+            // request: ask again; the deletion's own task records the Pool gone.
+            drop(self.battery_delete(namespace, name));
         }
         if adopted {
             // First sight of a Pool made outside the API: it exists from now on.
@@ -433,17 +502,10 @@ impl Storage for PoolStorage {
             .unwrap_or_else(|| PoolRecord::adopted(&namespace, &name));
         check_resource_version(info(), &record.metadata, &new.metadata)?;
         let hosts = self.resolve_hosts(&new.spec).await?;
-        let mut wanted = new.spec.clone();
-        wanted.placement = None;
-        // UpdatePool restarts battery's reconciler: only call it for a real change.
-        let pool = if battery_now.spec != wanted || battery_now.hosts != hosts {
-            self.battery
-                .update_pool(&namespace, &name, &new.spec, hosts.clone())
-                .await
-                .map_err(|e| e.into_api_error(info(), &name))?
-        } else {
-            battery_now
-        };
+        let pool = self
+            .update_in_battery(&namespace, &name, &new.spec, hosts, battery_now)
+            .await
+            .map_err(|e| e.into_api_error(info(), &name))?;
         let meta = PoolMeta {
             metadata: new.metadata,
             placement: new.spec.placement,
@@ -456,54 +518,8 @@ impl Storage for PoolStorage {
         Ok(updated)
     }
 
-    async fn delete(
-        &self,
-        _ctx: &RequestContext,
-        mut pool: Pool,
-    ) -> Result<Deleted<Pool>, ApiError> {
-        let namespace = pool.metadata.namespace.clone().unwrap_or_default();
-        let name = pool.metadata.name.clone().unwrap_or_default();
-        let _guard = self.locks.lock(&key(&namespace, &name)).await;
-        match self.battery.delete_pool(&namespace, &name).await {
-            Ok(()) => {}
-            Err(err) if err.failure() == Failure::NotFound => {}
-            Err(err) if err.failure() == Failure::PoolHasLeases => {
-                // MicroVMs are still leased: battery refuses until they go. Stop it
-                // provisioning, mark the Pool, and finish when the last one is released
-                // or expires (`observe`).
-                let mut drained = pool.spec.clone();
-                drained.size = Some(0);
-                let hosts = self.resolve_hosts(&pool.spec).await?;
-                let draining = self
-                    .battery
-                    .update_pool(&namespace, &name, &drained, hosts)
-                    .await
-                    .map_err(|e| e.into_api_error(info(), &name))?;
-                if pool.metadata.deletion_timestamp.is_none() {
-                    pool.metadata.deletion_timestamp = Some(server_now());
-                    pool.metadata.deletion_grace_period_seconds = Some(0);
-                }
-                let previous = pool.status.take().map(|s| s.conditions).unwrap_or_default();
-                let meta = PoolMeta {
-                    metadata: pool.metadata,
-                    placement: pool.spec.placement,
-                    previous: &previous,
-                    rejected: None,
-                };
-                let mut pool = objects::pool(meta, draining);
-                self.commit(&mut pool, ChangeType::Modified, None).await?;
-                return Ok(Deleted::Pending(pool));
-            }
-            // battery may have deleted it without our hearing: ask before answering.
-            Err(err) if !err.is_definitive() => match self.battery.pool(&namespace, &name).await {
-                Err(gone) if gone.failure() == Failure::NotFound => {}
-                _ => return Err(err.into_api_error(info(), &name)),
-            },
-            Err(err) => return Err(err.into_api_error(info(), &name)),
-        }
-        crate::failpoint::crash_point("pool-delete:deleted");
-        self.commit(&mut pool, ChangeType::Deleted, None).await?;
-        Ok(Deleted::Gone(pool))
+    async fn delete(&self, _ctx: &RequestContext, pool: Pool) -> Result<Deleted<Pool>, ApiError> {
+        self.delete_pool(pool).await
     }
 }
 
