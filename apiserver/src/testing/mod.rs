@@ -3,6 +3,7 @@
 //! requests sent without a socket; the bodies they send, the one way every test waits
 //! for something, and a battery proxy that loses answers on purpose ([`faults`]).
 
+pub mod cluster;
 pub mod faults;
 
 use std::time::Duration;
@@ -60,8 +61,17 @@ impl Harness {
         Self::build(store, settings()).await
     }
 
+    /// On a battery of `config`'s, for tests of how the server copes with its timing.
+    pub async fn with_battery(settings: Settings, config: LocalBatteryConfig) -> Self {
+        let battery = LocalBattery::start(config).await.expect("embedded battery");
+        Self::on(battery, MetaStore::in_memory().unwrap(), settings)
+    }
+
     async fn build(store: MetaStore, settings: Settings) -> Self {
-        let battery = fast_battery().await;
+        Self::on(fast_battery().await, store, settings)
+    }
+
+    fn on(battery: LocalBattery, store: MetaStore, settings: Settings) -> Self {
         let client = BatteryClient::connect_lazy(&format!("http://{}", battery.address())).unwrap();
         let app = server::build(client, std::sync::Arc::new(store), &settings).unwrap();
         Self { app, battery }
@@ -270,7 +280,14 @@ impl Harness {
 /// An embedded battery with two simulated Hosts, timed for tests: MicroVMs provision,
 /// leases expire and sweeps run in milliseconds.
 pub async fn fast_battery() -> LocalBattery {
-    LocalBattery::start(LocalBatteryConfig {
+    LocalBattery::start(fast_battery_config())
+        .await
+        .expect("embedded battery")
+}
+
+/// The harness's battery: two Hosts, fast boots and sweeps.
+pub fn fast_battery_config() -> LocalBatteryConfig {
+    LocalBatteryConfig {
         hosts: 2,
         provisioning_delay: Duration::from_millis(10),
         battery: BatteryConfig {
@@ -280,9 +297,7 @@ pub async fn fast_battery() -> LocalBattery {
             ..BatteryConfig::default()
         },
         ..LocalBatteryConfig::default()
-    })
-    .await
-    .expect("embedded battery")
+    }
 }
 
 /// The request as `user` sends it, past authentication.

@@ -70,6 +70,7 @@ impl MicroVm for MicroVmService {
         if self.host.faults.deletes_fail() {
             return Err(RequestError::Fault("DeleteMicroVM").into());
         }
+        self.host.faults.deletes_released().await;
         let uid = request.into_inner().uid;
         self.host.registry.delete(&uid).await?;
         debug!(host = %self.host.name, uid, "simulated microvm deleted");

@@ -172,6 +172,7 @@ pub struct HostFaults {
     deletes: AtomicBool,
     creates: AtomicBool,
     boot: AtomicBool,
+    deletes_held: tokio::sync::watch::Sender<bool>,
 }
 
 impl HostFaults {
@@ -189,6 +190,18 @@ impl HostFaults {
     /// their provisioning delay ends.
     pub fn fail_boot(&self, on: bool) {
         self.boot.store(on, Ordering::Relaxed);
+    }
+
+    /// While on, DeleteMicroVM waits, deleting nothing, until it is turned off: a
+    /// flintlockd slow to delete, which makes battery's DeletePool slow.
+    pub fn hold_deletes(&self, on: bool) {
+        self.deletes_held.send_replace(on);
+    }
+
+    /// Returns once deletes are not held.
+    async fn deletes_released(&self) {
+        // The sender lives as long as these faults: the wait ends only by release.
+        let _ = self.deletes_held.subscribe().wait_for(|held| !held).await;
     }
 
     fn deletes_fail(&self) -> bool {

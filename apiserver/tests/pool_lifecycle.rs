@@ -1,0 +1,120 @@
+//! How the server copes with poolmgrd's lifecycle (issue 39), on the embedded battery,
+//! which behaves as poolmgrd does: UpdatePool restarts the Pool's reconciler and cancels
+//! the MicroVMs still booting (battery reports each as a failed hook), and DeletePool
+//! waits for that cleanup, however long it takes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use battery_apiserver::server::Settings;
+use battery_apiserver::testing::{self as common, DEADLINE, Harness, POOLS, eventually, pool};
+use common::cluster::fake_kube_apiserver;
+use http::StatusCode;
+use serde_json::{Value, json};
+
+const MERGE_PATCH: &str = "application/merge-patch+json";
+
+/// The harness's battery, its reconciler ticking fast: poolmgrd replaces a cancelled
+/// MicroVM at its next tick, not at once.
+fn battery() -> battery_embedded::local::LocalBatteryConfig {
+    let mut config = common::fast_battery_config();
+    config.battery.reconcile_interval = Duration::from_millis(200);
+    config
+}
+
+/// A Pool whose MicroVMs boot for a while: their create hook sleeps `seconds`.
+fn slow_pool(name: &str, size: i32, seconds: u32) -> Value {
+    let mut pool = pool(name, size);
+    pool["spec"]["hooks"] = json!({"create": [format!("sleep {seconds}")]});
+    pool
+}
+
+fn reasons(events: &[Value]) -> Vec<(String, String)> {
+    events
+        .iter()
+        .filter(|e| e["involvedObject"]["kind"] == "Pool")
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap_or_default().to_owned(),
+                e["reason"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_pool_edited_and_scaled_while_it_boots_fills_and_blames_no_hook() {
+    let (client, events) = fake_kube_apiserver().await;
+    let h = Harness::with_battery(
+        Settings {
+            cluster: Some(Arc::new(battery_apiserver::cluster::Cluster::new(client))),
+            ..common::settings()
+        },
+        battery(),
+    )
+    .await;
+    let uri = format!("{POOLS}/filling");
+    h.create(POOLS, &slow_pool("filling", 2, 2)).await;
+    h.eventually(&uri, |_, pool| pool["status"]["provisioning"] == 2)
+        .await;
+    // Three changes while both boot: each restarts battery's reconciler.
+    for patch in [
+        json!({"spec": {"size": 3}}),
+        json!({"spec": {"lease": {"expiryThreshold": "45s"}}}),
+        json!({"spec": {"size": 4}}),
+    ] {
+        let (status, _, body) = h.call("PATCH", &uri, MERGE_PATCH, Some(patch)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    // A change to nothing battery holds (a label) calls no UpdatePool: nothing cancelled.
+    let labelled = json!({"metadata": {"labels": {"tier": "gold"}}});
+    let (status, _, body) = h.call("PATCH", &uri, MERGE_PATCH, Some(labelled)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    h.wait_available("filling", 4).await;
+
+    let seen = eventually(DEADLINE, "a BootCancelled Event", || async {
+        let seen = reasons(&events.lock().unwrap());
+        if seen.iter().any(|(_, reason)| reason == "BootCancelled") {
+            Ok(seen)
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    })
+    .await;
+    assert!(
+        seen.iter()
+            .all(|(kind, reason)| kind == "Normal" && reason == "BootCancelled"),
+        "the boots our changes cancelled are not the Pool's hooks failing: {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn deleting_a_pool_while_it_boots_finishes_though_battery_outlasts_the_request() {
+    let h = Harness::with_battery(common::settings(), battery()).await;
+    let uri = format!("{POOLS}/doomed");
+    h.create(POOLS, &slow_pool("doomed", 2, 600)).await;
+    h.eventually(&uri, |_, pool| pool["status"]["provisioning"] == 2)
+        .await;
+    // battery's DeletePool cancels both boots and waits for their MicroVMs to be
+    // deleted, which flintlockd now holds.
+    for host in h.battery().hosts() {
+        host.faults().hold_deletes(true);
+    }
+    let (status, _, body) = h.call("DELETE", &uri, "application/json", None).await;
+    assert!(
+        matches!(status, StatusCode::OK | StatusCode::ACCEPTED),
+        "not cut short with an error: {status} {body}"
+    );
+    assert!(
+        body["metadata"]["deletionTimestamp"].is_string(),
+        "the Pool says it is being deleted: {body}"
+    );
+    for host in h.battery().hosts() {
+        host.faults().hold_deletes(false);
+    }
+    h.eventually(&uri, |status, _| status == StatusCode::NOT_FOUND)
+        .await;
+    for host in h.battery().hosts() {
+        assert_eq!(host.microvm_uids(), Vec::<String>::new(), "{}", host.name());
+    }
+}
