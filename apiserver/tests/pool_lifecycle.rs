@@ -109,6 +109,8 @@ async fn deleting_a_pool_while_it_boots_finishes_though_battery_outlasts_the_req
         body["metadata"]["deletionTimestamp"].is_string(),
         "the Pool says it is being deleted: {body}"
     );
+    let ready = common::condition(&body, "Ready").expect("a Ready condition");
+    assert_eq!(ready["reason"], "Deleting", "{body}");
     for host in h.battery().hosts() {
         host.faults().hold_deletes(false);
     }

@@ -81,7 +81,17 @@ fn pool_conditions(
     let generation = metadata.generation;
     let size = spec.size.unwrap_or_default();
     let placed = counts.available + counts.leased + counts.provisioning;
-    let (status, reason, message) = if metadata.deletion_timestamp.is_some() {
+    let (status, reason, message) = if metadata.deletion_timestamp.is_some()
+        && counts.leased == 0
+    {
+        (
+            ConditionStatus::False,
+            PoolReadyReason::Deleting,
+            "battery is cancelling the Pool's MicroVMs that were booting and deleting its \
+             MicroVMs"
+                .to_owned(),
+        )
+    } else if metadata.deletion_timestamp.is_some() {
         (
             ConditionStatus::False,
             PoolReadyReason::DeletionBlocked,

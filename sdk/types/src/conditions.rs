@@ -76,6 +76,9 @@ reasons! {
         /// False: the Pool is being deleted and waits for its leased MicroVMs to be
         /// released or to expire; the message gives the count.
         DeletionBlocked = "DeletionBlocked",
+        /// False: the Pool is being deleted and no MicroVM of it is leased: battery is
+        /// still cancelling its MicroVMs that were booting, or deleting its MicroVMs.
+        Deleting = "Deleting",
     }
 }
 
