@@ -9,7 +9,7 @@
 //! sends in id order and records in time order. Nothing else tells the replay's end:
 //! poolmgrd sends it in batches of 100 with its database reads between them, and then
 //! polls for new events every second, so no pause in the stream marks it
-//! (`docs/reference/battery-behaviour.md` §4, ADR 36). Until then reads that would trust
+//! (`docs/reference/battery-behaviour.md` §4, ADR 37). Until then reads that would trust
 //! the follower's records ask battery instead (`ClaimStorage::lease_followed`).
 
 use std::collections::{BTreeSet, HashMap};
