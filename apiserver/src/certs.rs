@@ -7,10 +7,17 @@
 //! - the agent CA, with which the server signs each agent's relay serving certificate
 //!   (`hosts/<name>/certificate`, ADR 0011) and verifies it;
 //! - the relay client CA and the server's relay client certificate it signs, the only
-//!   client the agents accept (ADR 0013: a CA apart from the agent CA).
+//!   client the agents accept (ADR 0013: a CA apart from the agent CA);
+//! - in a file of their own, the battery channel as poolmgrd's chart secures it (ADR
+//!   0036): a battery gRPC CA, poolmgrd's serving certificate for loopback, the server's
+//!   client certificate, which poolmgrd requires, a random basic-auth token, and
+//!   poolmgrd's `config.json`, which holds that token inline.
 //!
-//! The CA keys that sign nothing later (serving, relay client) are not kept: rotating
-//! means running `certs` again. The rcgen code is `dev`'s ([`crate::dev::pki`]).
+//! The CA keys that sign nothing later (serving, relay client, battery gRPC) are not
+//! kept: rotating means running `certs` again. Each file is written only when missing, so
+//! deleting the battery channel's file and running `certs` again rolls that channel alone,
+//! and an install from before it gains it without new CAs for the agents. The rcgen code
+//! is `dev`'s ([`crate::dev::pki`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -38,8 +45,32 @@ pub const RELAY_CLIENT_SECRET: &str = "battery-relay-client";
 /// The relay client CA's certificate alone (`ca.crt`), for the agents.
 pub const RELAY_CLIENT_CA_SECRET: &str = "battery-relay-client-ca";
 
+/// poolmgrd's serving certificate and key (`tls.crt`, `tls.key`), and the battery gRPC CA
+/// (`ca.crt`): the CA of the server's client certificate too, so poolmgrd's
+/// `client_ca_file`.
+pub const BATTERY_SERVING_SECRET: &str = "battery-grpc-serving";
+/// The server's client certificate and key towards poolmgrd (`tls.crt`, `tls.key`), and
+/// the battery gRPC CA (`ca.crt`), its `--battery-ca-file`.
+pub const BATTERY_CLIENT_SECRET: &str = "battery-grpc-client";
+/// poolmgrd's basic-auth token, alone (`token`): the server's `--battery-token-file`.
+pub const BATTERY_TOKEN_SECRET: &str = "battery-grpc-token";
+pub const BATTERY_TOKEN_KEY: &str = "token";
+/// poolmgrd's configuration (`config.json`). A Secret, as it holds the token: poolmgrd
+/// reads no token file.
+pub const BATTERY_CONFIG_SECRET: &str = "battery-config";
+pub const BATTERY_CONFIG_KEY: &str = "config.json";
+
+/// Where `deploy/base` runs poolmgrd: its gRPC port, which the server dials, and its
+/// metrics, both on the pod's loopback.
+pub const BATTERY_ADDRESS: &str = "127.0.0.1:50051";
+const BATTERY_METRICS_ADDRESS: &str = "127.0.0.1:9090";
+/// Where `deploy/base` mounts [`BATTERY_SERVING_SECRET`] in poolmgrd's container: the
+/// paths its configuration names.
+pub const BATTERY_TLS_DIR: &str = "/etc/battery/grpc";
+
 /// The files `certs` writes in `--out`.
 pub const SECRETS_FILE: &str = "secrets.yaml";
+pub const BATTERY_SECRETS_FILE: &str = "battery-secrets.yaml";
 pub const CA_BUNDLE_PATCH_FILE: &str = "apiservice-ca-bundle.yaml";
 pub const KUSTOMIZATION_FILE: &str = "kustomization.yaml";
 
@@ -51,40 +82,78 @@ const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 pub fn run(args: &CertsArgs) -> anyhow::Result<()> {
     let written = write(args)?;
     crate::logging::announce(&[format!(
-        "battery-apiserver certs: wrote {}, a kustomize component with the Secrets and the APIService's caBundle (deploy/README.md)",
-        written.display()
+        "battery-apiserver certs: wrote {} into {}, a kustomize component with the Secrets and the APIService's caBundle (deploy/README.md)",
+        written.files.join(", "),
+        written.dir.display()
     )]);
     Ok(())
 }
 
-/// Makes the CAs and certificates and writes the component into `args.out`; refuses to
-/// replace an earlier run's, whose CAs the installed agents trust.
-pub fn write(args: &CertsArgs) -> anyhow::Result<PathBuf> {
+/// What one run wrote.
+#[derive(Debug)]
+pub struct Written {
+    pub dir: PathBuf,
+    /// The files' names, in `dir`.
+    pub files: Vec<&'static str>,
+}
+
+/// Makes what `args.out` is missing and writes the component there. An earlier run's
+/// Secrets are kept: new CAs in [`SECRETS_FILE`] would lock out the installed agents, and
+/// [`BATTERY_SECRETS_FILE`] is rolled by deleting it first. With both there, it refuses.
+pub fn write(args: &CertsArgs) -> anyhow::Result<Written> {
     let secrets_path = args.out.join(SECRETS_FILE);
-    if secrets_path.exists() {
+    let battery_path = args.out.join(BATTERY_SECRETS_FILE);
+    let (cluster, battery) = (!secrets_path.exists(), !battery_path.exists());
+    if !cluster && !battery {
         anyhow::bail!(
-            "{} exists: new CAs would lock out the installed agents; delete it to rotate every certificate",
-            secrets_path.display()
+            "{} exists: new CAs would lock out the installed agents; delete it to rotate every certificate, or delete {} alone to roll the battery channel's CA, certificates and token",
+            secrets_path.display(),
+            battery_path.display()
         );
     }
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
-    let made = Certificates::make(&args.namespace, &args.service, args.validity)?;
-    let secrets = made
-        .secrets(&args.namespace)
+    let mut files = Vec::new();
+    if cluster {
+        let made = Certificates::make(&args.namespace, &args.service, args.validity)?;
+        pki::write_file(
+            &secrets_path,
+            &yaml_stream(&made.secrets(&args.namespace))?,
+            true,
+        )?;
+        pki::write_file(
+            &args.out.join(CA_BUNDLE_PATCH_FILE),
+            &ca_bundle_patch(&made.serving_ca)?,
+            false,
+        )?;
+        files.extend([SECRETS_FILE, CA_BUNDLE_PATCH_FILE]);
+    }
+    if battery {
+        let channel = BatteryChannel::make(&args.service, args.validity)?;
+        pki::write_file(
+            &battery_path,
+            &yaml_stream(&channel.secrets(&args.namespace)?)?,
+            true,
+        )?;
+        files.push(BATTERY_SECRETS_FILE);
+    }
+    // Written every time: a component from before the battery channel lists one file.
+    pki::write_file(&args.out.join(KUSTOMIZATION_FILE), &kustomization()?, false)?;
+    files.push(KUSTOMIZATION_FILE);
+    Ok(Written {
+        dir: args.out.clone(),
+        files,
+    })
+}
+
+/// `secrets` as one YAML stream.
+fn yaml_stream(secrets: &[Secret]) -> anyhow::Result<String> {
+    Ok(secrets
         .iter()
         .map(serde_norway::to_string)
         .collect::<Result<Vec<_>, _>>()
         .context("writing the Secrets as YAML")?
-        .join("---\n");
-    pki::write_file(&secrets_path, &secrets, true)?;
-    pki::write_file(
-        &args.out.join(CA_BUNDLE_PATCH_FILE),
-        &ca_bundle_patch(&made.serving_ca)?,
-        false,
-    )?;
-    pki::write_file(&args.out.join(KUSTOMIZATION_FILE), &kustomization()?, false)?;
-    Ok(args.out.clone())
+        .join("---\n"))
 }
 
 /// One run's PEMs.
@@ -176,6 +245,125 @@ impl Certificates {
     }
 }
 
+/// The battery channel's PEMs and token.
+struct BatteryChannel {
+    ca: String,
+    serving: (String, String),
+    client: (String, String),
+    token: String,
+}
+
+impl BatteryChannel {
+    fn make(service: &str, validity: Duration) -> anyhow::Result<Self> {
+        let now = ASN1Time::now().to_datetime();
+        let leaf = |mut params: CertificateParams| {
+            params.not_before = now;
+            params.not_after = now + validity;
+            params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+            params.use_authority_key_identifier_extension = true;
+            params
+        };
+        let mut ca_params = pki::ca_params("battery-apiserver battery gRPC CA");
+        ca_params.not_before = now;
+        ca_params.not_after = now + CA_VALIDITY;
+        // One CA for both ends: both are in the one pod, and each leaf is good for its
+        // own side only (serverAuth, clientAuth).
+        let (ca, _, issuer) = pki::self_signed_ca(ca_params)?;
+        // serve dials 127.0.0.1; localhost and ::1 for anyone who dials those instead.
+        let serving = pki::sign(
+            "battery's serving certificate",
+            leaf(
+                pki::loopback_serving_params("poolmgrd")
+                    .map_err(pki::generate("battery's serving certificate"))?,
+            ),
+            &issuer,
+        )?;
+        let client = pki::sign(
+            "battery client certificate",
+            leaf(pki::client_params(service, &[])?),
+            &issuer,
+        )?;
+        Ok(Self {
+            ca,
+            serving,
+            client,
+            token: token()?,
+        })
+    }
+
+    fn secrets(&self, namespace: &str) -> anyhow::Result<[Secret; 4]> {
+        let (serving_cert, serving_key) = &self.serving;
+        let (client_cert, client_key) = &self.client;
+        let config = serde_json::to_string_pretty(&poolmgrd_config(&self.token))
+            .context("writing poolmgrd's config")?
+            + "\n";
+        Ok([
+            secret(
+                namespace,
+                BATTERY_SERVING_SECRET,
+                TLS,
+                &[
+                    ("tls.crt", serving_cert),
+                    ("tls.key", serving_key),
+                    ("ca.crt", &self.ca),
+                ],
+            ),
+            secret(
+                namespace,
+                BATTERY_CLIENT_SECRET,
+                TLS,
+                &[
+                    ("tls.crt", client_cert),
+                    ("tls.key", client_key),
+                    ("ca.crt", &self.ca),
+                ],
+            ),
+            secret(
+                namespace,
+                BATTERY_TOKEN_SECRET,
+                "Opaque",
+                &[(BATTERY_TOKEN_KEY, &self.token)],
+            ),
+            secret(
+                namespace,
+                BATTERY_CONFIG_SECRET,
+                "Opaque",
+                &[(BATTERY_CONFIG_KEY, &config)],
+            ),
+        ])
+    }
+}
+
+/// poolmgrd's `config.json` as `deploy/base` runs it, requiring `token`: TLS with the
+/// serving certificate of [`BATTERY_SERVING_SECRET`], client certificates of its CA, and
+/// the token, on loopback. The cert-manager overlay's `battery-token` script writes the
+/// same (a test compares them).
+pub fn poolmgrd_config(token: &str) -> serde_json::Value {
+    serde_json::json!({
+        "api_server": {
+            "addr": BATTERY_ADDRESS,
+            "tls": {
+                "cert_file": format!("{BATTERY_TLS_DIR}/tls.crt"),
+                "key_file": format!("{BATTERY_TLS_DIR}/tls.key"),
+                "validate_client": true,
+                "client_ca_file": format!("{BATTERY_TLS_DIR}/ca.crt"),
+            },
+            "basic_auth_token": token,
+        },
+        "metrics_addr": BATTERY_METRICS_ADDRESS,
+    })
+}
+
+/// 32 random bytes as hex: printable ASCII, so neither the JSON nor the header escapes it.
+fn token() -> anyhow::Result<String> {
+    let mut bytes = [0u8; 32];
+    crate::tls_files::provider()
+        .secure_random
+        .fill(&mut bytes)
+        .map_err(|_| anyhow::anyhow!("no randomness for battery's token"))?;
+    Ok(bytes.iter().map(|byte| format!("{byte:02x}")).collect())
+}
+
 const TLS: &str = "kubernetes.io/tls";
 
 /// The names kube-apiserver's aggregator dials the Service by: it verifies the serving
@@ -229,12 +417,13 @@ fn ca_bundle_patch(serving_ca: &str) -> anyhow::Result<String> {
     serde_norway::to_string(&patch).context("writing the caBundle patch as YAML")
 }
 
-/// The kustomize Component: the Secrets, and the caBundle patch on the base's APIService.
+/// The kustomize Component: both files of Secrets, and the caBundle patch on the base's
+/// APIService.
 fn kustomization() -> anyhow::Result<String> {
     let component = serde_json::json!({
         "apiVersion": "kustomize.config.k8s.io/v1alpha1",
         "kind": "Component",
-        "resources": [SECRETS_FILE],
+        "resources": [SECRETS_FILE, BATTERY_SECRETS_FILE],
         "patches": [{
             "path": CA_BUNDLE_PATCH_FILE,
             "target": { "kind": "APIService", "name": API_SERVICE },
@@ -242,7 +431,7 @@ fn kustomization() -> anyhow::Result<String> {
     });
     let yaml = serde_norway::to_string(&component).context("writing the kustomization")?;
     Ok(format!(
-        "# Written by `battery-apiserver certs`: the Secrets deploy/base mounts and the\n# APIService's caBundle. Holds private keys: keep it out of version control.\n{yaml}"
+        "# Written by `battery-apiserver certs`: the Secrets deploy/base mounts and the\n# APIService's caBundle. Holds private keys and battery's token: keep it out of version\n# control.\n{yaml}"
     ))
 }
 

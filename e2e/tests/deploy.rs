@@ -3,16 +3,19 @@
 //! unknown field fails), and the objects say what `deploy/README.md` says: the
 //! APIService reaches the server, the StatefulSet runs one restricted replica on a
 //! volume, the containers' flags are the binaries' real flags, and the RBAC grants what
-//! the README's tables list. No cluster: kubectl only renders.
+//! the README's tables list. The battery channel is secured as poolmgrd's chart secures
+//! it: `serve`'s battery files and poolmgrd's config.json come from Secrets both overlays
+//! make, with one token, and with the self-signed overlay's files `serve`'s battery client
+//! reaches an embedded battery set up as that config.json says. No cluster: kubectl only
+//! renders.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use battery_apiserver::certs;
-use clap::Parser as _;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -221,42 +224,25 @@ fn the_stateful_set_runs_one_restricted_replica_with_battery_on_a_volume() {
         "{data} is the claimed volume, not a pod volume"
     );
     let battery = container(&pod, "battery");
-    let battery_args = battery.args.clone().unwrap_or_default();
-    let flag = |name: &str| {
-        battery_args
-            .iter()
-            .find_map(|a| a.strip_prefix(&format!("-{name}=")))
-            .unwrap_or_else(|| panic!("poolmgrd has no -{name}"))
-            .to_owned()
-    };
-    assert_eq!(volume_name(battery, Path::new(&flag("db"))), data);
-
-    // battery listens where the server dials it: on loopback, in plain text.
-    let config_path = PathBuf::from(flag("config"));
-    let (config_volume, mount) = volume_of(&pod, battery, &config_path);
-    let config_map: ConfigMap = install.one(
-        config_volume
-            .config_map
-            .as_ref()
-            .expect("a ConfigMap")
-            .name
-            .as_str(),
+    assert_eq!(
+        volume_name(battery, Path::new(&poolmgrd_flag(battery, "db"))),
+        data
     );
-    let key = config_path
-        .strip_prefix(&mount)
-        .unwrap()
-        .display()
-        .to_string();
-    let config: Value =
-        serde_json::from_str(&config_map.data.expect("data")[&key]).expect("JSON config");
-    let battery_addr: std::net::SocketAddr = config["api_server"]["addr"]
-        .as_str()
-        .expect("api_server.addr")
-        .parse()
-        .expect("an address");
+
+    // battery listens on loopback, where the server dials it over TLS. Its configuration
+    // is a Secret either overlay makes (it holds the token): their tests read it.
+    assert!(!args.battery_insecure, "serve reaches battery over TLS");
+    assert_eq!(args.battery_address, certs::BATTERY_ADDRESS);
+    let battery_addr: std::net::SocketAddr = args.battery_address.parse().expect("host:port");
     assert!(battery_addr.ip().is_loopback());
-    assert_eq!(config["api_server"]["tls"]["insecure"], true);
-    assert_eq!(args.battery_address, format!("http://{battery_addr}"));
+    assert_eq!(args.battery_tls_server_name, None, "the address's host");
+    assert_eq!(
+        secret_file(&pod, battery, Path::new(&poolmgrd_flag(battery, "config"))),
+        (
+            certs::BATTERY_CONFIG_SECRET.to_owned(),
+            certs::BATTERY_CONFIG_KEY.to_owned()
+        )
+    );
 
     // The certificates come from the Secrets either overlay makes.
     for (file, secret, key) in [
@@ -286,6 +272,34 @@ fn the_stateful_set_runs_one_restricted_replica_with_battery_on_a_volume() {
             args.agent_client_key_file.as_ref().unwrap(),
             certs::RELAY_CLIENT_SECRET,
             "tls.key",
+        ),
+        // battery's CA, our client certificate and the token, which poolmgrd's
+        // config.json holds too.
+        (
+            args.battery_ca_file.as_ref().expect("--battery-ca-file"),
+            certs::BATTERY_CLIENT_SECRET,
+            "ca.crt",
+        ),
+        (
+            args.battery_client_cert_file
+                .as_ref()
+                .expect("--battery-client-cert-file"),
+            certs::BATTERY_CLIENT_SECRET,
+            "tls.crt",
+        ),
+        (
+            args.battery_client_key_file
+                .as_ref()
+                .expect("--battery-client-key-file"),
+            certs::BATTERY_CLIENT_SECRET,
+            "tls.key",
+        ),
+        (
+            args.battery_token_file
+                .as_ref()
+                .expect("--battery-token-file"),
+            certs::BATTERY_TOKEN_SECRET,
+            certs::BATTERY_TOKEN_KEY,
         ),
     ] {
         assert_eq!(
@@ -388,6 +402,25 @@ fn the_agent_runs_on_labelled_nodes_with_what_its_checks_read() {
     }
     // The agent authenticates with the Host's certificate, not a token.
     assert_eq!(pod.automount_service_account_token, Some(false));
+}
+
+#[test]
+fn the_readme_lists_every_secret_the_base_mounts() {
+    let install = Install::checked_in();
+    let (pod, _) = serve_args();
+    let (agent_pod, _) = agent_cli();
+    let mounted: BTreeSet<String> = [pod, agent_pod]
+        .iter()
+        .flat_map(|pod| pod.volumes.iter().flatten())
+        .filter_map(|volume| volume.secret.as_ref()?.secret_name.clone())
+        .collect();
+    assert!(mounted.is_superset(&mounted_secrets(&install)));
+    let documented: BTreeSet<String> =
+        readme_table("The Secrets the base mounts, from either overlay:")
+            .into_iter()
+            .map(|row| row[0].clone())
+            .collect();
+    assert_eq!(mounted, documented, "deploy/README.md's table of Secrets");
 }
 
 #[test]
@@ -497,18 +530,34 @@ fn the_cert_manager_overlay_makes_the_secrets_the_base_mounts() {
             .unwrap_or_else(|| panic!("no Certificate {name}"))["spec"]
             .clone()
     };
-    let made: BTreeSet<&str> = certificates
+    let mut made: BTreeSet<String> = certificates
         .iter()
-        .filter_map(|c| c["spec"]["secretName"].as_str())
+        .filter_map(|c| c["spec"]["secretName"].as_str().map(str::to_owned))
         .collect();
     for secret in [
         certs::SERVING_SECRET,
         certs::AGENT_CA_SECRET,
         certs::RELAY_CLIENT_SECRET,
         certs::RELAY_CLIENT_CA_SECRET,
+        certs::BATTERY_SERVING_SECRET,
+        certs::BATTERY_CLIENT_SECRET,
     ] {
         assert!(made.contains(secret), "no Certificate makes {secret}");
     }
+    // What no certificate makes, the overlay's script does; the pod mounts nothing else.
+    made.extend(
+        battery_token_secrets(&[])
+            .into_iter()
+            .filter_map(|s| s.metadata.name),
+    );
+    let install = Install {
+        objects: objects.clone(),
+    };
+    let missing: Vec<_> = mounted_secrets(&install)
+        .into_iter()
+        .filter(|secret| !made.contains(secret))
+        .collect();
+    assert!(missing.is_empty(), "nothing makes {missing:?}");
     let serving = certificate(certs::SERVING_SECRET);
     assert!(
         serving["dnsNames"]
@@ -530,6 +579,45 @@ fn the_cert_manager_overlay_makes_the_secrets_the_base_mounts() {
         certs::RELAY_CLIENT_CA_SECRET
     );
 
+    // battery's channel: poolmgrd's certificate for the address serve dials, serve's
+    // for a client, both from the one CA that poolmgrd's client_ca_file (the serving
+    // Secret's ca.crt) and serve's --battery-ca-file (the client Secret's) hold.
+    let battery_serving = certificate(certs::BATTERY_SERVING_SECRET);
+    let host = certs::BATTERY_ADDRESS.rsplit_once(':').unwrap().0;
+    assert!(
+        battery_serving["ipAddresses"]
+            .as_array()
+            .is_some_and(|ips| ips.contains(&Value::from(host))),
+        "{battery_serving:#}"
+    );
+    let battery_client = certificate(certs::BATTERY_CLIENT_SECRET);
+    for (spec, usage) in [
+        (&battery_serving, "server auth"),
+        (&battery_client, "client auth"),
+    ] {
+        assert!(
+            spec["usages"]
+                .as_array()
+                .is_some_and(|u| u.contains(&Value::from(usage))),
+            "{spec:#}"
+        );
+    }
+    let battery_issuer = &battery_serving["issuerRef"]["name"];
+    assert_eq!(&battery_client["issuerRef"]["name"], battery_issuer);
+    let issuer = issuers
+        .iter()
+        .find(|i| &i["metadata"]["name"] == battery_issuer)
+        .expect("the battery gRPC CA's Issuer");
+    let ca_secret = issuer["spec"]["ca"]["secretName"].as_str().unwrap();
+    assert_eq!(certificate(ca_secret)["isCA"], true);
+    for other in [
+        certs::SERVING_SECRET,
+        certs::AGENT_CA_SECRET,
+        certs::RELAY_CLIENT_CA_SECRET,
+    ] {
+        assert_ne!(ca_secret, other, "the battery gRPC CA is a CA of its own");
+    }
+
     let api_service = objects
         .iter()
         .find(|o| o["kind"] == "APIService")
@@ -540,45 +628,220 @@ fn the_cert_manager_overlay_makes_the_secrets_the_base_mounts() {
     );
 }
 
-#[test]
-fn the_self_signed_overlay_takes_what_certs_writes() {
-    let scratch = tempfile::tempdir().unwrap();
-    let deploy = scratch.path().join("deploy");
-    copy_tree(&repo().join("deploy"), &deploy);
-    let overlay = deploy.join("overlays/self-signed");
-    // A checkout's own certificates, if it made some, are not the test's.
-    if overlay.join("certs").exists() {
-        std::fs::remove_dir_all(overlay.join("certs")).unwrap();
-    }
-    let cli = battery_apiserver::cli::Cli::try_parse_from([
-        "battery-apiserver",
-        "certs",
-        "--out",
-        overlay.join("certs").to_str().unwrap(),
-    ])
-    .unwrap();
-    let battery_apiserver::cli::Command::Certs(args) = cli.command else {
-        panic!("parsed another command");
-    };
-    certs::write(&args).unwrap();
-
-    let objects = documents(&kustomize(&overlay));
+/// What `deploy/overlays/cert-manager/battery-token` prints, with `args`.
+fn battery_token_secrets(args: &[&str]) -> Vec<Secret> {
+    let mut command = Command::new(repo().join("deploy/overlays/cert-manager/battery-token"));
+    command.args(args);
+    let objects = documents(&run(command));
     let others = validate(&objects);
     assert!(others.is_empty(), "{others:?}");
-    let install = Install { objects };
+    objects.iter().map(strict).collect()
+}
+
+/// `key` of `secret`, which must hold it.
+fn secret_data<'a>(secret: &'a Secret, key: &str) -> &'a [u8] {
+    &secret
+        .data
+        .as_ref()
+        .and_then(|data| data.get(key))
+        .unwrap_or_else(|| panic!("{:?} has no {key}", secret.metadata.name))
+        .0
+}
+
+/// Checks that `secrets` hold a token and the poolmgrd configuration that requires it,
+/// as the base mounts them.
+fn check_token_and_config(install: &Install, secrets: &[Secret]) -> String {
+    let named = |name: &str| {
+        secrets
+            .iter()
+            .find(|s| s.metadata.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("no Secret {name}"))
+    };
+    let config: Value = serde_json::from_slice(secret_data(
+        named(certs::BATTERY_CONFIG_SECRET),
+        certs::BATTERY_CONFIG_KEY,
+    ))
+    .expect("JSON");
+    let required = check_poolmgrd_config(install, &config);
+    let sent = std::str::from_utf8(secret_data(
+        named(certs::BATTERY_TOKEN_SECRET),
+        certs::BATTERY_TOKEN_KEY,
+    ))
+    .unwrap();
+    // serve drops a trailing newline; poolmgrd compares the rest byte for byte.
+    assert_eq!(sent.trim_end_matches(['\r', '\n']), required);
+    // certs and the script write one configuration.
+    assert_eq!(config, certs::poolmgrd_config(&required));
+    required
+}
+
+#[test]
+fn the_battery_token_script_makes_the_token_and_poolmgrds_config() {
+    let install = Install::checked_in();
+    let secrets = battery_token_secrets(&[]);
+    assert_eq!(
+        secrets
+            .iter()
+            .map(|s| s.metadata.name.clone().unwrap())
+            .collect::<BTreeSet<_>>(),
+        BTreeSet::from([
+            certs::BATTERY_TOKEN_SECRET.to_owned(),
+            certs::BATTERY_CONFIG_SECRET.to_owned()
+        ])
+    );
+    for secret in &secrets {
+        assert_eq!(secret.metadata.namespace.as_deref(), Some("battery-system"));
+    }
+    let token = check_token_and_config(&install, &secrets);
+    assert_eq!(token.len(), 64, "{token}");
+    assert!(token.chars().all(|c| c.is_ascii_hexdigit()), "{token}");
+    // A new token each run, in the namespace asked for.
+    let again = battery_token_secrets(&["infra"]);
+    assert_ne!(check_token_and_config(&install, &again), token);
+    for secret in &again {
+        assert_eq!(secret.metadata.namespace.as_deref(), Some("infra"));
+    }
+}
+
+#[test]
+fn the_self_signed_overlay_takes_what_certs_writes() {
+    let (_scratch, install) = self_signed_install();
+    let secrets: Vec<Secret> = install.all();
+    let missing: Vec<_> = mounted_secrets(&install)
+        .into_iter()
+        .filter(|name| {
+            !secrets
+                .iter()
+                .any(|s| s.metadata.name.as_ref() == Some(name))
+        })
+        .collect();
+    assert!(missing.is_empty(), "the overlay makes no {missing:?}");
     for secret in [
         certs::SERVING_SECRET,
         certs::AGENT_CA_SECRET,
         certs::RELAY_CLIENT_SECRET,
         certs::RELAY_CLIENT_CA_SECRET,
+        certs::BATTERY_SERVING_SECRET,
+        certs::BATTERY_CLIENT_SECRET,
+        certs::BATTERY_TOKEN_SECRET,
+        certs::BATTERY_CONFIG_SECRET,
     ] {
         install.one::<Secret>(secret);
     }
+    // The token serve sends is the one poolmgrd's config requires.
+    check_token_and_config(&install, &secrets);
     let serving: Secret = install.one(certs::SERVING_SECRET);
     let api_service: APIService = install.one(certs::API_SERVICE);
     let spec = api_service.spec.unwrap();
     assert_eq!(spec.ca_bundle, serving.data.unwrap().remove("ca.crt"));
     assert!(spec.service.is_some(), "the patch keeps the base's spec");
+}
+
+/// The self-signed install's battery channel, end to end: the embedded battery serves
+/// what poolmgrd's config.json says, from the files of its container's mounts, and
+/// `serve`'s battery client with its flags' files from its own mounts reaches it.
+#[tokio::test]
+async fn serve_reaches_poolmgrd_with_what_the_self_signed_overlay_mounts() {
+    use battery_apiserver::battery::{BatteryClient, BatteryEndpoint, Security, TlsSettings};
+    use battery_apiserver::tls_files::TlsFiles;
+    use battery_embedded::{ApiSecurity, BatteryConfig, EmbeddedBattery, ServerTls};
+
+    let (_scratch, install) = self_signed_install();
+    let (pod, args) = serve_args_in(&install);
+    let files = tempfile::tempdir().unwrap();
+
+    // poolmgrd's side, as its container sees it.
+    let battery = container(&pod, "battery");
+    let battery_root = files.path().join("battery");
+    project_secrets(&install, &pod, battery, &battery_root);
+    let config: Value = serde_json::from_slice(
+        &std::fs::read(under(
+            &battery_root,
+            Path::new(&poolmgrd_flag(battery, "config")),
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let tls = &config["api_server"]["tls"];
+    let read = |field: &str| {
+        std::fs::read(under(
+            &battery_root,
+            Path::new(tls[field].as_str().unwrap()),
+        ))
+        .unwrap()
+    };
+    let security = ApiSecurity {
+        tls: Some(ServerTls {
+            cert_pem: read("cert_file"),
+            key_pem: read("key_file"),
+            client_ca_pem: (tls["validate_client"] == true).then(|| read("client_ca_file")),
+        }),
+        basic_auth_token: config["api_server"]["basic_auth_token"]
+            .as_str()
+            .map(str::to_owned),
+    };
+    // Its address's host, on a port of its own: 50051 may be taken here.
+    let address: std::net::SocketAddr = config["api_server"]["addr"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind((address.ip(), 0))
+        .await
+        .unwrap();
+    let embedded = EmbeddedBattery::start(
+        BatteryConfig {
+            api: security,
+            ..BatteryConfig::default()
+        },
+        listener,
+    )
+    .await
+    .unwrap();
+
+    // serve's side, as its container sees it.
+    let apiserver_root = files.path().join("apiserver");
+    project_secrets(
+        &install,
+        &pod,
+        container(&pod, "apiserver"),
+        &apiserver_root,
+    );
+    let file = |path: &Option<PathBuf>| under(&apiserver_root, path.as_deref().unwrap());
+    let endpoint = |client: bool, token: bool| BatteryEndpoint {
+        address: args.battery_address.replace(
+            &address.port().to_string(),
+            &embedded.address().port().to_string(),
+        ),
+        security: Security::Tls(TlsSettings {
+            ca_file: file(&args.battery_ca_file),
+            client: client.then(|| TlsFiles {
+                cert: file(&args.battery_client_cert_file),
+                key: file(&args.battery_client_key_file),
+            }),
+            server_name: args.battery_tls_server_name.clone(),
+        }),
+        token_file: token.then(|| file(&args.battery_token_file)),
+    };
+    let readiness = async |endpoint: BatteryEndpoint| {
+        let (client, follower) = BatteryClient::connect_secured(&endpoint).unwrap();
+        let ready = client.readiness().await;
+        follower.inspect(tokio::task::JoinHandle::abort);
+        ready
+    };
+    readiness(endpoint(true, true))
+        .await
+        .unwrap_or_else(|why| panic!("serve does not reach poolmgrd: {why}"));
+    // Both credentials are required, not merely accepted.
+    let why = readiness(endpoint(true, false)).await.unwrap_err();
+    assert!(
+        why.starts_with("battery refused the API server's credentials"),
+        "{why}"
+    );
+    readiness(endpoint(false, true))
+        .await
+        .expect_err("no client certificate");
+    embedded.shutdown().await;
 }
 
 #[test]

@@ -46,7 +46,8 @@ pub enum Command {
     /// simulated flintlock Hosts) on a TCP address, for grpcurl and other clients.
     EmbeddedBattery(EmbeddedBatteryArgs),
     /// Write the certificates of an install without cert-manager: the Secrets deploy/base
-    /// mounts and the APIService's caBundle, as a kustomize component.
+    /// mounts (with battery's token and poolmgrd's config.json) and the APIService's
+    /// caBundle, as a kustomize component.
     Certs(CertsArgs),
 }
 
@@ -54,7 +55,8 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct CertsArgs {
     /// Directory to write the component into (`kustomization.yaml`, `secrets.yaml`,
-    /// `apiservice-ca-bundle.yaml`); made if missing.
+    /// `battery-secrets.yaml`, `apiservice-ca-bundle.yaml`); made if missing. Only missing
+    /// files are written: delete `battery-secrets.yaml` to roll the battery channel.
     #[arg(long, env = "BATTERY_APISERVER_OUT")]
     pub out: PathBuf,
 
@@ -74,7 +76,8 @@ pub struct CertsArgs {
     )]
     pub service: String,
 
-    /// How long the serving and relay client certificates live (the CAs, ten years).
+    /// How long the leaf certificates live: serving, relay client, and the battery
+    /// channel's two (the CAs, ten years).
     /// Between 1d and 5y.
     #[arg(
         long,

@@ -8,7 +8,9 @@
 //!    (its StatefulSet and DaemonSet, whose containers the harness runs as processes, and
 //!    its Service);
 //! 3. the Secrets and the `caBundle` patch `certs` wrote, as `deploy/README.md` says for
-//!    `install.yaml`;
+//!    `install.yaml`: the cluster's (`secrets.yaml`) and the battery channel's
+//!    (`battery-secrets.yaml`: poolmgrd's certificate and config.json, `serve`'s client
+//!    certificate and token), which the harness's processes do not read but a pod would;
 //! 4. the one object that differs: an `ExternalName` Service to the loopback address
 //!    `serve` will listen on (ADR 30: Endpoints refuse loopback addresses, and the
 //!    aggregator dials an ExternalName at the APIService's port);
@@ -38,6 +40,9 @@ pub const SERVICE: &str = "battery-apiserver";
 const SERVICE_PORT: u16 = 443;
 /// The Secret of the serving certificate `certs` writes.
 const SERVING_SECRET: &str = "battery-apiserver-serving";
+/// The files of Secrets `certs` writes: the cluster's, and the battery channel's.
+const SECRETS_FILE: &str = "secrets.yaml";
+const BATTERY_SECRETS_FILE: &str = "battery-secrets.yaml";
 /// How long the aggregator may take to change the APIService's `Available`: a change of
 /// its Service is seen at once, but a server that stops answering only at its next
 /// periodic check (half a minute apart), each of which may wait 5 s for an answer.
@@ -70,12 +75,11 @@ pub async fn install(plane: &ControlPlane, battery_apiserver: &Path, dir: &Path)
     admin
         .kubectl(&["apply", "--server-side", "-k"], &overlay)
         .await;
-    admin
-        .kubectl(
-            &["apply", "--server-side", "-f"],
-            &certs.join("secrets.yaml"),
-        )
-        .await;
+    for secrets in [SECRETS_FILE, BATTERY_SECRETS_FILE] {
+        admin
+            .kubectl(&["apply", "--server-side", "-f"], &certs.join(secrets))
+            .await;
+    }
     admin
         .kubectl(
             &[
@@ -197,7 +201,7 @@ pub async fn wait_discovered(plane: &ControlPlane) {
 /// The serving certificate, key and CA out of the Secret `certs` wrote for the Pod,
 /// written as files for `serve` and for tests that dial it.
 fn serving_files(certs: &Path) -> (PathBuf, PathBuf, PathBuf) {
-    let path = certs.join("secrets.yaml");
+    let path = certs.join(SECRETS_FILE);
     let text =
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     let secret = serde_norway::Deserializer::from_str(&text)

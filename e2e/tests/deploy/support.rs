@@ -2,7 +2,7 @@
 //! rendering, objects checked strictly against their k8s-openapi types, and the pod
 //! specs' containers, flags and volumes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -219,7 +219,12 @@ pub fn secret_file(pod: &PodSpec, container: &Container, file: &Path) -> (String
 }
 
 pub fn serve_args() -> (PodSpec, Box<battery_apiserver::cli::ServeArgs>) {
-    let set: StatefulSet = Install::checked_in().one("battery-apiserver");
+    serve_args_in(&Install::checked_in())
+}
+
+/// The StatefulSet's pod in `install`, and its `serve` flags.
+pub fn serve_args_in(install: &Install) -> (PodSpec, Box<battery_apiserver::cli::ServeArgs>) {
+    let set: StatefulSet = install.one("battery-apiserver");
     let pod = pod_spec(set.spec.map(|s| s.template));
     let cli = battery_apiserver::cli::Cli::try_parse_from(argv(
         "battery-apiserver",
@@ -310,4 +315,172 @@ pub fn instructions(path: &Path) -> Vec<(String, String)> {
             (op.to_uppercase(), rest.trim().to_owned())
         })
         .collect()
+}
+
+/// The value of poolmgrd's `-<name>=` flag in `container`.
+pub fn poolmgrd_flag(container: &Container, name: &str) -> String {
+    container
+        .args
+        .iter()
+        .flatten()
+        .find_map(|a| a.strip_prefix(&format!("-{name}=")))
+        .unwrap_or_else(|| panic!("poolmgrd has no -{name}"))
+        .to_owned()
+}
+
+/// The keys of a JSON object, to check one holds only keys poolmgrd knows: it ignores
+/// any other, so a misspelt one would silently turn a setting off.
+fn keys(object: &Value) -> Vec<&str> {
+    object
+        .as_object()
+        .unwrap_or_else(|| panic!("{object} is not an object"))
+        .keys()
+        .map(String::as_str)
+        .collect()
+}
+
+/// Checks poolmgrd's `config.json` against the StatefulSet in `install`: it listens where
+/// `serve` dials, serves TLS with the files of its mounted serving Secret, requires
+/// client certificates of that Secret's CA and a token, and keeps its metrics on
+/// loopback. Returns the token.
+pub fn check_poolmgrd_config(install: &Install, config: &Value) -> String {
+    use battery_apiserver::certs;
+    let (pod, args) = serve_args_in(install);
+    let battery = container(&pod, "battery");
+    let mut top = keys(config);
+    top.sort_unstable();
+    assert_eq!(top, ["api_server", "metrics_addr"], "{config:#}");
+    let api = &config["api_server"];
+    let mut api_keys = keys(api);
+    api_keys.sort_unstable();
+    assert_eq!(api_keys, ["addr", "basic_auth_token", "tls"], "{config:#}");
+    assert_eq!(
+        api["addr"],
+        args.battery_address.as_str(),
+        "where serve dials"
+    );
+    let tls = &api["tls"];
+    let mut tls_keys = keys(tls);
+    tls_keys.sort_unstable();
+    assert_eq!(
+        tls_keys,
+        ["cert_file", "client_ca_file", "key_file", "validate_client"],
+        "TLS, and not insecure: {config:#}"
+    );
+    assert_eq!(tls["validate_client"], true);
+    for (field, key) in [
+        ("cert_file", "tls.crt"),
+        ("key_file", "tls.key"),
+        ("client_ca_file", "ca.crt"),
+    ] {
+        let path = tls[field]
+            .as_str()
+            .unwrap_or_else(|| panic!("api_server.tls.{field}"));
+        assert_eq!(
+            secret_file(&pod, battery, Path::new(path)),
+            (certs::BATTERY_SERVING_SECRET.to_owned(), key.to_owned()),
+            "api_server.tls.{field}"
+        );
+    }
+    let metrics: std::net::SocketAddr = config["metrics_addr"]
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .expect("metrics_addr, host:port");
+    assert!(metrics.ip().is_loopback(), "{metrics}");
+    let token = api["basic_auth_token"]
+        .as_str()
+        .expect("api_server.basic_auth_token");
+    assert!(!token.trim().is_empty(), "an empty token turns auth off");
+    token.to_owned()
+}
+
+/// The Secrets the pod specs of `install` mount and cannot do without.
+pub fn mounted_secrets(install: &Install) -> BTreeSet<String> {
+    let mut pods: Vec<PodSpec> = install
+        .all::<StatefulSet>()
+        .into_iter()
+        .map(|set| pod_spec(set.spec.map(|s| s.template)))
+        .collect();
+    pods.extend(
+        install
+            .all::<DaemonSet>()
+            .into_iter()
+            .map(|set| pod_spec(set.spec.map(|s| s.template))),
+    );
+    pods.iter()
+        .flat_map(|pod| pod.volumes.iter().flatten())
+        .filter_map(|volume| volume.secret.as_ref())
+        .filter(|secret| secret.optional != Some(true))
+        .filter_map(|secret| secret.secret_name.clone())
+        .collect()
+}
+
+/// Writes the Secrets `container` mounts, from `install`, under `root` as the kubelet
+/// projects them at their mount paths; what it reads is then at [`under`]`(root, path)`.
+pub fn project_secrets(install: &Install, pod: &PodSpec, container: &Container, root: &Path) {
+    for mount in container.volume_mounts.iter().flatten() {
+        // A mount of no pod volume is the StatefulSet's claim.
+        let Some(source) = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == mount.name)
+            .and_then(|v| v.secret.as_ref())
+        else {
+            continue;
+        };
+        let name = source.secret_name.as_deref().expect("a Secret's name");
+        let secrets: Vec<Secret> = install.all();
+        let Some(secret) = secrets
+            .into_iter()
+            .find(|s| s.metadata.name.as_deref() == Some(name))
+        else {
+            assert_eq!(source.optional, Some(true), "no Secret {name}");
+            continue;
+        };
+        let dir = under(root, Path::new(&mount.mount_path));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (key, value) in secret.data.iter().flatten() {
+            let path = source
+                .items
+                .iter()
+                .flatten()
+                .find(|item| &item.key == key)
+                .map_or(key.as_str(), |item| item.path.as_str());
+            std::fs::write(dir.join(path), &value.0).unwrap();
+        }
+    }
+}
+
+/// `path` (absolute, in a container) under `root`.
+pub fn under(root: &Path, path: &Path) -> PathBuf {
+    root.join(path.strip_prefix("/").expect("an absolute path"))
+}
+
+/// Runs `battery-apiserver certs` into a copy of `deploy/`'s self-signed overlay and
+/// renders it: the scratch directory (kept alive by the caller) and the objects.
+pub fn self_signed_install() -> (tempfile::TempDir, Install) {
+    let scratch = tempfile::tempdir().unwrap();
+    let deploy = scratch.path().join("deploy");
+    copy_tree(&repo().join("deploy"), &deploy);
+    let overlay = deploy.join("overlays/self-signed");
+    // A checkout's own certificates, if it made some, are not the test's.
+    if overlay.join("certs").exists() {
+        std::fs::remove_dir_all(overlay.join("certs")).unwrap();
+    }
+    let cli = battery_apiserver::cli::Cli::try_parse_from([
+        "battery-apiserver",
+        "certs",
+        "--out",
+        overlay.join("certs").to_str().unwrap(),
+    ])
+    .unwrap();
+    let battery_apiserver::cli::Command::Certs(args) = cli.command else {
+        panic!("parsed another command");
+    };
+    battery_apiserver::certs::write(&args).unwrap();
+    let objects = documents(&kustomize(&overlay));
+    let others = validate(&objects);
+    assert!(others.is_empty(), "{others:?}");
+    (scratch, Install { objects })
 }
