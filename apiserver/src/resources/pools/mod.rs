@@ -5,7 +5,7 @@
 mod adopt;
 mod deletion;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::SystemTime;
 
@@ -34,6 +34,9 @@ const RESOURCE: &str = "pools";
 /// made with `poolmgrctl` goes unseen.
 const BIND_SETTINGS_TTL: std::time::Duration = std::time::Duration::from_secs(10);
 const BIND_SETTINGS_CAPACITY: u64 = 10_000;
+/// The changes of a Pool remembered for telling its cancelled boots: more than arrive
+/// while one boot runs.
+const RESPECIFIED_KEPT: usize = 32;
 
 fn counts(status: &PoolStatus) -> PoolCounts {
     PoolCounts {
@@ -95,10 +98,11 @@ pub struct PoolStorage {
     bind_settings: moka::sync::Cache<Key, BindSettings>,
     /// battery's DeletePool calls in flight, one per Pool (`deletion`).
     deletions: Mutex<HashMap<Key, deletion::Deletion>>,
-    /// When we last changed a Pool's spec in battery or deleted it, as (namespace, name):
-    /// battery then cancels the Pool's MicroVMs still booting, and says so with the event
-    /// it gives a failed hook. One entry per Pool.
-    respecified: Mutex<HashMap<(String, String), SystemTime>>,
+    /// When we last changed each Pool's spec in battery or deleted it, by (namespace,
+    /// name), the newest [`RESPECIFIED_KEPT`] times: battery then cancels the Pool's
+    /// MicroVMs still booting, and says so with the event it gives a failed hook, which
+    /// the follower may read after later changes.
+    respecified: Mutex<HashMap<(String, String), VecDeque<SystemTime>>>,
     /// For the tasks a deletion leaves running.
     this: Weak<PoolStorage>,
 }
@@ -151,10 +155,14 @@ impl PoolStorage {
 
     /// Notes that battery is about to be told a new spec for the Pool, or to delete it.
     fn respecified(&self, namespace: &str, name: &str) {
-        self.respecified
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert((namespace.to_owned(), name.to_owned()), SystemTime::now());
+        let mut respecified = self.respecified.lock().unwrap_or_else(|e| e.into_inner());
+        let times = respecified
+            .entry((namespace.to_owned(), name.to_owned()))
+            .or_default();
+        if times.len() == RESPECIFIED_KEPT {
+            times.pop_front();
+        }
+        times.push_back(SystemTime::now());
     }
 
     /// Whether battery's failed-hook event for a MicroVM of the Pool that started booting
@@ -172,7 +180,7 @@ impl PoolStorage {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&(namespace.to_owned(), name.to_owned()))
-            .is_some_and(|at| booted <= *at && *at <= failed)
+            .is_some_and(|times| times.iter().any(|at| booted <= *at && *at <= failed))
     }
 
     /// Tells battery the Pool's new spec and Hosts, unless `current` (what battery holds)
