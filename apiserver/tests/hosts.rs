@@ -43,10 +43,23 @@ fn merge_patch(uri: &str, body: &Value) -> Request<axum::body::Body> {
 }
 
 /// A size-2 Pool selecting every Host (an empty selector), once both MicroVMs are up.
+/// A Pool of two MicroVMs, one on each Host. battery puts every MicroVM of one pass on
+/// the Host with fewest of the Pool's (it counts no placement in flight), so the Pool
+/// grows one MicroVM a pass.
 async fn pool_over_both_hosts(h: &Harness, name: &str) {
-    let mut body = pool(name, 2);
+    let mut body = pool(name, 1);
     body["spec"]["replenishment"] = json!({"type": "ReplaceOnDelete"});
     h.create(POOLS, &body).await;
+    h.wait_available(name, 1).await;
+    let (status, _, grown) = h
+        .call(
+            "PATCH",
+            &format!("{POOLS}/{name}"),
+            "application/merge-patch+json",
+            Some(json!({"spec": {"size": 2}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{grown}");
     h.wait_available(name, 2).await;
 }
 
