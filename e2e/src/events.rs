@@ -194,6 +194,15 @@ impl EventLog {
         uids
     }
 
+    /// The VMs of `pool` provisioned and not yet ended (AVAILABLE, hook-failed or
+    /// deleted), in event order.
+    pub fn in_flight(&self, pool: &PoolRef) -> Vec<String> {
+        self.vms_with(pool, EventType::VmProvisioned)
+            .into_iter()
+            .filter(|uid| !self.types_of(uid).iter().any(|kind| ends_bring_up(*kind)))
+            .collect()
+    }
+
     /// The history, one line per event (for failure messages).
     pub fn describe(&self) -> String {
         self.history
@@ -216,4 +225,16 @@ impl EventLog {
 /// Whether `event` belongs to `pool`.
 pub(crate) fn is_of(event: &Event, pool: &PoolRef) -> bool {
     event.pool_name == pool.name && event.pool_namespace == pool.namespace
+}
+
+/// Whether an event of `kind` ends a VM's bring-up, one way or another.
+fn ends_bring_up(kind: EventType) -> bool {
+    matches!(
+        kind,
+        EventType::VmAvailable
+            | EventType::VmHookFailed
+            | EventType::VmDeletedOnPoolDelete
+            | EventType::VmDeletedDueToExpiry
+            | EventType::VmDeletedOnRelease
+    )
 }

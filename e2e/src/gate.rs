@@ -30,6 +30,17 @@ impl Gate {
         )
     }
 
+    /// A shell command that waits for the gate only the first time any VM runs it;
+    /// every later run returns at once.
+    pub fn first_waits_command(&self) -> String {
+        let first = self.file.with_file_name("first");
+        format!(
+            "if mkdir '{}' 2>/dev/null; then {}; fi",
+            first.display(),
+            self.wait_command()
+        )
+    }
+
     /// Opens the gate: every waiting (and future) command returns.
     pub fn open(&self) {
         std::fs::write(&self.file, b"open").expect("open gate");

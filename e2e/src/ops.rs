@@ -2,14 +2,15 @@
 //! factored out. `try_*` return the gRPC result; the others assert success.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use battery_proto::flintlock::types::MicroVm;
 use battery_proto::poolmgr::v1alpha1::{
     AddHostRequest, ClaimVmRequest, ClaimVmResponse, CordonHostRequest, CreatePoolRequest,
-    DeletePoolRequest, GetHostRequest, GetPoolRequest, HeartbeatRequest, Host, HostStatus,
-    LeaseRecord, ListHostsRequest, ListLeasesRequest, ListPoolsRequest, Pool, PoolRef, PoolSpec,
-    PoolStatus, ReleaseVmRequest, RemoveHostRequest, SubscribeRequest, UncordonHostRequest,
-    UpdatePoolRequest,
+    DeletePoolRequest, EventType, GetHostRequest, GetPoolRequest, HeartbeatRequest, Host,
+    HostStatus, LeaseRecord, ListHostsRequest, ListLeasesRequest, ListPoolsRequest, Pool, PoolRef,
+    PoolSpec, PoolStatus, ReleaseVmRequest, RemoveHostRequest, SubscribeRequest,
+    UncordonHostRequest, UpdatePoolRequest,
 };
 use tonic::Status;
 
@@ -227,6 +228,42 @@ impl Suite {
             self.namespace(),
             self.timing().timeout,
         )
+    }
+
+    /// Waits until the VMs `log` shows in flight for `pool` (provisioned, not ended) are
+    /// exactly the pool's provisioning ones, and returns them: their rows are written,
+    /// so cancelling them now hook-fails each. Callers first wait for earlier VMs in
+    /// flight to end, so those are not taken for new ones.
+    pub async fn wait_in_flight(&self, log: &mut EventLog, pool: &PoolRef) -> Vec<String> {
+        let what = format!("pool {}: VMs in flight, each seen provisioned", pool.name);
+        eventually(self.timing().timeout, &what, async || {
+            // What has arrived, without waiting for more.
+            log.observe(Duration::ZERO).await;
+            let in_flight = log.in_flight(pool);
+            let provisioning = self.status(pool).await.provisioning_count;
+            if !in_flight.is_empty() && usize::try_from(provisioning) == Ok(in_flight.len()) {
+                Ok(in_flight)
+            } else {
+                Err(format!(
+                    "{provisioning} provisioning, in flight by the events: {in_flight:?}"
+                ))
+            }
+        })
+        .await
+    }
+
+    /// Waits until each of `vms` has VM_HOOK_FAILED, and checks it had nothing between
+    /// its provisioning and that.
+    pub async fn wait_hook_failed(&self, log: &mut EventLog, vms: &[String]) {
+        for uid in vms {
+            log.wait_vm(uid, EventType::VmHookFailed).await;
+            assert_eq!(
+                log.types_of(uid)[..2],
+                [EventType::VmProvisioned, EventType::VmHookFailed],
+                "VM {uid} was hook-failed while in flight:\n{}",
+                log.describe()
+            );
+        }
     }
 
     // ----- hosts -----

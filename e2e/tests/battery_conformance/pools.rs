@@ -10,11 +10,12 @@ use tonic::Code;
 
 const MAC: &str = "02:00:00:00:00:01";
 
-/// A spec as battery is expected to echo it: `allow_guest_agent` may be forced on.
-fn normalized(spec: &PoolSpec) -> PoolSpec {
+/// A spec as battery stores and echoes it: poolmgrd's validator turns
+/// `allow_guest_agent` on in the template.
+fn as_stored(spec: &PoolSpec) -> PoolSpec {
     let mut spec = spec.clone();
     if let Some(t) = spec.microvm_template.as_mut() {
-        t.allow_guest_agent = false;
+        t.allow_guest_agent = true;
     }
     spec
 }
@@ -25,7 +26,7 @@ async fn create_pool_provisions_the_template_on_hosts() {
     let ns = suite.namespace().to_owned();
     let spec = suite.pool("web").size(2).build();
     let created = expect_ok(suite.try_create_pool(spec.clone()).await, "CreatePool");
-    assert_eq!(normalized(&created.spec.expect("spec")), normalized(&spec));
+    assert_eq!(created.spec.expect("spec"), as_stored(&spec));
     let pool = PoolRef {
         name: "web".into(),
         namespace: ns.clone(),
@@ -33,8 +34,8 @@ async fn create_pool_provisions_the_template_on_hosts() {
     suite.wait_counts(&pool, 2, 0).await;
     let got = expect_ok(suite.get_pool(&pool).await, "GetPool");
     assert_eq!(
-        normalized(&got.spec.expect("spec")),
-        normalized(&spec),
+        got.spec.expect("spec"),
+        as_stored(&spec),
         "GetPool returns the spec"
     );
 
@@ -187,10 +188,7 @@ async fn pool_admin_validation_codes() {
         );
     }
     let got = expect_ok(suite.get_pool(&existing).await, "GetPool");
-    assert_eq!(
-        normalized(&got.spec.expect("spec")),
-        normalized(&existing_spec)
-    );
+    assert_eq!(got.spec.expect("spec"), as_stored(&existing_spec));
     // Validation and the host check come before the existence check.
     for (what, spec) in invalid_specs(&suite, "missing") {
         let what = format!("UpdatePool of a missing pool: {what}");

@@ -126,8 +126,11 @@ async fn claims_race_delete(force: bool) {
                 Code::ResourceExhausted,
                 Code::Aborted,
             ];
+            // A forced delete's drain may remove a MicroVM under a running pre-lease hook,
+            // which poolmgrd fails as a hook failure.
+            let interrupted = force && code == Code::Internal;
             assert!(
-                allowed.contains(&code),
+                allowed.contains(&code) || interrupted,
                 "round {round}: ClaimVM answered {code:?}"
             );
         }

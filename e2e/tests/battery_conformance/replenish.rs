@@ -1,9 +1,13 @@
 //! Replenishment (§4.2): the three strategies' target formulas, host choice (fewest of
-//! the pool's VMs, list order on ties, cordoned skipped), static-network pools.
+//! the pool's VMs, list order on ties, cordoned skipped, one host for a whole pass),
+//! passes that wait for their provisions, static-network pools.
 
 use std::time::Duration;
 
-use battery_e2e::{HostRef, Options, PoolBuilder, Suite, expect_code, expect_ok};
+use battery_e2e::api::EventType;
+use battery_e2e::{
+    Gate, HostRef, Options, PoolBuilder, Suite, consistently, expect_code, expect_ok,
+};
 use tonic::Code;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -114,6 +118,63 @@ async fn host_choice_prefers_fewest_of_the_pools_vms_and_skips_cordoned() {
     let q2 = suite.pool("q2").hosts(&[&h1.name, &h0.name]);
     suite.create_ready_pool(q2.build()).await;
     check_counts(&suite, "q2 listing h1 first", &[(&h0, 5), (&h1, 4)]).await;
+    suite.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_pass_places_all_its_vms_on_one_host() {
+    let suite = Suite::start().await;
+    let h0 = suite.add_alias_host("h0", 0).await;
+    let h1 = suite.add_alias_host("h1", 1).await;
+    let p = suite.pool("many").size(1).hosts(&[&h0.name, &h1.name]);
+    suite.create_ready_pool(p.clone().build()).await;
+    check_counts(&suite, "one VM (tie: first listed)", &[(&h0, 1), (&h1, 0)]).await;
+    // One pass provisions the whole shortfall, and each of its picks counts the pool's
+    // rows only, not the placements of the same pass: all go to the emptiest host.
+    grow_to(&suite, &p, 9, &[(&h0, 1), (&h1, 8)]).await;
+    grow_to(&suite, &p, 12, &[(&h0, 4), (&h1, 8)]).await;
+    suite.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_waits_for_every_provision_it_started() {
+    let options = Options::new().embedded_only("gates one VM's create hook on a local file");
+    let Some(suite) = Suite::start_with(options).await else {
+        return;
+    };
+    let gate = Gate::new();
+    let spec = suite
+        .pool("waits")
+        .size(2)
+        .immediate_on_lease()
+        .create_commands(&[gate.first_waits_command()]);
+    let pool = suite.create_pool(spec.build()).await;
+    suite
+        .wait_status(
+            &pool,
+            "one VM available, one held in its create hook",
+            |s| s.available_count == 1 && s.provisioning_count == 1,
+        )
+        .await;
+    let mut log = suite.subscribe(Some(&pool)).await;
+    let held = suite.wait_in_flight(&mut log, &pool).await;
+    // The claim nudges the reconciler and its ticks keep coming, but the pass that
+    // provisioned both VMs has not returned: nothing is provisioned meanwhile.
+    suite.claim_ok(&pool).await;
+    let what = "no VM provisioned while the first pass waits on its held VM";
+    consistently(suite.timing().settle(), what, async || {
+        let s = suite.status(&pool).await;
+        if (s.available_count, s.leased_count, s.provisioning_count) == (0, 1, 1) {
+            Ok(())
+        } else {
+            Err(format!("{s:?}"))
+        }
+    })
+    .await;
+    gate.open();
+    log.wait_vm(&held[0], EventType::VmAvailable).await;
+    // The pass is over: the next tops the pool up.
+    suite.wait_counts(&pool, 2, 1).await;
     suite.finish().await;
 }
 

@@ -1,6 +1,7 @@
 //! A battery restart on its data directory (§4.1, §5, §9.5): pools, leases, hosts and
 //! events survive; event ids continue; abandoned claims and pending deletions are
-//! recovered. Embedded only (the suite restarts the battery itself).
+//! recovered; VMs in flight at the stop are hook-failed. Embedded only (the suite
+//! restarts the battery itself).
 
 use std::time::Duration;
 
@@ -173,6 +174,44 @@ async fn restart_abandons_claims_in_their_pre_lease_hook() {
         "the request_id was never taken",
     );
     assert_ne!(fresh.vm_uid, uid);
+    suite.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_hook_fails_vms_in_flight() {
+    let Some(mut suite) = Suite::start_with(persistent()).await else {
+        return;
+    };
+    let gate = Gate::new();
+    let spec = suite
+        .pool("booting")
+        .size(2)
+        .create_commands(&[gate.wait_command()]);
+    let pool = suite.create_pool(spec.build()).await;
+    let mut log = suite.subscribe(Some(&pool)).await;
+    suite
+        .wait_status(&pool, "two VMs in their create hooks", |s| {
+            s.provisioning_count == 2
+        })
+        .await;
+    let booting = suite.wait_in_flight(&mut log, &pool).await;
+
+    // A graceful stop cancels every reconciler and waits for it: the VMs it was bringing
+    // up fail through the pool's policy (deleted here) rather than stay PROVISIONING
+    // and counted for good.
+    suite.restart().await;
+    gate.open();
+    let mut log = suite.subscribe(Some(&pool)).await;
+    suite.wait_hook_failed(&mut log, &booting).await;
+    for uid in &booting {
+        suite.wait_vm_gone(uid).await;
+    }
+    suite.wait_counts(&pool, 2, 0).await;
+    let fresh = log.wait_vms(&pool, EventType::VmAvailable, 2).await;
+    assert!(
+        fresh.iter().all(|uid| !booting.contains(uid)),
+        "the pool filled with new VMs: {fresh:?}"
+    );
     suite.finish().await;
 }
 

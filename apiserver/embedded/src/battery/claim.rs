@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use battery_proto::poolmgr::v1alpha1::{
-    ClaimVmRequest, ClaimVmResponse, EventType, HostInfo, LeaseRecord, PoolSpec, VmPhase, VmRecord,
+    ClaimVmRequest, ClaimVmResponse, EventType, HookFailurePolicy, HostInfo, LeaseRecord, PoolSpec,
+    VmPhase, VmRecord,
 };
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
@@ -40,7 +41,7 @@ fn deleted_during_claim(uid: &str) -> Status {
 pub(crate) fn check_request_id(request_id: &str) -> Result<(), Status> {
     if request_id.len() > MAX_REQUEST_ID_BYTES {
         return Err(Status::invalid_argument(format!(
-            "request_id is {} bytes; at most {MAX_REQUEST_ID_BYTES} are allowed",
+            "request_id is {} bytes, at most {MAX_REQUEST_ID_BYTES} allowed",
             request_id.len()
         )));
     }
@@ -76,11 +77,10 @@ pub(crate) async fn claim(
         Ok(true) => {}
         Ok(false) => return Err(deleted_during_claim(&vm.uid)),
         Err(err) => {
-            if vm_deleted(&engine, &vm.uid) {
-                return Err(deleted_during_claim(&vm.uid));
-            }
+            // Also when a forced DeletePool removed the MicroVM under a running hook, as
+            // in poolmgrd (its drain design accepts this).
             tracing::warn!(pool = %key, vm = %vm.uid, error = %err, "pre-lease hook failed");
-            lifecycle::hook_failed(&engine, &vm).await;
+            hook_failed(&engine, &pool, &vm).await;
             return Err(Status::internal(format!("pre-lease hook: {err}")));
         }
     }
@@ -104,30 +104,34 @@ pub(crate) async fn claim(
         Ok(LeaseCommit::RequestIdTaken) => {
             // A concurrent claim with this request_id won: this VM goes back, and the
             // caller gets the winner's lease.
-            if let Err(err) = store.transition_vm(&vm.uid, VmPhase::Available, true) {
-                tracing::warn!(pool = %key, vm = %vm.uid, error = %err, "returning a VM to the pool failed");
+            match store.transition_vm(&vm.uid, VmPhase::Available, true) {
+                Ok(Transition::Updated) => {}
+                Ok(Transition::Deleting | Transition::Missing) => {
+                    return Err(deleted_during_claim(&vm.uid));
+                }
+                Err(err) => {
+                    tracing::warn!(pool = %key, vm = %vm.uid, error = %err, "returning a VM to the pool failed");
+                    hook_failed(&engine, &pool, &vm).await;
+                    return Err(Status::internal(format!("return vm to available: {err}")));
+                }
             }
             return match store.lease_by_request_id(&request_id).map_err(internal)? {
                 Some(winner) => replay(&engine, &key, &request_id, &winner).await,
-                None => Err(being_released(&request_id)),
+                None => Err(Status::aborted(format!(
+                    "concurrent claim for request_id {request_id:?} already ended, retry"
+                ))),
             };
         }
         Err(err) => {
             tracing::warn!(pool = %key, vm = %vm.uid, error = %err, "committing a lease failed");
-            lifecycle::hook_failed(&engine, &vm).await;
-            return Err(internal(err));
+            hook_failed(&engine, &pool, &vm).await;
+            return Err(Status::internal(format!("lease vm: {err}")));
         }
     }
     tracing::info!(pool = %key, vm = %vm.uid, "VM claimed");
     engine.emit(&key, &vm.uid, EventType::VmClaimed);
     engine.nudge(&key, Nudge::Claimed);
     Ok(response(&engine, lease.lease_id, &vm).await)
-}
-
-fn being_released(request_id: &str) -> Status {
-    Status::aborted(format!(
-        "the lease for request_id {request_id:?} is being released, retry"
-    ))
 }
 
 /// A claim retried with a request_id that already has a lease (§4.3 step 2): the same
@@ -140,7 +144,8 @@ async fn replay(
 ) -> Result<ClaimVmResponse, Status> {
     if !key.owns_lease(lease) {
         return Err(Status::invalid_argument(format!(
-            "request_id {request_id:?} was used for a claim on another pool"
+            "request_id {request_id:?} was used to claim from pool {}, not {key}",
+            PoolKey::of_lease(lease)
         )));
     }
     let vm = engine.store.get_vm(&lease.vm_uid).map_err(internal)?;
@@ -149,7 +154,10 @@ async fn replay(
             tracing::info!(pool = %key, vm = %vm.uid, "claim replayed");
             Ok(response(engine, lease.lease_id.clone(), &vm).await)
         }
-        _ => Err(being_released(request_id)),
+        _ => Err(Status::aborted(format!(
+            "lease {} for request_id {request_id:?} is being released, retry",
+            lease.lease_id
+        ))),
     }
 }
 
@@ -178,10 +186,13 @@ async fn run_pre_lease_hooks(
     Ok(true)
 }
 
-fn vm_deleted(engine: &Engine, uid: &str) -> bool {
-    match engine.store.get_vm(uid) {
-        Ok(vm) => vm.is_none_or(|vm| phase_of(&vm) == VmPhase::Deleting),
-        Err(_) => false,
+/// The pool's hook-failure policy for a claim's VM; a VM deleted for it nudges the
+/// reconciler, so REPLACE_ON_DELETE tops up at once (poolmgrd's ClaimVM does; a create
+/// hook's failure does not).
+async fn hook_failed(engine: &Engine, pool: &PoolSpec, vm: &VmRecord) {
+    lifecycle::hook_failed(engine, pool, vm).await;
+    if pool.hook_failure_policy != HookFailurePolicy::Quarantine as i32 {
+        engine.nudge(&PoolKey::of_vm(vm), Nudge::Deleted);
     }
 }
 

@@ -79,7 +79,10 @@ struct Entry {
     /// None when the stored host could not be dialled at startup (§4.8: skipped with a
     /// warning, still listed, fixable with UpdateHost).
     channel: Option<Channel>,
+    /// The version last reported, kept even when too old (HostStatus shows it).
     version: Option<String>,
+    /// Whether that version passed: a pass is not asked again, a failure is.
+    version_ok: bool,
 }
 
 /// The live connection per registered host name.
@@ -89,7 +92,8 @@ pub(crate) struct HostConnections {
 }
 
 impl HostConnections {
-    /// Installs (or replaces) a host's connection and version cache.
+    /// Installs (or replaces) a host's connection and version cache; a `version` given
+    /// here has passed the check.
     pub(crate) fn install(
         &self,
         name: &str,
@@ -105,6 +109,7 @@ impl HostConnections {
                 Entry {
                     address: address.to_owned(),
                     channel,
+                    version_ok: version.is_some(),
                     version,
                 },
             );
@@ -148,7 +153,7 @@ impl HostConnections {
     }
 
     /// The host's client once its version is known to be >= v0.15.2: checked through
-    /// ServerInfo the first time, then cached (§4.2).
+    /// ServerInfo until it passes, then cached (§4.2).
     pub(crate) async fn verified_client(&self, name: &str) -> Result<Flintlock, FlintlockError> {
         let (client, cached) = {
             let hosts = self.hosts.read().unwrap_or_else(PoisonError::into_inner);
@@ -159,19 +164,21 @@ impl HostConnections {
                 .channel
                 .clone()
                 .ok_or_else(|| FlintlockError::NoConnection(name.to_owned()))?;
-            (Flintlock::new(channel), entry.version.is_some())
+            (Flintlock::new(channel), entry.version_ok)
         };
         if !cached {
             let version = client.server_info().await?;
-            flintlock::check_version(&version)?;
+            let checked = flintlock::check_version(&version);
             if let Some(entry) = self
                 .hosts
                 .write()
                 .unwrap_or_else(PoisonError::into_inner)
                 .get_mut(name)
             {
+                entry.version_ok = checked.is_ok();
                 entry.version = Some(version);
             }
+            checked?;
         }
         Ok(client)
     }

@@ -22,7 +22,11 @@ pub(crate) struct Engine {
     pub(crate) reconcilers: Reconcilers,
     /// battery's per-pool lock for CreatePool, UpdatePool and DeletePool (§3.2).
     pool_locks: KeyLocks<PoolKey>,
-    /// Detached work (VM bring-up, deletions, claims, event streams, the sweeper);
+    /// battery's hostRefsMu: CreatePool and UpdatePool hold it shared from their host
+    /// check to their write, RemoveHost exclusively, so a pool never names a host that
+    /// was removed in between.
+    pub(crate) host_refs: tokio::sync::RwLock<()>,
+    /// Detached work (deletions, claims, event streams, abandoned creates, the sweeper);
     /// None once shut down.
     tasks: Mutex<Option<JoinSet<()>>>,
     shutdown: CancellationToken,
@@ -36,6 +40,7 @@ impl Engine {
             hosts: HostConnections::default(),
             reconcilers: Reconcilers::default(),
             pool_locks: KeyLocks::default(),
+            host_refs: tokio::sync::RwLock::new(()),
             tasks: Mutex::new(Some(JoinSet::new())),
             shutdown: CancellationToken::new(),
         })
@@ -94,8 +99,9 @@ impl Engine {
         self.pool_locks.lock(pool).await
     }
 
-    /// Stops everything in the background: signals shutdown, stops the reconcilers, then
-    /// aborts and awaits the remaining tasks.
+    /// Stops everything in the background: signals shutdown, waits for the reconcilers
+    /// (their provisions in flight hook-failed, as poolmgrd's shutdown does), then aborts
+    /// and awaits the remaining tasks.
     pub(crate) async fn stop_background(&self) {
         self.shutdown.cancel();
         self.reconcilers.shutdown().await;

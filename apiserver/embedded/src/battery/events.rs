@@ -1,12 +1,15 @@
-//! `poolmgr.v1alpha1.Events` (§4.6): every Subscribe replays the whole outbox from id 0
-//! in id order, in batches, then streams new events as they commit. battery polls every
-//! second; this wakes on each commit instead, with the same order and replay.
+//! `poolmgr.v1alpha1.Events` (§4.6), as poolmgrd serves it: every Subscribe reads the
+//! outbox from id 0 in id order, 100 events at a time, at once again after a full batch
+//! and otherwise after the poll interval (1 s), for as long as the client stays. Waking
+//! on each commit instead is an extension of ours, off by default.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use battery_proto::poolmgr::v1alpha1::events_server::Events;
 use battery_proto::poolmgr::v1alpha1::{Event, SubscribeRequest};
 use tokio::sync::mpsc;
+use tokio::time::{Instant, MissedTickBehavior};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
@@ -16,6 +19,8 @@ use super::model::PoolKey;
 /// battery reads the outbox 100 events at a time and fetches again at once after a
 /// full batch.
 const BATCH: usize = 100;
+/// poolmgrd's DefaultEventsPollInterval, which a zero interval also selects there.
+pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 pub(crate) struct EventsService {
     engine: Arc<Engine>,
@@ -57,11 +62,23 @@ async fn stream(
     sender: mpsc::Sender<Result<Event, Status>>,
 ) {
     let shutdown = engine.shutdown_token().clone();
-    let mut commits = engine.store.watch_events();
+    let config = &engine.config;
+    let mut commits = config
+        .extension_events_on_commit
+        .then(|| engine.store.watch_events());
+    let period = match config.event_poll_interval {
+        Duration::ZERO => DEFAULT_POLL_INTERVAL,
+        period => period,
+    };
+    // poolmgrd's ticker: created with the stream, a missed tick delivered once.
+    let mut ticker = tokio::time::interval_at(Instant::now() + period, period);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
     let mut last_sent = 0;
     loop {
         // Mark the newest commit seen before reading, so a commit after the read wakes us.
-        commits.borrow_and_update();
+        if let Some(commits) = commits.as_mut() {
+            commits.borrow_and_update();
+        }
         let batch = match engine.store.events_after(last_sent, pool.as_ref(), BATCH) {
             Ok(batch) => batch,
             Err(err) => {
@@ -81,15 +98,19 @@ async fn stream(
                 () = shutdown.cancelled() => return cut(&sender),
             }
         }
-        if full {
-            continue;
-        }
-        tokio::select! {
-            changed = commits.changed() => {
-                if changed.is_err() {
-                    return;
-                }
+        let wait = async {
+            if full {
+                // More may be pending: read again at once, after the tests' pause if any.
+                tokio::time::sleep(config.replay_batch_pause).await;
+            } else if let Some(commits) = commits.as_mut() {
+                // Never an error: the sender lives in the store, which this task holds.
+                let _ = commits.changed().await;
+            } else {
+                ticker.tick().await;
             }
+        };
+        tokio::select! {
+            () = wait => {}
             () = sender.closed() => return,
             () = shutdown.cancelled() => return cut(&sender),
         }

@@ -13,7 +13,7 @@ use battery_proto::microvmexec::services::api::v1alpha1::micro_vm_exec_client::M
 use battery_proto::microvmexec::services::api::v1alpha1::{
     ExecCommandRequest, ExecStart, exec_command_request, exec_command_response,
 };
-use tokio::time::{Instant, timeout};
+use tokio::time::timeout;
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -252,32 +252,33 @@ impl Flintlock {
         }
     }
 
-    /// Waits for the guest agent: runs `true` until any exit code comes back, each attempt
-    /// capped at min(interval, 5 s), one attempt per interval, for at most `total` (§2.3).
+    /// Waits for the guest agent as poolmgrd's WaitReady: runs `true` (shell) until any
+    /// exit code comes back, each attempt capped at min(interval, 5 s), waiting `interval`
+    /// after each failed one, for at most `total` (§2.3).
     pub(crate) async fn wait_ready(
         &self,
         uid: &str,
         interval: Duration,
         total: Duration,
     ) -> Result<()> {
-        let deadline = Instant::now() + total;
         let cap = interval.min(READY_PROBE_CAP);
-        loop {
-            let attempt_started = Instant::now();
-            let last_error = match timeout(cap, self.exec(uid, "true", false, 0)).await {
-                Ok(Ok(_)) => return Ok(()),
-                Ok(Err(err)) => err.to_string(),
-                Err(_) => format!("probe took longer than {cap:?}"),
-            };
-            let next = attempt_started + interval;
-            if next >= deadline {
-                return Err(FlintlockError::Exec {
-                    cmd: "true".to_owned(),
-                    reason: format!("guest agent not ready within {total:?}: {last_error}"),
-                });
+        let mut last_error = String::from("no attempt finished");
+        let probing = async {
+            loop {
+                last_error = match timeout(cap, self.exec(uid, "true", true, 0)).await {
+                    Ok(Ok(_)) => return,
+                    Ok(Err(err)) => err.to_string(),
+                    Err(_) => format!("probe took longer than {cap:?}"),
+                };
+                tokio::time::sleep(interval).await;
             }
-            tokio::time::sleep_until(next).await;
-        }
+        };
+        timeout(total, probing)
+            .await
+            .map_err(|_| FlintlockError::Exec {
+                cmd: "true".to_owned(),
+                reason: format!("guest agent not ready within {total:?}: {last_error}"),
+            })
     }
 }
 
@@ -304,25 +305,21 @@ impl Tail {
     }
 }
 
-/// Accepts flintlock versions >= v0.15.2, compared as semantic versions (a pre-release
-/// sorts before its release); an unparseable version is refused.
+/// Accepts flintlock versions >= v0.15.2. As poolmgrd does, everything from the first
+/// `-` or `+` is dropped first, so a pre-release or a `git describe` build counts as the
+/// release it is built on; a version that does not parse is refused.
 pub(crate) fn check_version(version: &str) -> Result<()> {
     match parse_version(version) {
-        Some(parsed) if parsed >= (MIN_VERSION, true) => Ok(()),
+        Some(parsed) if parsed >= MIN_VERSION => Ok(()),
         _ => Err(FlintlockError::TooOld(version.to_owned())),
     }
 }
 
-/// ((major, minor, patch), is_release). "v" prefix optional, build metadata ignored,
-/// missing minor/patch read as 0.
-fn parse_version(version: &str) -> Option<((u64, u64, u64), bool)> {
-    let version = version.trim();
+/// (major, minor, patch) of the version's core. "v" prefix optional, missing minor/patch
+/// read as 0.
+fn parse_version(version: &str) -> Option<(u64, u64, u64)> {
     let version = version.strip_prefix('v').unwrap_or(version);
-    let version = version.split('+').next()?;
-    let (core, pre) = match version.split_once('-') {
-        Some((core, pre)) => (core, Some(pre)),
-        None => (version, None),
-    };
+    let core = version.split(['-', '+']).next()?;
     let mut parts = core.split('.');
     let major = parts.next()?.parse().ok()?;
     let minor = parts.next().map_or(Some(0), |p| p.parse().ok())?;
@@ -330,7 +327,7 @@ fn parse_version(version: &str) -> Option<((u64, u64, u64), bool)> {
     if parts.next().is_some() {
         return None;
     }
-    Some(((major, minor, patch), pre.is_none()))
+    Some((major, minor, patch))
 }
 
 #[cfg(test)]
@@ -347,12 +344,15 @@ mod tests {
             "v1.0.0",
             "v0.15.2+build.1",
             "v0.16.0-rc.1",
+            // poolmgrd compares the core only: a pre-release or a build past the tag.
+            "v0.15.2-rc.1",
+            "v0.15.2-3-gabc1234",
         ] {
             assert!(check_version(ok).is_ok(), "{ok}");
         }
         for old in [
             "v0.15.1",
-            "v0.15.2-rc.1",
+            "v0.15.1-9-gabc1234",
             "v0.14.9",
             "",
             "dev",
@@ -361,7 +361,7 @@ mod tests {
         ] {
             assert!(check_version(old).is_err(), "{old}");
         }
-        assert_eq!(parse_version("v1"), Some(((1, 0, 0), true)));
+        assert_eq!(parse_version("v1"), Some((1, 0, 0)));
     }
 
     #[test]

@@ -54,7 +54,7 @@ impl HostAdminService {
             }
             // battery answers FAILED_PRECONDITION here, not NOT_FOUND.
             None => Err(Status::failed_precondition(format!(
-                "host {name} is not registered"
+                "host {name:?} is not registered"
             ))),
         }
     }
@@ -68,13 +68,19 @@ fn require_name(name: &str) -> Result<(), Status> {
     }
 }
 
+fn require_host_name(host: &Host) -> Result<(), Status> {
+    if host.name.is_empty() {
+        Err(Status::invalid_argument("host.name is required"))
+    } else {
+        Ok(())
+    }
+}
+
 /// AddHost/UpdateHost's spec rules (§3.3). A host with `tls` unset fails: it is neither
 /// insecure nor carries a ca_file.
 pub(crate) fn validate_host(host: &Host) -> Result<(), Status> {
     let invalid = |msg: &str| Err(Status::invalid_argument(msg));
-    if host.name.is_empty() {
-        return invalid("host.name is required");
-    }
+    require_host_name(host)?;
     if host.address.is_empty() {
         return invalid("host.address is required");
     }
@@ -149,8 +155,9 @@ impl HostAdmin for HostAdminService {
     async fn add_host(&self, request: Request<AddHostRequest>) -> Result<Response<Host>, Status> {
         let request = request.into_inner();
         let spec = request.host.unwrap_or_default();
-        validate_host(&spec)?;
-        let exists = || Status::already_exists(format!("host {} already exists", spec.name));
+        // poolmgrd's order: the name, then whether it is taken, then the rest of the spec.
+        require_host_name(&spec)?;
+        let exists = || Status::already_exists(format!("host {:?} already exists", spec.name));
         if self
             .engine
             .store
@@ -160,6 +167,7 @@ impl HostAdmin for HostAdminService {
         {
             return Err(exists());
         }
+        validate_host(&spec)?;
         let (channel, version) = connect(&spec, request.skip_validation).await?;
         // Only name, address and tls are taken; a new host is uncordoned.
         let host = Host {
@@ -187,8 +195,9 @@ impl HostAdmin for HostAdminService {
     ) -> Result<Response<Host>, Status> {
         let request = request.into_inner();
         let spec = request.host.unwrap_or_default();
-        validate_host(&spec)?;
-        let not_found = || Status::not_found(format!("host {} not found", spec.name));
+        // poolmgrd's order: the name, then whether it is known, then the rest of the spec.
+        require_host_name(&spec)?;
+        let not_found = || Status::not_found(format!("host {:?} not found", spec.name));
         if self
             .engine
             .store
@@ -198,6 +207,7 @@ impl HostAdmin for HostAdminService {
         {
             return Err(not_found());
         }
+        validate_host(&spec)?;
         let (channel, version) = connect(&spec, request.skip_validation).await?;
         // Address and TLS are replaced; the name and cordon state never change.
         let Some(host) = self
@@ -222,17 +232,24 @@ impl HostAdmin for HostAdminService {
     ) -> Result<Response<()>, Status> {
         let name = request.into_inner().name;
         require_name(&name)?;
+        let _host_refs = self.engine.host_refs.write().await;
         match self.engine.store.remove_host(&name).map_err(internal)? {
             HostRemoval::Removed => {
                 self.engine.hosts.remove(&name);
                 tracing::info!(host = %name, "host removed");
                 Ok(Response::new(()))
             }
-            HostRemoval::NotFound => Err(Status::not_found(format!("host {name} not found"))),
-            HostRemoval::InUse { pools, vm_count } => Err(Status::failed_precondition(format!(
-                "host {name} is in use (named by pools [{}], vm_count {vm_count}); cordon it, drop it from each pool spec, and wait for vm_count to reach 0",
-                pools.join(" ")
-            ))),
+            HostRemoval::NotFound => Err(Status::not_found(format!("host {name:?} not found"))),
+            HostRemoval::InUse { pools, vm_count } => {
+                let named = if pools.is_empty() {
+                    String::new()
+                } else {
+                    format!("named in flintlock_hosts by pools {}; ", pools.join(", "))
+                };
+                Err(Status::failed_precondition(format!(
+                    "host {name:?} is still in use ({named}vm_count is {vm_count}): cordon it, drop it from each pool spec, and wait for vm_count to reach 0"
+                )))
+            }
         }
     }
 
@@ -249,7 +266,7 @@ impl HostAdmin for HostAdminService {
             .map_err(internal)?
         {
             Some((host, vm_count)) => Ok(Response::new(self.status(host, vm_count))),
-            None => Err(Status::not_found(format!("host {name} not found"))),
+            None => Err(Status::not_found(format!("host {name:?} not found"))),
         }
     }
 }

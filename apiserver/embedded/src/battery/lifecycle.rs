@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use battery_proto::poolmgr::v1alpha1::{EventType, HookFailurePolicy, VmPhase, VmRecord};
+use battery_proto::poolmgr::v1alpha1::{EventType, HookFailurePolicy, PoolSpec, VmPhase, VmRecord};
 
 use super::engine::Engine;
 use super::flintlock::FlintlockError;
-use super::model::{PoolKey, phase_of};
+use super::model::PoolKey;
 use super::reconciler::Nudge;
 use super::store::{StoreError, Transition};
 
@@ -23,66 +23,47 @@ pub(crate) enum DeleteError {
     Store(#[from] StoreError),
 }
 
-/// Applies the pool's hook-failure policy to a VM whose create or pre-lease hook failed:
-/// QUARANTINE makes it QUARANTINED (lease_id cleared); DELETE_AND_REPLACE (also for an
-/// unknown policy or a vanished pool) deletes it through flintlock and removes its row
-/// with no DELETING phase. Either way VM_HOOK_FAILED follows. A VM that DeletePool
-/// already marked DELETING is left to it, with no event.
-pub(crate) async fn hook_failed(engine: &Engine, vm: &VmRecord) {
+/// Applies the hook-failure policy of `spec` (the reconciler's copy, or the pool as
+/// ClaimVM read it; not read again) to a VM whose bring-up or pre-lease hook failed, as
+/// poolmgrd does: QUARANTINE makes it QUARANTINED (lease_id cleared) unless it is DELETING
+/// or gone; DELETE_AND_REPLACE, and any other value, deletes it through flintlock and
+/// removes its row whatever its phase. VM_HOOK_FAILED follows either way.
+pub(crate) async fn hook_failed(engine: &Engine, spec: &PoolSpec, vm: &VmRecord) {
     let key = PoolKey::of_vm(vm);
-    let policy = match engine.store.get_pool(&key) {
-        Ok(pool) => pool
-            .and_then(|spec| HookFailurePolicy::try_from(spec.hook_failure_policy).ok())
-            .unwrap_or(HookFailurePolicy::DeleteAndReplace),
-        Err(err) => {
-            tracing::warn!(pool = %key, error = %err, "reading the hook-failure policy failed");
-            HookFailurePolicy::DeleteAndReplace
-        }
-    };
-    if policy == HookFailurePolicy::Quarantine {
+    if spec.hook_failure_policy == HookFailurePolicy::Quarantine as i32 {
         match engine
             .store
             .transition_vm(&vm.uid, VmPhase::Quarantined, true)
         {
             Ok(Transition::Updated) => {
                 tracing::info!(pool = %key, vm = %vm.uid, "hook failed; VM quarantined");
-                engine.emit(&key, &vm.uid, EventType::VmHookFailed);
             }
-            Ok(Transition::Deleting | Transition::Missing) => {}
+            Ok(Transition::Deleting | Transition::Missing) => {
+                tracing::debug!(pool = %key, vm = %vm.uid, "hook failed; VM already being deleted");
+            }
             Err(err) => {
-                tracing::warn!(pool = %key, vm = %vm.uid, error = %err, "quarantining failed")
+                tracing::warn!(pool = %key, vm = %vm.uid, error = %err, "quarantining failed");
             }
         }
-        return;
-    }
-    match engine.store.get_vm(&vm.uid) {
-        Ok(Some(row)) if phase_of(&row) != VmPhase::Deleting => {}
-        Ok(_) => return,
-        Err(err) => {
-            tracing::warn!(pool = %key, vm = %vm.uid, error = %err, "hook-failure cleanup: reading the VM failed");
-            return;
+    } else {
+        // No connection: poolmgrd skips the MicroVM and still removes the row.
+        if let Ok(client) = engine.hosts.client(&vm.flintlock_host)
+            && let Err(err) = client.delete(&vm.uid, DELETE_TIMEOUT).await
+        {
+            tracing::warn!(pool = %key, vm = %vm.uid, host = %vm.flintlock_host, error = %err, "hook-failure cleanup: deleting the MicroVM failed");
+        }
+        // No nudge: the next tick replaces it, so a hook that always fails costs one VM
+        // per tick rather than a tight create/delete loop.
+        match engine.store.remove_vm(&vm.uid) {
+            Ok(_) => {
+                tracing::info!(pool = %key, vm = %vm.uid, "hook failed; VM deleted for replacement");
+            }
+            Err(err) => {
+                tracing::warn!(pool = %key, vm = %vm.uid, error = %err, "hook-failure cleanup: removing the VM failed");
+            }
         }
     }
-    let deleted = match engine.hosts.client(&vm.flintlock_host) {
-        Ok(client) => client.delete(&vm.uid, DELETE_TIMEOUT).await,
-        Err(err) => Err(err),
-    };
-    if let Err(err) = deleted {
-        // battery removes the row regardless; the MicroVM may be left on the host.
-        tracing::warn!(pool = %key, vm = %vm.uid, host = %vm.flintlock_host, error = %err, "hook-failure cleanup: deleting the MicroVM failed");
-    }
-    match engine.store.remove_vm(&vm.uid) {
-        Ok(true) => {
-            // No nudge: the next tick replaces it, so a hook that always fails costs
-            // one VM per tick rather than a tight create/delete loop.
-            tracing::info!(pool = %key, vm = %vm.uid, "hook failed; VM deleted for replacement");
-            engine.emit(&key, &vm.uid, EventType::VmHookFailed);
-        }
-        Ok(false) => {}
-        Err(err) => {
-            tracing::warn!(pool = %key, vm = %vm.uid, error = %err, "hook-failure cleanup: removing the VM failed")
-        }
-    }
+    engine.emit(&key, &vm.uid, EventType::VmHookFailed);
 }
 
 /// Deletes a DELETING VM through its host and finishes the bookkeeping in one

@@ -32,8 +32,6 @@ use battery_proto::poolmgr::v1alpha1::{AddHostRequest, Host, UpdateHostRequest};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tonic_health::ServingStatus;
-use tonic_health::server::HealthReporter;
 
 use engine::Engine;
 pub use security::{ApiSecurity, ServerTls};
@@ -65,6 +63,17 @@ pub struct BatteryConfig {
     pub guest_agent_timeout: Duration,
     /// The timeout given to each hook command; zero means none (0).
     pub exec_timeout: Duration,
+    /// How long a Subscribe stream waits before reading the outbox again after a read
+    /// that was not a full batch (1 s; zero also means 1 s, as in poolmgrd).
+    pub event_poll_interval: Duration,
+    /// Not poolmgrd's: an extension of the embedded battery that wakes Subscribe streams
+    /// on each commit instead of polling, for speed where poolmgrd's latency is not what
+    /// is under test (false: poll, as poolmgrd does).
+    pub extension_events_on_commit: bool,
+    /// For tests only, not poolmgrd's: a pause after each full batch of events a Subscribe
+    /// stream sends, so a replay stalls between its batches of 100 (zero: none, as in
+    /// poolmgrd).
+    pub replay_batch_pause: Duration,
     /// How the gRPC port is secured (`api_server`); plaintext without a token by default.
     pub api: ApiSecurity,
 }
@@ -81,6 +90,9 @@ impl Default for BatteryConfig {
             guest_agent_interval: Duration::from_secs(1),
             guest_agent_timeout: Duration::from_secs(30),
             exec_timeout: Duration::ZERO,
+            event_poll_interval: events::DEFAULT_POLL_INTERVAL,
+            extension_events_on_commit: false,
+            replay_batch_pause: Duration::ZERO,
             api: ApiSecurity::default(),
         }
     }
@@ -105,7 +117,6 @@ pub struct EmbeddedBattery {
     address: SocketAddr,
     stop_server: Option<oneshot::Sender<()>>,
     server: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
-    health: HealthReporter,
 }
 
 impl EmbeddedBattery {
@@ -133,14 +144,13 @@ impl EmbeddedBattery {
         }
         engine.spawn(sweeper::run(Arc::clone(&engine)));
         let (stop_server, stop) = oneshot::channel();
-        let (server, health) = services.serve(listener, stop);
+        let server = services.serve(listener, stop);
         tracing::info!(%address, "embedded battery serving");
         Ok(Self {
             engine,
             address,
             stop_server: Some(stop_server),
             server: Some(server),
-            health,
         })
     }
 
@@ -172,13 +182,12 @@ impl EmbeddedBattery {
         }
     }
 
-    /// Stops gracefully: event streams are cut, in-flight RPCs get up to 5 s, then every
-    /// task is stopped and the store closed.
+    /// Stops gracefully: reconcilers are cancelled (their provisions in flight fail
+    /// through the hook-failure policy), event streams are cut, in-flight RPCs get up to
+    /// 5 s, then the reconcilers are waited for, every other task stopped and the store
+    /// closed. Health stays SERVING throughout, as poolmgrd's does.
     pub async fn shutdown(mut self) {
         self.engine.shutdown_token().cancel();
-        self.health
-            .set_service_status("", ServingStatus::NotServing)
-            .await;
         if let Some(stop) = self.stop_server.take() {
             // The server may already have ended; nothing to stop then.
             let _ = stop.send(());
@@ -227,4 +236,47 @@ fn connect_stored_hosts(engine: &Engine) -> Result<(), StoreError> {
             .install(&host.name, &host.address, channel, None);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// poolmgrd's values, none of which it lets you configure but the sweep interval and
+    /// the warning window (§6).
+    #[test]
+    fn defaults_are_poolmgrds() {
+        let config = BatteryConfig::default();
+        let secs = Duration::from_secs;
+        assert_eq!(
+            [
+                config.sweep_interval,
+                config.warning_window,
+                config.reconcile_interval,
+                config.create_poll_interval,
+                config.create_timeout,
+                config.guest_agent_interval,
+                config.guest_agent_timeout,
+                config.exec_timeout,
+                config.event_poll_interval,
+                config.replay_batch_pause,
+            ],
+            [
+                secs(10),
+                secs(30),
+                secs(10),
+                secs(2),
+                secs(60),
+                secs(1),
+                secs(30),
+                Duration::ZERO,
+                secs(1),
+                Duration::ZERO,
+            ]
+        );
+        assert!(!config.extension_events_on_commit);
+        assert_eq!(GRACEFUL_STOP, secs(5));
+        assert_eq!(lifecycle::DELETE_TIMEOUT, secs(30));
+        assert_eq!(flintlock::SERVER_INFO_TIMEOUT, secs(10));
+    }
 }

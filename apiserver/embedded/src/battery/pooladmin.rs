@@ -9,7 +9,7 @@ use battery_proto::poolmgr::v1alpha1::{
     UpdatePoolRequest, VmRecord,
 };
 use futures::future::join_all;
-use tokio::sync::OwnedMutexGuard;
+use tokio::sync::{OwnedMutexGuard, RwLockReadGuard};
 use tonic::{Request, Response, Status};
 
 use super::engine::Engine;
@@ -38,8 +38,8 @@ impl PoolAdminService {
             Ok(())
         } else {
             Err(Status::invalid_argument(format!(
-                "unknown hosts [{}]; add them with HostAdmin.AddHost first",
-                unknown.join(" ")
+                "spec.flintlock_hosts: unknown hosts {}; add them with HostAdmin.AddHost first",
+                unknown.join(", ")
             )))
         }
     }
@@ -143,15 +143,34 @@ async fn drain(engine: Arc<Engine>, key: PoolKey, vms: Vec<VmRecord>) {
     .await;
 }
 
+/// A spec that passed CreatePool/UpdatePool's checks, with the locks its write needs.
+struct Admitted<'a> {
+    key: PoolKey,
+    _pool: OwnedMutexGuard<()>,
+    _host_refs: RwLockReadGuard<'a, ()>,
+}
+
 impl PoolAdminService {
     /// The checks CreatePool and UpdatePool share, in battery's order (§3.2): the spec,
-    /// then the pool's lock (held by the caller for the rest of the call), then the hosts.
-    async fn admit(&self, spec: &PoolSpec) -> Result<(PoolKey, OwnedMutexGuard<()>), Status> {
+    /// then the pool's lock and a share of the host references' lock (both held by the
+    /// caller until its write, so RemoveHost cannot slip between the check and the
+    /// write), then the hosts.
+    /// A valid spec gets `allow_guest_agent = true`, stored and returned so, as poolmgrd's
+    /// validator sets it.
+    async fn admit(&self, spec: &mut PoolSpec) -> Result<Admitted<'_>, Status> {
         validate_spec(spec)?;
+        if let Some(template) = spec.microvm_template.as_mut() {
+            template.allow_guest_agent = true;
+        }
         let key = PoolKey::of_spec(spec);
-        let lock = self.engine.lock_pool(&key).await;
+        let pool = self.engine.lock_pool(&key).await;
+        let host_refs = self.engine.host_refs.read().await;
         self.check_hosts(spec)?;
-        Ok((key, lock))
+        Ok(Admitted {
+            key,
+            _pool: pool,
+            _host_refs: host_refs,
+        })
     }
 }
 
@@ -161,8 +180,8 @@ impl PoolAdmin for PoolAdminService {
         &self,
         request: Request<CreatePoolRequest>,
     ) -> Result<Response<Pool>, Status> {
-        let spec = request.into_inner().spec.unwrap_or_default();
-        let (key, _lock) = self.admit(&spec).await?;
+        let mut spec = request.into_inner().spec.unwrap_or_default();
+        let Admitted { key, .. } = &self.admit(&mut spec).await?;
         if !self.engine.store.insert_pool(&spec).map_err(internal)? {
             return Err(Status::already_exists(format!("pool {key} already exists")));
         }
@@ -175,8 +194,8 @@ impl PoolAdmin for PoolAdminService {
         &self,
         request: Request<UpdatePoolRequest>,
     ) -> Result<Response<Pool>, Status> {
-        let spec = request.into_inner().spec.unwrap_or_default();
-        let (key, _lock) = self.admit(&spec).await?;
+        let mut spec = request.into_inner().spec.unwrap_or_default();
+        let Admitted { key, .. } = &self.admit(&mut spec).await?;
         if !self.engine.store.replace_pool(&spec).map_err(internal)? {
             return Err(Status::not_found(format!("pool {key} not found")));
         }
@@ -206,24 +225,25 @@ impl PoolAdmin for PoolAdminService {
         if !request.force && counts.leased_or_claiming() > 0 {
             return Err(leased(counts.leased_or_claiming()));
         }
-        // Stop the reconciler and wait for it (and any earlier one), so no provision adds
-        // a VM after the tombstone.
+        // Stop the reconciler and wait for it and any earlier one still exiting: their
+        // provisions in flight are hook-failed first, and none adds a VM after the
+        // tombstone. Only the caller's deadline bounds the wait (§3.2).
         let mut guard = RestartOnDrop {
             engine: Arc::clone(&self.engine),
             key: key.clone(),
             armed: true,
         };
-        for task in self.engine.reconcilers.stop(&key) {
-            // A panicked or aborted reconciler has stopped all the same.
-            let _ = task.await;
-        }
+        self.engine.reconcilers.stop(&key).wait().await;
         guard.armed = false;
         let vms = match store.tombstone_pool(&key, request.force) {
             Ok(Tombstone::Deleted(vms)) => vms,
             Ok(Tombstone::NotFound) => return Err(not_found()),
-            Ok(Tombstone::Leased(n)) => {
+            Ok(Tombstone::Leased) => {
+                // A claim landed after the first count: poolmgrd's recount names no number.
                 restart(&self.engine, &key);
-                return Err(leased(n));
+                return Err(Status::failed_precondition(format!(
+                    "pool {key} has leased VMs, release them or delete with force"
+                )));
             }
             Err(err) => {
                 restart(&self.engine, &key);

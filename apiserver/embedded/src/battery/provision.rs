@@ -1,17 +1,21 @@
-//! Provisioning one VM (§4.1, §4.2): reserve a host, CreateMicroVM, write the PROVISIONING
-//! row; then, in the background, wait for CREATED, wait for the guest agent, run the
-//! create commands and make it AVAILABLE, applying the hook-failure policy on any failure.
+//! Provisioning one VM (§4.1, §4.2), as poolmgrd's Provision does it: reserve a host,
+//! CreateMicroVM, write the PROVISIONING row, wait for CREATED and for the guest agent,
+//! run the create commands and make the VM AVAILABLE. It returns only once the VM is
+//! AVAILABLE or its failure has been handled. Every failure after the row, the
+//! reconciler being stopped included, applies the hook-failure policy of the spec the
+//! reconciler holds.
 
 use std::sync::Arc;
 
 use battery_proto::flintlock::types::micro_vm_status::MicroVmState;
 use battery_proto::poolmgr::v1alpha1::{EventType, PoolSpec, VmPhase, VmRecord};
-use tokio::time::Instant;
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
 
 use super::engine::Engine;
 use super::flintlock::{Flintlock, FlintlockError};
 use super::lifecycle::{self, DELETE_TIMEOUT};
-use super::model::{PoolKey, phase_of};
+use super::model::PoolKey;
 use super::store::{Placement, StoreError, Transition};
 use super::time;
 
@@ -25,34 +29,44 @@ pub(crate) enum ProvisionError {
         #[source]
         source: FlintlockError,
     },
+    /// The reconciler was stopped before the VM had a row: no row, no event.
+    #[error("the pool's reconciler was stopped")]
+    Cancelled,
+    /// The VM failed after its row was written, and the hook-failure policy was applied.
+    #[error("VM {vm}: {source}")]
+    BringUp {
+        vm: String,
+        #[source]
+        source: BringUpError,
+    },
 }
 
 /// Why a VM's bring-up failed: each is a hook failure (§4.1).
 #[derive(Debug, thiserror::Error)]
-enum BringUpError {
+pub(crate) enum BringUpError {
     #[error("flintlock reports the MicroVM FAILED")]
     Failed,
     #[error("not CREATED within {0:?}")]
     CreateTimeout(std::time::Duration),
+    #[error("its row is gone or DELETING, so it cannot become {0:?}")]
+    NotAdvanced(VmPhase),
+    #[error("the pool's reconciler was stopped")]
+    Cancelled,
     #[error(transparent)]
     Flintlock(#[from] FlintlockError),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
 
-/// How a bring-up ended without a failure.
-enum BroughtUp {
-    Available,
-    /// The VM row went away or became DELETING (DeletePool): nothing more to do.
-    Gone,
-}
-
-/// Provisions one VM of `spec`'s pool. Returns once its row is written (or the attempt
-/// was skipped or failed); the rest of the bring-up continues in the background.
+/// Provisions one VM of `spec`'s pool, unless `stop` cuts it short.
 pub(crate) async fn provision(
     engine: &Arc<Engine>,
     spec: &Arc<PoolSpec>,
+    stop: &CancellationToken,
 ) -> Result<(), ProvisionError> {
+    if stop.is_cancelled() {
+        return Err(ProvisionError::Cancelled);
+    }
     let key = PoolKey::of_spec(spec);
     let Some(placement) = engine
         .store
@@ -62,7 +76,29 @@ pub(crate) async fn provision(
         tracing::debug!(pool = %key, "no eligible host; provisioning skipped");
         return Ok(());
     };
-    let uid = match create(engine, spec, &placement.host).await {
+    let mut creating = Box::pin(create(
+        Arc::clone(engine),
+        Arc::clone(spec),
+        placement.host.clone(),
+    ));
+    let created = tokio::select! {
+        created = &mut creating => created,
+        () = stop.cancelled() => {
+            release(engine, &placement);
+            // poolmgrd abandons the call, and a flintlock that creates the MicroVM all
+            // the same leaves it untracked; the answer is awaited in the background here
+            // and what it made is deleted.
+            let background = Arc::clone(engine);
+            let host = placement.host;
+            engine.spawn(async move {
+                if let Ok(uid) = creating.await {
+                    discard(&background, &host, &uid).await;
+                }
+            });
+            return Err(ProvisionError::Cancelled);
+        }
+    };
+    let uid = match created {
         Ok(uid) => uid,
         Err(source) => {
             release(engine, &placement);
@@ -72,6 +108,12 @@ pub(crate) async fn provision(
             });
         }
     };
+    if stop.is_cancelled() {
+        // poolmgrd's row write fails on the cancelled context; the MicroVM is deleted.
+        release(engine, &placement);
+        discard(engine, &placement.host, &uid).await;
+        return Err(ProvisionError::Cancelled);
+    }
     let now = time::now();
     let vm = VmRecord {
         uid,
@@ -87,25 +129,45 @@ pub(crate) async fn provision(
         Ok(true) => {}
         Ok(false) => {
             tracing::debug!(pool = %key, vm = %vm.uid, "pool deleted during provisioning; discarding the MicroVM");
-            discard(engine, &vm).await;
+            discard(engine, &vm.flintlock_host, &vm.uid).await;
             return Ok(());
         }
         Err(err) => {
             release(engine, &placement);
-            discard(engine, &vm).await;
+            discard(engine, &vm.flintlock_host, &vm.uid).await;
             return Err(err.into());
         }
     }
     tracing::info!(pool = %key, vm = %vm.uid, host = %vm.flintlock_host, "VM provisioned");
     engine.emit(&key, &vm.uid, EventType::VmProvisioned);
-    engine.spawn(bring_up(Arc::clone(engine), Arc::clone(spec), vm));
-    Ok(())
+    let brought_up = tokio::select! {
+        biased;
+        () = stop.cancelled() => Err(BringUpError::Cancelled),
+        brought_up = bring_up(engine, spec, &vm) => brought_up,
+    };
+    match brought_up {
+        Ok(()) => {
+            tracing::info!(pool = %key, vm = %vm.uid, "VM available");
+            engine.emit(&key, &vm.uid, EventType::VmAvailable);
+            Ok(())
+        }
+        Err(source) => {
+            tracing::warn!(pool = %key, vm = %vm.uid, error = %source, "create hook failed");
+            lifecycle::hook_failed(engine, spec, &vm).await;
+            Err(ProvisionError::BringUp { vm: vm.uid, source })
+        }
+    }
 }
 
 /// CreateMicroVM with the pool's template: `id = <pool>-<8 chars of a UUID>`,
-/// `allow_guest_agent = true`, namespace defaulted to the pool's.
-async fn create(engine: &Engine, spec: &PoolSpec, host: &str) -> Result<String, FlintlockError> {
-    let client = engine.hosts.verified_client(host).await?;
+/// `allow_guest_agent = true`, namespace defaulted to the pool's. Owns its arguments so
+/// an abandoned call can finish in the background.
+async fn create(
+    engine: Arc<Engine>,
+    spec: Arc<PoolSpec>,
+    host: String,
+) -> Result<String, FlintlockError> {
+    let client = engine.hosts.verified_client(&host).await?;
     let mut template = spec.microvm_template.clone().unwrap_or_default();
     let suffix = uuid::Uuid::new_v4().simple().to_string();
     template.id = format!("{}-{}", spec.name, &suffix[..8]);
@@ -123,45 +185,21 @@ fn release(engine: &Engine, placement: &Placement) {
 }
 
 /// Deletes a MicroVM that has no row to track it.
-async fn discard(engine: &Engine, vm: &VmRecord) {
-    let deleted = match engine.hosts.client(&vm.flintlock_host) {
-        Ok(client) => client.delete(&vm.uid, DELETE_TIMEOUT).await,
+async fn discard(engine: &Engine, host: &str, uid: &str) {
+    let deleted = match engine.hosts.client(host) {
+        Ok(client) => client.delete(uid, DELETE_TIMEOUT).await,
         Err(err) => Err(err),
     };
     if let Err(err) = deleted {
-        tracing::warn!(vm = %vm.uid, host = %vm.flintlock_host, error = %err, "deleting an untracked MicroVM failed");
+        tracing::warn!(vm = uid, host, error = %err, "deleting an untracked MicroVM failed");
     }
 }
 
-async fn bring_up(engine: Arc<Engine>, spec: Arc<PoolSpec>, vm: VmRecord) {
-    let key = PoolKey::of_vm(&vm);
-    match run_create_hooks(&engine, &spec, &vm).await {
-        Ok(BroughtUp::Available) => {
-            tracing::info!(pool = %key, vm = %vm.uid, "VM available");
-            engine.emit(&key, &vm.uid, EventType::VmAvailable);
-        }
-        Ok(BroughtUp::Gone) => {
-            tracing::debug!(pool = %key, vm = %vm.uid, "VM deleted during bring-up");
-        }
-        Err(err) => {
-            tracing::warn!(pool = %key, vm = %vm.uid, error = %err, "create hook failed");
-            lifecycle::hook_failed(&engine, &vm).await;
-        }
-    }
-}
-
-async fn run_create_hooks(
-    engine: &Engine,
-    spec: &PoolSpec,
-    vm: &VmRecord,
-) -> Result<BroughtUp, BringUpError> {
+/// From the written row to AVAILABLE.
+async fn bring_up(engine: &Engine, spec: &PoolSpec, vm: &VmRecord) -> Result<(), BringUpError> {
     let client = engine.hosts.client(&vm.flintlock_host)?;
-    if !wait_created(engine, &client, vm).await? {
-        return Ok(BroughtUp::Gone);
-    }
-    if !advance(engine, vm, VmPhase::CreateHookRunning)? {
-        return Ok(BroughtUp::Gone);
-    }
+    wait_created(engine, &client, &vm.uid).await?;
+    advance(engine, vm, VmPhase::CreateHookRunning)?;
     let config = &engine.config;
     client
         .wait_ready(
@@ -175,57 +213,38 @@ async fn run_create_hooks(
             .run_hook(&vm.uid, command, config.exec_timeout)
             .await?;
     }
-    if !advance(engine, vm, VmPhase::Available)? {
-        return Ok(BroughtUp::Gone);
+    advance(engine, vm, VmPhase::Available)
+}
+
+/// Moves the VM on; a row gone or DELETING is a failure, as poolmgrd's refused write.
+fn advance(engine: &Engine, vm: &VmRecord, to: VmPhase) -> Result<(), BringUpError> {
+    match engine.store.transition_vm(&vm.uid, to, false)? {
+        Transition::Updated => Ok(()),
+        Transition::Deleting | Transition::Missing => Err(BringUpError::NotAdvanced(to)),
     }
-    Ok(BroughtUp::Available)
 }
 
-/// Moves the VM on; false when it is gone or DELETING.
-fn advance(engine: &Engine, vm: &VmRecord, to: VmPhase) -> Result<bool, StoreError> {
-    Ok(matches!(
-        engine.store.transition_vm(&vm.uid, to, false)?,
-        Transition::Updated
-    ))
-}
-
-/// Polls GetMicroVM every `create_poll_interval` until CREATED (true); FAILED or
-/// `create_timeout` is a failure; false when the VM row went away meanwhile.
-async fn wait_created(
-    engine: &Engine,
-    client: &Flintlock,
-    vm: &VmRecord,
-) -> Result<bool, BringUpError> {
+/// Polls GetMicroVM at once and then every `create_poll_interval` until CREATED; FAILED,
+/// a failed GetMicroVM, or `create_timeout` passing is a failure.
+async fn wait_created(engine: &Engine, client: &Flintlock, uid: &str) -> Result<(), BringUpError> {
     let config = &engine.config;
-    let deadline = Instant::now() + config.create_timeout;
-    loop {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        match client
-            .get(&vm.uid, remaining.max(config.create_poll_interval))
-            .await
-        {
-            Ok(microvm) => {
-                let state = microvm
-                    .status
-                    .and_then(|status| MicroVmState::try_from(status.state).ok());
-                match state {
-                    Some(MicroVmState::Created) => return Ok(true),
-                    Some(MicroVmState::Failed) => return Err(BringUpError::Failed),
-                    _ => {}
-                }
-            }
-            Err(err) => {
-                let row = engine.store.get_vm(&vm.uid)?;
-                if row.is_none_or(|row| phase_of(&row) == VmPhase::Deleting) {
-                    return Ok(false);
-                }
-                tracing::debug!(vm = %vm.uid, error = %err, "GetMicroVM failed; polling on");
+    let polling = async {
+        let mut ticker = tokio::time::interval(config.create_poll_interval);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let microvm = client.get(uid, config.create_timeout).await?;
+            let state = microvm
+                .status
+                .and_then(|status| MicroVmState::try_from(status.state).ok());
+            match state {
+                Some(MicroVmState::Created) => return Ok(()),
+                Some(MicroVmState::Failed) => return Err(BringUpError::Failed),
+                _ => {}
             }
         }
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        if remaining.is_zero() {
-            return Err(BringUpError::CreateTimeout(config.create_timeout));
-        }
-        tokio::time::sleep(config.create_poll_interval.min(remaining)).await;
-    }
+    };
+    tokio::time::timeout(config.create_timeout, polling)
+        .await
+        .map_err(|_| BringUpError::CreateTimeout(config.create_timeout))?
 }

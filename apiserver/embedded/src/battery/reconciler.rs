@@ -1,5 +1,8 @@
 //! One reconciler task per pool (§4.2): it tops the pool up at start, every
-//! `reconcile_interval`, and on claim or delete nudges as its strategy reacts.
+//! `reconcile_interval`, and on claim or delete nudges as its strategy reacts. Like
+//! poolmgrd's, a pass waits for every provision it started; stopping a reconciler
+//! (UpdatePool, DeletePool, shutdown) cancels those still in flight, which then fail
+//! through the hook-failure policy of the spec the reconciler was started with.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -7,13 +10,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use battery_proto::poolmgr::v1alpha1::{PoolSpec, ReplenishmentStrategyType};
 use futures::future::join_all;
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
 use super::engine::Engine;
 use super::model::{PoolKey, VmCounts, has_static_network};
-use super::provision;
+use super::provision::{self, ProvisionError};
 
 /// What happened in a pool that a reconciler may react to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,20 +84,49 @@ pub(crate) fn shortfall(spec: &PoolSpec, counts: &VmCounts) -> usize {
 struct Running {
     stop: CancellationToken,
     nudges: mpsc::Sender<Nudge>,
-    task: JoinHandle<()>,
+    /// Cancelled once the task has ended, cleanup of its cancelled provisions included.
+    done: CancellationToken,
 }
 
 #[derive(Default)]
 struct Slot {
     running: Option<Running>,
-    /// Replaced reconcilers that may still be finishing a pass.
-    exiting: Vec<JoinHandle<()>>,
+    /// The `done` of stopped reconcilers that may still be exiting: kept here rather than
+    /// handed to one waiter, so a DeletePool cut short leaves them for the next one.
+    exiting: Vec<CancellationToken>,
+}
+
+impl Slot {
+    /// Cancels the running reconciler, if any, keeping it among the exiting ones.
+    fn stop_running(&mut self) {
+        self.exiting.retain(|done| !done.is_cancelled());
+        if let Some(old) = self.running.take() {
+            old.stop.cancel();
+            self.exiting.push(old.done);
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.running.is_none() && self.exiting.iter().all(CancellationToken::is_cancelled)
+    }
 }
 
 #[derive(Default)]
 struct State {
     closed: bool,
     pools: HashMap<PoolKey, Slot>,
+}
+
+/// What a caller of [`Reconcilers::stop`] waits on: the pool's reconcilers ending.
+pub(crate) struct Stopping(Vec<CancellationToken>);
+
+impl Stopping {
+    /// Until every reconciler has ended, its cancelled provisions cleaned up.
+    pub(crate) async fn wait(self) {
+        for done in self.0 {
+            done.cancelled().await;
+        }
+    }
 }
 
 /// The reconciler of every pool.
@@ -105,38 +136,42 @@ pub(crate) struct Reconcilers {
 }
 
 impl Reconcilers {
-    /// Starts the pool's reconciler with `spec`, replacing (stopping) a running one.
+    /// Starts the pool's reconciler with `spec`, stopping a running one without waiting
+    /// for it (poolmgrd's UpdatePool): its provisions in flight are cancelled.
     pub(crate) fn start(&self, engine: &Arc<Engine>, spec: PoolSpec) {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if state.closed {
             return;
         }
+        state.pools.retain(|_, slot| !slot.is_idle());
         let key = PoolKey::of_spec(&spec);
         let slot = state.pools.entry(key).or_default();
-        slot.exiting.retain(|task| !task.is_finished());
-        if let Some(old) = slot.running.take() {
-            old.stop.cancel();
-            slot.exiting.push(old.task);
-        }
+        slot.stop_running();
         let stop = engine.shutdown_token().child_token();
+        let done = CancellationToken::new();
         // Capacity 1: nudges arriving while one is pending coalesce into it.
         let (nudges, inbox) = mpsc::channel(1);
-        let task = tokio::spawn(run(Arc::clone(engine), Arc::new(spec), stop.clone(), inbox));
-        slot.running = Some(Running { stop, nudges, task });
+        let ended = done.clone().drop_guard();
+        let task = run(Arc::clone(engine), Arc::new(spec), stop.clone(), inbox);
+        tokio::spawn(async move {
+            // Dropped when the task ends, however it ends.
+            let _ended = ended;
+            task.await;
+        });
+        slot.running = Some(Running { stop, nudges, done });
     }
 
-    /// Stops the pool's reconciler and returns it and any earlier one still exiting, for
-    /// the caller to await.
-    pub(crate) fn stop(&self, pool: &PoolKey) -> Vec<JoinHandle<()>> {
+    /// Stops the pool's reconciler (poolmgrd's StopReconcilerAndWait, whose waiting is
+    /// the caller's): what it returns ends with it and with every earlier one still
+    /// exiting.
+    pub(crate) fn stop(&self, pool: &PoolKey) -> Stopping {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(mut slot) = state.pools.remove(pool) else {
-            return Vec::new();
+        state.pools.retain(|_, slot| !slot.is_idle());
+        let Some(slot) = state.pools.get_mut(pool) else {
+            return Stopping(Vec::new());
         };
-        if let Some(running) = slot.running.take() {
-            running.stop.cancel();
-            slot.exiting.push(running.task);
-        }
-        slot.exiting
+        slot.stop_running();
+        Stopping(slot.exiting.clone())
     }
 
     pub(crate) fn nudge(&self, pool: &PoolKey, nudge: Nudge) {
@@ -147,29 +182,20 @@ impl Reconcilers {
         }
     }
 
-    /// Stops every reconciler for good, aborting passes mid-way as a poolmgrd stop does.
+    /// Stops every reconciler for good and waits for them, as poolmgrd's shutdown does:
+    /// their provisions in flight fail through the hook-failure policy first.
     pub(crate) async fn shutdown(&self) {
-        let tasks: Vec<JoinHandle<()>> = {
+        let stopping = {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             state.closed = true;
-            state
-                .pools
-                .drain()
-                .flat_map(|(_, slot)| {
-                    slot.running
-                        .map(|running| running.task)
-                        .into_iter()
-                        .chain(slot.exiting)
-                })
-                .collect()
+            let mut exiting = Vec::new();
+            for (_, mut slot) in state.pools.drain() {
+                slot.stop_running();
+                exiting.append(&mut slot.exiting);
+            }
+            Stopping(exiting)
         };
-        for task in &tasks {
-            task.abort();
-        }
-        for task in tasks {
-            // Aborted: the JoinError says so, and there is nothing more to do.
-            let _ = task.await;
-        }
+        stopping.wait().await;
     }
 }
 
@@ -194,14 +220,14 @@ async fn run(
                 }
             }
         }
-        pass(&engine, &spec).await;
+        pass(&engine, &spec, &stop).await;
     }
 }
 
-/// One pass: count, then provision the shortfall concurrently. A pass waits until each
-/// new VM has its row (or failed), so the next pass counts it; a failed provision is
-/// retried by a later pass, with no backoff (§4.2).
-async fn pass(engine: &Arc<Engine>, spec: &Arc<PoolSpec>) {
+/// One pass: count, then provision the shortfall concurrently and wait until every one
+/// of them is AVAILABLE or failed (§4.2). Ticks and nudges wait meanwhile; a failed
+/// provision is retried by a later pass, with no backoff.
+async fn pass(engine: &Arc<Engine>, spec: &Arc<PoolSpec>, stop: &CancellationToken) {
     let key = PoolKey::of_spec(spec);
     let counts = match engine.store.pool_counts(&key) {
         Ok(counts) => counts,
@@ -215,9 +241,13 @@ async fn pass(engine: &Arc<Engine>, spec: &Arc<PoolSpec>) {
         return;
     }
     tracing::debug!(pool = %key, missing, "reconcile: provisioning");
-    let results = join_all((0..missing).map(|_| provision::provision(engine, spec))).await;
+    let results = join_all((0..missing).map(|_| provision::provision(engine, spec, stop))).await;
     for err in results.into_iter().filter_map(Result::err) {
-        tracing::warn!(pool = %key, error = %err, "provision failed; retrying next tick");
+        if matches!(err, ProvisionError::Cancelled) {
+            tracing::debug!(pool = %key, "provision cancelled before its VM had a row");
+        } else {
+            tracing::warn!(pool = %key, error = %err, "provision failed; retrying next tick");
+        }
     }
 }
 

@@ -18,7 +18,6 @@ use tonic::transport::Server;
 use tonic::transport::server::Router;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
-use tonic_health::server::HealthReporter;
 use tower::layer::util::{Identity, Stack};
 
 use super::BatteryError;
@@ -34,10 +33,9 @@ pub(crate) fn internal(err: impl Display) -> Status {
     Status::internal(err.to_string())
 }
 
-/// The services, ready to serve, and the health reporter that controls "" status.
+/// The services, ready to serve.
 pub(crate) struct Services {
     router: Router<Stack<InterceptorLayer<TokenCheck>, Identity>>,
-    health: HealthReporter,
 }
 
 /// Builds every service, behind the port's TLS and token check; nothing is served yet.
@@ -65,7 +63,8 @@ pub(crate) async fn build(
         .add_service(LeaseServer::new(LeaseService::new(Arc::clone(&engine))))
         .add_service(EventsServer::new(EventsService::new(Arc::clone(&engine))))
         .add_service(HostAdminServer::new(HostAdminService::new(engine)));
-    Ok(Services { router, health })
+    // "" stays SERVING for good: poolmgrd never changes it, not even while stopping.
+    Ok(Services { router })
 }
 
 /// Reflection over what is served, in both protocol versions as grpc-go registers them.
@@ -85,21 +84,18 @@ fn reflection() -> tonic_reflection::server::Builder<'static> {
 
 impl Services {
     /// Serves on `listener` until `stop` fires (or its sender is dropped), then shuts
-    /// down gracefully. Returns the server's task and the health reporter.
+    /// down gracefully. Returns the server's task.
     pub(crate) fn serve(
         self,
         listener: TcpListener,
         stop: oneshot::Receiver<()>,
-    ) -> (
-        JoinHandle<Result<(), tonic::transport::Error>>,
-        HealthReporter,
-    ) {
+    ) -> JoinHandle<Result<(), tonic::transport::Error>> {
         // Without TCP_NODELAY, a small HTTP/2 frame written after another waits for the
         // client's delayed ACK (40 ms on Linux): tens of milliseconds per bind.
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
         let server = self.router.serve_with_incoming_shutdown(incoming, async {
             let _ = stop.await;
         });
-        (tokio::spawn(server), self.health)
+        tokio::spawn(server)
     }
 }

@@ -1,11 +1,11 @@
 //! The sweeper (§4.4): every `sweep_interval` it retries the deletion of DELETING VMs,
-//! expires leases, and warns once per distinct expires_at inside `warning_window`.
+//! then, in expires_at order, expires leases and warns once per distinct expires_at
+//! inside `warning_window`, one at a time as poolmgrd's does.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use battery_proto::poolmgr::v1alpha1::{EventType, LeaseRecord, VmPhase};
-use futures::future::join_all;
 use prost_types::Timestamp;
 use tokio::time::MissedTickBehavior;
 
@@ -32,12 +32,11 @@ pub(crate) async fn run(engine: Arc<Engine>) {
 
 async fn sweep(engine: &Engine, warned: &mut Warnings) {
     retry_deletions(engine).await;
-    expire_leases(engine).await;
-    warn_expiring(engine, warned);
+    expire_and_warn(engine, warned).await;
 }
 
-/// Step 1: every DELETING VM is deleted again; the bookkeeping emits the right
-/// VM_DELETED_* event if its pool still exists, nothing otherwise.
+/// Step 1: every DELETING VM is deleted again, one after another; the bookkeeping emits
+/// the right VM_DELETED_* event if its pool still exists, nothing otherwise.
 async fn retry_deletions(engine: &Engine) {
     let vms = match engine.store.vms_in_phase(VmPhase::Deleting) {
         Ok(vms) => vms,
@@ -46,25 +45,38 @@ async fn retry_deletions(engine: &Engine) {
             return;
         }
     };
-    join_all(vms.iter().map(|vm| async move {
+    for vm in &vms {
         if let Err(err) = lifecycle::delete_vm(engine, vm).await {
             tracing::warn!(vm = %vm.uid, host = %vm.flintlock_host, error = %err, "sweeper: VM deletion failed; retrying next sweep");
         }
-    }))
-    .await;
+    }
 }
 
-/// Step 2: leases with expires_at <= now lose their row and their VM
-/// (VM_DELETED_DUE_TO_EXPIRY).
-async fn expire_leases(engine: &Engine) {
-    let Some(leases) = all_leases(engine) else {
-        return;
+/// Step 2: the leases expiring within `warning_window`, in expires_at order, as
+/// poolmgrd's one query returns them: one past its expiry loses its row and its VM
+/// (VM_DELETED_DUE_TO_EXPIRY); the others get VM_EXPIRING_SOON once per distinct
+/// expires_at.
+async fn expire_and_warn(engine: &Engine, warned: &mut Warnings) {
+    let mut leases = match engine.store.list_leases(None) {
+        Ok(leases) => leases,
+        Err(err) => {
+            tracing::warn!(error = %err, "sweeper: listing leases failed");
+            return;
+        }
     };
     let now = time::now();
-    let expired = leases
-        .iter()
-        .filter(|lease| time::nanos(lease.expires_at.as_ref()) <= time::nanos(Some(&now)));
-    join_all(expired.map(|lease| expire(engine, lease, &now))).await;
+    let horizon = time::nanos(Some(&time::add(&now, engine.config.warning_window)));
+    leases.retain(|lease| time::nanos(lease.expires_at.as_ref()) <= horizon);
+    leases.sort_by_key(|lease| time::nanos(lease.expires_at.as_ref()));
+    warned.keep_only(&leases);
+    for lease in &leases {
+        if time::nanos(lease.expires_at.as_ref()) <= time::nanos(Some(&now)) {
+            expire(engine, lease, &now).await;
+            warned.forget(lease);
+        } else if warned.first_for(lease) {
+            warn_expiring(engine, lease);
+        }
+    }
 }
 
 async fn expire(engine: &Engine, lease: &LeaseRecord, now: &Timestamp) {
@@ -83,29 +95,15 @@ async fn expire(engine: &Engine, lease: &LeaseRecord, now: &Timestamp) {
     }
 }
 
-/// Every lease; `None` (logged) when the store cannot list them, and the step waits for
-/// the next sweep.
-fn all_leases(engine: &Engine) -> Option<Vec<LeaseRecord>> {
-    engine
-        .store
-        .list_leases(None)
-        .inspect_err(|err| tracing::warn!(error = %err, "sweeper: listing leases failed"))
-        .ok()
-}
-
-/// Step 3: VM_EXPIRING_SOON once per distinct expires_at within the warning window.
-fn warn_expiring(engine: &Engine, warned: &mut Warnings) {
-    let Some(leases) = all_leases(engine) else {
-        return;
-    };
-    let now = time::now();
-    let horizon = time::add(&now, engine.config.warning_window);
-    for lease in warned.due(&leases, &now, &horizon) {
-        engine.emit(
-            &PoolKey::of_lease(lease),
-            &lease.vm_uid,
-            EventType::VmExpiringSoon,
-        );
+/// VM_EXPIRING_SOON, only while the lease's pool exists (poolmgrd reads it first).
+fn warn_expiring(engine: &Engine, lease: &LeaseRecord) {
+    let key = PoolKey::of_lease(lease);
+    match engine.store.get_pool(&key) {
+        Ok(Some(_)) => engine.emit(&key, &lease.vm_uid, EventType::VmExpiringSoon),
+        Ok(None) => {}
+        Err(err) => {
+            tracing::warn!(pool = %key, error = %err, "sweeper: reading a lease's pool failed")
+        }
     }
 }
 
@@ -117,32 +115,23 @@ struct Warnings {
 }
 
 impl Warnings {
-    /// Leases to warn now: expires_at in (now, horizon] and not yet warned at that value.
-    /// Forgets leases that are gone.
-    fn due<'a>(
-        &mut self,
-        leases: &'a [LeaseRecord],
-        now: &Timestamp,
-        horizon: &Timestamp,
-    ) -> Vec<&'a LeaseRecord> {
+    /// Forgets the leases this sweep no longer lists.
+    fn keep_only(&mut self, leases: &[LeaseRecord]) {
         self.by_lease
             .retain(|id, _| leases.iter().any(|lease| &lease.lease_id == id));
-        let (now, horizon) = (time::nanos(Some(now)), time::nanos(Some(horizon)));
-        let mut due = Vec::new();
-        for lease in leases {
-            let Some(expires_at) = lease.expires_at else {
-                continue;
-            };
-            let at = time::nanos(Some(&expires_at));
-            if at <= now || at > horizon {
-                continue;
-            }
-            if self.by_lease.get(&lease.lease_id) != Some(&expires_at) {
-                self.by_lease.insert(lease.lease_id.clone(), expires_at);
-                due.push(lease);
-            }
-        }
-        due
+    }
+
+    fn forget(&mut self, lease: &LeaseRecord) {
+        self.by_lease.remove(&lease.lease_id);
+    }
+
+    /// True the first time `lease` is seen with its current expires_at (which a
+    /// heartbeat moves, re-arming the warning).
+    fn first_for(&mut self, lease: &LeaseRecord) -> bool {
+        let Some(expires_at) = lease.expires_at else {
+            return false;
+        };
+        self.by_lease.insert(lease.lease_id.clone(), expires_at) != Some(expires_at)
     }
 }
 
@@ -161,27 +150,21 @@ mod tests {
         }
     }
 
-    fn at(seconds: i64) -> Timestamp {
-        Timestamp { seconds, nanos: 0 }
-    }
-
-    fn ids(due: &[&LeaseRecord]) -> Vec<String> {
-        due.iter().map(|lease| lease.lease_id.clone()).collect()
-    }
-
     #[test]
     fn warns_once_per_distinct_expiry() {
         let mut warned = Warnings::default();
-        let leases = vec![lease("a", 120), lease("b", 200), lease("c", 90)];
-        // now = 100, window 30 s: only "a" (120) is inside; "c" already expired.
-        assert_eq!(ids(&warned.due(&leases, &at(100), &at(130))), ["a"]);
-        assert!(warned.due(&leases, &at(105), &at(135)).is_empty());
-        // A heartbeat moves expires_at: warned again once it is inside the window.
-        let renewed = vec![lease("a", 150), lease("b", 200)];
-        assert!(warned.due(&renewed, &at(110), &at(140)).is_empty());
-        assert_eq!(ids(&warned.due(&renewed, &at(121), &at(151))), ["a"]);
-        // Gone leases are forgotten.
-        assert!(warned.due(&[], &at(121), &at(151)).is_empty());
+        let a = lease("a", 120);
+        assert!(warned.first_for(&a));
+        assert!(!warned.first_for(&a));
+        // A heartbeat moves expires_at: warned again.
+        let renewed = lease("a", 150);
+        assert!(warned.first_for(&renewed));
+        assert!(!warned.first_for(&renewed));
+        // Leases no longer listed are forgotten, and so warned again if they come back.
+        warned.keep_only(&[lease("b", 200)]);
+        assert!(warned.by_lease.is_empty());
+        assert!(warned.first_for(&renewed));
+        warned.forget(&renewed);
         assert!(warned.by_lease.is_empty());
     }
 }

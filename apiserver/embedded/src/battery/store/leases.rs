@@ -102,16 +102,12 @@ impl Store {
         })
     }
 
-    /// Leases, all or one pool's, oldest claim first.
+    /// Leases, all or one pool's, in lease_id order (the table's key order, as poolmgrd's
+    /// ORDER BY lease_id).
     pub(crate) fn list_leases(&self, pool: Option<&PoolKey>) -> Result<Vec<LeaseRecord>> {
         let mut leases: Vec<LeaseRecord> =
             self.read(|txn| decode_all(&txn.open_table(LEASES)?, "lease"))?;
         leases.retain(|lease| pool.is_none_or(|key| key.owns_lease(lease)));
-        leases.sort_by(|a, b| {
-            time::nanos(a.claimed_at.as_ref())
-                .cmp(&time::nanos(b.claimed_at.as_ref()))
-                .then_with(|| a.lease_id.cmp(&b.lease_id))
-        });
         Ok(leases)
     }
 

@@ -13,8 +13,8 @@ use crate::battery::time;
 #[derive(Debug)]
 pub(crate) enum Tombstone {
     NotFound,
-    /// Refused without `force`: this many VMs are LEASED or PRE_LEASE_HOOK_RUNNING.
-    Leased(i32),
+    /// Refused without `force`: some VM is LEASED or PRE_LEASE_HOOK_RUNNING.
+    Leased,
     /// The pool row and its leases are gone; these VMs are now DELETING with no lease.
     Deleted(Vec<VmRecord>),
 }
@@ -117,9 +117,8 @@ impl Store {
             }
             let mut vms_table = txn.open_table(VMS)?;
             let vms = pool_vms::rows_of_pool(txn, &vms_table, key)?;
-            let leased = VmCounts::tally(&vms).leased_or_claiming();
-            if !force && leased > 0 {
-                return Ok(Tombstone::Leased(leased));
+            if !force && VmCounts::tally(&vms).leased_or_claiming() > 0 {
+                return Ok(Tombstone::Leased);
             }
             pools.remove(pool_key)?;
             let now = time::now();

@@ -43,11 +43,12 @@ pub(crate) struct Recovery {
 }
 
 impl Store {
-    /// Picks a host for a new VM of pool `key` and reserves it, atomically, so concurrent
-    /// provisions see each other (§4.2 PickHost): among `hosts`, skip unregistered and
-    /// cordoned ones, then take the one with the fewest of this pool's VMs not DELETING or
-    /// FAILED, counting this pool's reservations too; ties go to list order. None when no
-    /// host is eligible.
+    /// Picks a host for a new VM of pool `key` and reserves it (§4.2 PickHost, then
+    /// ReservePlacement): among `hosts`, skip unregistered and cordoned ones, then take
+    /// the one with the fewest of this pool's VM rows not DELETING or FAILED; ties go to
+    /// list order. Reservations count toward a host's vm_count but not toward the pick,
+    /// as in poolmgrd, so the provisions of one pass all choose the same host. None when
+    /// no host is eligible.
     pub(crate) fn reserve_placement(
         &self,
         key: &PoolKey,
@@ -56,13 +57,6 @@ impl Store {
         self.write(|txn| {
             let registered = txn.open_table(HOSTS)?;
             let vms = pool_vms::rows_of_pool(txn, &txn.open_table(VMS)?, key)?;
-            let mut placements = txn.open_table(PLACEMENTS)?;
-            let mut reserved: Vec<(String, String, String)> = Vec::new();
-            for entry in placements.iter()? {
-                let (_, value) = entry?;
-                let (host, namespace, name) = value.value();
-                reserved.push((host.to_owned(), namespace.to_owned(), name.to_owned()));
-            }
             let mut best: Option<(&str, usize)> = None;
             for name in hosts {
                 let Some(host) = get_decoded::<&str, Host>(&registered, name.as_str(), "host")?
@@ -72,18 +66,13 @@ impl Store {
                 if host.cordoned {
                     continue;
                 }
-                let live = vms
+                let load = vms
                     .iter()
                     .filter(|vm| {
                         vm.flintlock_host == *name
                             && !matches!(phase_of(vm), VmPhase::Deleting | VmPhase::Failed)
                     })
                     .count();
-                let pending = reserved
-                    .iter()
-                    .filter(|(h, ns, pool)| h == name && *ns == key.namespace && *pool == key.name)
-                    .count();
-                let load = live + pending;
                 if best.is_none_or(|(_, fewest)| load < fewest) {
                     best = Some((name, load));
                 }
@@ -91,6 +80,7 @@ impl Store {
             let Some((host, _)) = best else {
                 return Ok(None);
             };
+            let mut placements = txn.open_table(PLACEMENTS)?;
             let id = placements.last()?.map_or(1, |(id, _)| id.value() + 1);
             placements.insert(id, (host, key.namespace.as_str(), key.name.as_str()))?;
             Ok(Some(Placement {
@@ -222,17 +212,17 @@ impl Store {
         })
     }
 
-    /// Removes a VM row outright (the DELETE_AND_REPLACE hook-failure policy). A DELETING
-    /// row is left alone: DeletePool or the sweeper owns it. True when removed.
+    /// Removes a VM row outright, whatever its phase (the DELETE_AND_REPLACE hook-failure
+    /// policy, as poolmgrd's DeleteVM). True when it existed.
     pub(crate) fn remove_vm(&self, uid: &str) -> Result<bool> {
         self.write(|txn| {
             let mut vms = txn.open_table(VMS)?;
             match get_decoded::<&str, VmRecord>(&vms, uid, "vm")? {
-                Some(vm) if phase_of(&vm) != VmPhase::Deleting => {
+                Some(vm) => {
                     delete_vm(txn, &mut vms, &vm)?;
                     Ok(true)
                 }
-                _ => Ok(false),
+                None => Ok(false),
             }
         })
     }
