@@ -39,6 +39,8 @@ pub async fn run(args: EmbeddedBatteryArgs) -> anyhow::Result<()> {
         battery: BatteryConfig {
             sweep_interval: args.sweep_interval,
             warning_window: args.warning_window,
+            event_poll_interval: args.event_poll_interval,
+            extension_events_on_commit: args.extension_events_on_commit,
             api,
             ..BatteryConfig::default()
         },

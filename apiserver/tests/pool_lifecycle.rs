@@ -120,3 +120,78 @@ async fn deleting_a_pool_while_it_boots_finishes_though_battery_outlasts_the_req
         assert_eq!(host.microvm_uids(), Vec::<String>::new(), "{}", host.name());
     }
 }
+
+/// A sample of `/metrics`: the battery events applied, and whether the follower follows.
+async fn follower_state(h: &Harness) -> (u64, bool) {
+    let (status, _, body) = h.send(common::get("/metrics")).await;
+    assert_eq!(status, StatusCode::OK);
+    let text = String::from_utf8(body).unwrap();
+    let value = |name: &str| -> u64 {
+        text.lines()
+            .find_map(|line| {
+                line.strip_prefix(name)?
+                    .strip_prefix(' ')?
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no {name} in /metrics"))
+            .round() as u64
+    };
+    (
+        value("battery_apiserver_battery_events_total"),
+        value("battery_apiserver_battery_events_following") == 1,
+    )
+}
+
+#[tokio::test]
+async fn the_follower_does_not_follow_until_a_stalled_replay_is_over() {
+    let mut config = battery();
+    // poolmgrd replays in batches of 100; this one stalls after each full batch, longer
+    // than any quiet spell the follower could take for the replay's end.
+    config.battery.replay_batch_pause = Duration::from_secs(5);
+    let mut h = Harness::with_battery(common::settings(), config).await;
+    // More than a batch of history: each MicroVM is provisioned, then available.
+    h.create(POOLS, &pool("history", 60)).await;
+    h.wait_available("history", 60).await;
+    let history = eventually(
+        DEADLINE,
+        "the whole history applied",
+        async || match follower_state(&h).await {
+            (applied, true) if applied >= 120 => Ok(applied),
+            state => Err(format!("{state:?}")),
+        },
+    )
+    .await;
+
+    // A new server, as one installed beside a battery with a history: it replays it all.
+    h.replace_server();
+    let mut during_replay = 0;
+    eventually(DEADLINE, "the replay applied", async || {
+        let (applied, following) = follower_state(&h).await;
+        if applied < history {
+            assert!(!following, "following after {applied} of {history} events");
+            if applied > 0 {
+                during_replay += 1;
+            }
+            return Err(format!("{applied} of {history} applied"));
+        }
+        Ok(())
+    })
+    .await;
+    assert!(
+        during_replay > 0,
+        "no sample fell inside the replay's stall"
+    );
+    // Still not following: nothing happened after it subscribed. An event does.
+    let (status, _, body) = h.claim("after-replay", "history").await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    eventually(
+        DEADLINE,
+        "following after a new event",
+        async || match follower_state(&h).await {
+            (_, true) => Ok(()),
+            state => Err(format!("{state:?}")),
+        },
+    )
+    .await;
+}

@@ -81,9 +81,7 @@ fn pool_conditions(
     let generation = metadata.generation;
     let size = spec.size.unwrap_or_default();
     let placed = counts.available + counts.leased + counts.provisioning;
-    let (status, reason, message) = if metadata.deletion_timestamp.is_some()
-        && counts.leased == 0
-    {
+    let (status, reason, message) = if metadata.deletion_timestamp.is_some() && counts.leased == 0 {
         (
             ConditionStatus::False,
             PoolReadyReason::Deleting,

@@ -440,6 +440,17 @@ pub struct EmbeddedBatteryArgs {
     #[arg(long, env = "BATTERY_APISERVER_WARNING_WINDOW", default_value = "30s", value_parser = humantime::parse_duration)]
     pub warning_window: Duration,
 
+    /// How often a Subscribe stream looks for new events after a read that was not a full
+    /// batch of 100: poolmgrd's 1 s, which is how late an event may reach a subscriber.
+    #[arg(long, env = "BATTERY_APISERVER_EVENT_POLL_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub event_poll_interval: Duration,
+
+    /// Not poolmgrd's: wake Subscribe streams on each commit instead of polling, so an
+    /// event reaches subscribers at once. For tests and benchmarks of our own speed; the
+    /// default polls as poolmgrd does.
+    #[arg(long, env = "BATTERY_APISERVER_EXTENSION_EVENTS_ON_COMMIT")]
+    pub extension_events_on_commit: bool,
+
     /// Serving certificate (PEM) of the gRPC port, as poolmgrd's api_server.tls.cert_file:
     /// battery serves TLS unless --insecure.
     #[arg(

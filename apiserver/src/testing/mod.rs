@@ -46,6 +46,7 @@ pub fn settings() -> Settings {
 pub struct Harness {
     app: App,
     battery: LocalBattery,
+    settings: Settings,
 }
 
 impl Harness {
@@ -72,9 +73,27 @@ impl Harness {
     }
 
     fn on(battery: LocalBattery, store: MetaStore, settings: Settings) -> Self {
+        let app = Self::app(&battery, store, &settings);
+        Self {
+            app,
+            battery,
+            settings,
+        }
+    }
+
+    fn app(battery: &LocalBattery, store: MetaStore, settings: &Settings) -> App {
         let client = BatteryClient::connect_lazy(&format!("http://{}", battery.address())).unwrap();
-        let app = server::build(client, std::sync::Arc::new(store), &settings).unwrap();
-        Self { app, battery }
+        server::build(client, std::sync::Arc::new(store), settings).unwrap()
+    }
+
+    /// Stops the server and starts a new one on the same battery with an empty store, as
+    /// a server installed beside a battery that has a history.
+    pub fn replace_server(&mut self) {
+        self.app = Self::app(
+            &self.battery,
+            MetaStore::in_memory().unwrap(),
+            &self.settings,
+        );
     }
 
     pub fn router(&self) -> Router {

@@ -73,6 +73,30 @@ pub struct Args {
     /// as when profiling it.
     #[arg(long, value_enum, default_value_t = Phase::All)]
     pub phase: Phase,
+    /// How the embedded battery delivers its events: as poolmgrd does (the default:
+    /// polled every second, so a bind waiting for a MicroVM and a Pool's counts wait for
+    /// the next poll), or on each commit, an extension of ours, to see our own speed.
+    #[arg(long, value_enum, default_value_t = BatteryEvents::Poolmgrd)]
+    pub battery_events: BatteryEvents,
+}
+
+/// How the embedded battery delivers its events to subscribers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BatteryEvents {
+    /// poolmgrd's: polled every second, replayed in batches of 100.
+    Poolmgrd,
+    /// Ours: each subscriber woken on each commit.
+    OnCommit,
+}
+
+impl BatteryEvents {
+    /// `embedded-battery`'s flags for it.
+    fn battery_args(self) -> Vec<String> {
+        match self {
+            Self::Poolmgrd => Vec::new(),
+            Self::OnCommit => vec!["--extension-events-on-commit".to_owned()],
+        }
+    }
 }
 
 /// The bench's phases, each on fresh processes.
@@ -236,11 +260,19 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
         "--max-watches".to_owned(),
         (2 * sizes.scale.watchers + 16).to_string(),
     ];
+    let battery_args = args.battery_events.battery_args();
+    eprintln!(
+        "bench: the embedded battery delivers events {}",
+        match args.battery_events {
+            BatteryEvents::Poolmgrd => "as poolmgrd does (polled every second)",
+            BatteryEvents::OnCommit => "on each commit (our extension, not poolmgrd's)",
+        }
+    );
     let mut rows = Vec::new();
 
     if args.phase == Phase::Exec {
         eprintln!("bench: exec");
-        let rig = Rig::start(binary, &serve_args).await?;
+        let rig = Rig::start(binary, &serve_args, &battery_args).await?;
         let pool = rig.create_pool("exec", 2).await?;
         rows.extend(exec::run(&rig, &pool.name, sizes.exec_rounds, sizes.exec_bytes).await?);
         eprintln!("bench: terminals and ports");
@@ -250,7 +282,7 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
     }
     if args.phase == Phase::Arrival {
         eprintln!("bench: open-loop arrivals and time to first output");
-        let rig = Rig::start(binary, &serve_args).await?;
+        let rig = Rig::start(binary, &serve_args, &battery_args).await?;
         let (serial, burst) = sizes.first_output;
         let first = rig
             .create_pool("first-output", (serial + burst) as i32)
@@ -269,7 +301,7 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
     }
     if args.phase.runs(Phase::Slo) {
         eprintln!("bench: the SLO check");
-        let rig = Rig::start(binary, &serve_args).await?;
+        let rig = Rig::start(binary, &serve_args, &battery_args).await?;
         let load = slo::Load {
             standing: args.standing_claims.unwrap_or(sizes.slo.standing),
             ..sizes.slo
@@ -293,7 +325,7 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
     if let Some(claims) = args.claims {
         scale_sizes.lists = [scale_sizes.lists[0].min(claims), claims];
     }
-    let rig = Rig::start(binary, &serve_args).await?;
+    let rig = Rig::start(binary, &serve_args, &battery_args).await?;
     // The watched binds are made once straight to serve, once through kube-apiserver.
     let claims = scale_sizes.lists[1] + 2 * scale_sizes.watched_binds;
     eprintln!("bench: booting {claims} MicroVMs for the claims");
@@ -317,7 +349,8 @@ async fn binding_phase(
     rows: &mut Vec<report::Row>,
 ) -> Result<()> {
     eprintln!("bench: binding and exec");
-    let rig = Rig::start(binary, serve_args).await?;
+    let battery_args = args.battery_events.battery_args();
+    let rig = Rig::start(binary, serve_args, &battery_args).await?;
     let serial_binds = args.binds.unwrap_or(sizes.serial_binds);
     let config_binds = args.config_binds.unwrap_or(sizes.config_binds);
     // Two claims a round, ours and the raw one, and the exec and terminal scenarios'
@@ -392,8 +425,12 @@ fn report(args: &Args, binary: &Path, mut rows: Vec<report::Row>) -> Report {
     rows.sort_by_key(|row| ORDER.iter().position(|s| *s == row.scenario));
     Report {
         mode: format!(
-            "{}{}",
+            "{}{}{}",
             if args.quick { "quick" } else { "full" },
+            match args.battery_events {
+                BatteryEvents::Poolmgrd => ", battery's events polled as poolmgrd polls",
+                BatteryEvents::OnCommit => ", battery's events on each commit (ours)",
+            },
             match args.phase {
                 Phase::All => "",
                 Phase::Binding => ", binding phase only",

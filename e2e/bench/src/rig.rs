@@ -92,8 +92,13 @@ struct Processes {
 
 impl Rig {
     /// Starts everything, with `serve` run from `binary` and given `serve_args` on top,
-    /// and returns once every Host reports through its agent.
-    pub async fn start(binary: &Path, serve_args: &[String]) -> Result<Self> {
+    /// and the embedded battery `battery_args`, and returns once every Host reports
+    /// through its agent.
+    pub async fn start(
+        binary: &Path,
+        serve_args: &[String],
+        battery_args: &[String],
+    ) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("battery-bench-")
             .tempdir()
@@ -111,7 +116,8 @@ impl Rig {
         command
             .args(["embedded-battery", "--listen", "127.0.0.1:0"])
             .args(pki.battery_args())
-            .args(agents.battery_args());
+            .args(agents.battery_args())
+            .args(battery_args);
         let (battery_process, battery) = Process::start(
             command,
             &dir.path().join("battery.log"),
