@@ -252,6 +252,23 @@ impl Suite {
         .await
     }
 
+    /// Creates the pool of `spec`, whose create hooks hold its VMs in flight, and waits
+    /// until all `size` of them are: returns the pool, its event log and those VMs.
+    pub async fn create_booting(
+        &self,
+        spec: PoolSpec,
+        size: i32,
+    ) -> (PoolRef, EventLog, Vec<String>) {
+        let pool = self.create_pool(spec).await;
+        let mut log = self.subscribe(Some(&pool)).await;
+        self.wait_status(&pool, &format!("{size} VMs in flight"), |s| {
+            s.provisioning_count == size
+        })
+        .await;
+        let booting = self.wait_in_flight(&mut log, &pool).await;
+        (pool, log, booting)
+    }
+
     /// Waits until each of `vms` has VM_HOOK_FAILED, and checks it had nothing between
     /// its provisioning and that.
     pub async fn wait_hook_failed(&self, log: &mut EventLog, vms: &[String]) {

@@ -188,14 +188,7 @@ async fn delete_pool_drains_vms_still_being_created() {
         .pool("drain")
         .size(2)
         .create_commands(&[gate.wait_command()]);
-    let pool = suite.create_pool(spec.build()).await;
-    let mut log = suite.subscribe(Some(&pool)).await;
-    suite
-        .wait_status(&pool, "two VMs in their create hooks", |s| {
-            s.provisioning_count == 2
-        })
-        .await;
-    let booting = suite.wait_in_flight(&mut log, &pool).await;
+    let (pool, mut log, booting) = suite.create_booting(spec.build(), 2).await;
     expect_ok(
         suite.delete_pool(&pool, false).await,
         "DeletePool while VMs are provisioning",

@@ -94,12 +94,7 @@ async fn delete_while_filling(policy: HookFailurePolicy) {
         .size(3)
         .create_commands(&[FOREVER])
         .policy(policy);
-    let pool = suite.create_pool(spec.build()).await;
-    let mut log = suite.subscribe(Some(&pool)).await;
-    suite
-        .wait_status(&pool, "three VMs in flight", |s| s.provisioning_count == 3)
-        .await;
-    let booting = suite.wait_in_flight(&mut log, &pool).await;
+    let (pool, mut log, booting) = suite.create_booting(spec.build(), 3).await;
     expect_ok(
         suite.delete_pool(&pool, false).await,
         "DeletePool while its VMs boot",

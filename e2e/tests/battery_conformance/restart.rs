@@ -187,14 +187,7 @@ async fn a_restart_hook_fails_vms_in_flight() {
         .pool("booting")
         .size(2)
         .create_commands(&[gate.wait_command()]);
-    let pool = suite.create_pool(spec.build()).await;
-    let mut log = suite.subscribe(Some(&pool)).await;
-    suite
-        .wait_status(&pool, "two VMs in their create hooks", |s| {
-            s.provisioning_count == 2
-        })
-        .await;
-    let booting = suite.wait_in_flight(&mut log, &pool).await;
+    let (pool, _, booting) = suite.create_booting(spec.build(), 2).await;
 
     // A graceful stop cancels every reconciler and waits for it: the VMs it was bringing
     // up fail through the pool's policy (deleted here) rather than stay PROVISIONING
