@@ -156,6 +156,38 @@ fn yaml_stream(secrets: &[Secret]) -> anyhow::Result<String> {
         .join("---\n"))
 }
 
+/// When one run's certificates are valid: from now, CAs for [`CA_VALIDITY`], leaves for
+/// the validity asked for.
+struct Validity {
+    now: ASN1Time,
+    leaf: Duration,
+}
+
+impl Validity {
+    fn from_now(leaf: Duration) -> Self {
+        Self {
+            now: ASN1Time::now(),
+            leaf,
+        }
+    }
+
+    fn ca(&self, cn: &str) -> CertificateParams {
+        let mut params = pki::ca_params(cn);
+        params.not_before = self.now.to_datetime();
+        params.not_after = self.now.to_datetime() + CA_VALIDITY;
+        params
+    }
+
+    /// A leaf signed by one of the run's CAs, for signatures only.
+    fn leaf(&self, mut params: CertificateParams) -> CertificateParams {
+        params.not_before = self.now.to_datetime();
+        params.not_after = self.now.to_datetime() + self.leaf;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.use_authority_key_identifier_extension = true;
+        params
+    }
+}
+
 /// One run's PEMs.
 struct Certificates {
     serving_ca: String,
@@ -167,20 +199,9 @@ struct Certificates {
 
 impl Certificates {
     fn make(namespace: &str, service: &str, validity: Duration) -> Result<Self, PkiError> {
-        let now = ASN1Time::now().to_datetime();
-        let ca = |cn: &str| {
-            let mut params = pki::ca_params(cn);
-            params.not_before = now;
-            params.not_after = now + CA_VALIDITY;
-            pki::self_signed_ca(params)
-        };
-        let leaf = |mut params: CertificateParams| {
-            params.not_before = now;
-            params.not_after = now + validity;
-            params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-            params.use_authority_key_identifier_extension = true;
-            params
-        };
+        let validity = Validity::from_now(validity);
+        let ca = |cn: &str| pki::self_signed_ca(validity.ca(cn));
+        let leaf = |params| validity.leaf(params);
 
         let (serving_ca, _, serving_issuer) = ca("battery-apiserver serving CA")?;
         let serving = pki::sign(
@@ -255,20 +276,12 @@ struct BatteryChannel {
 
 impl BatteryChannel {
     fn make(service: &str, validity: Duration) -> anyhow::Result<Self> {
-        let now = ASN1Time::now().to_datetime();
-        let leaf = |mut params: CertificateParams| {
-            params.not_before = now;
-            params.not_after = now + validity;
-            params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-            params.use_authority_key_identifier_extension = true;
-            params
-        };
-        let mut ca_params = pki::ca_params("battery-apiserver battery gRPC CA");
-        ca_params.not_before = now;
-        ca_params.not_after = now + CA_VALIDITY;
+        let validity = Validity::from_now(validity);
+        let leaf = |params| validity.leaf(params);
         // One CA for both ends: both are in the one pod, and each leaf is good for its
         // own side only (serverAuth, clientAuth).
-        let (ca, _, issuer) = pki::self_signed_ca(ca_params)?;
+        let (ca, _, issuer) =
+            pki::self_signed_ca(validity.ca("battery-apiserver battery gRPC CA"))?;
         // serve dials 127.0.0.1; localhost and ::1 for anyone who dials those instead.
         let serving = pki::sign(
             "battery's serving certificate",
