@@ -100,14 +100,14 @@ impl EmbeddedBatteryArgs {
                     String::from_utf8(read("basic-auth-token-file", path)?).map_err(|e| {
                         ConfigError::invalid("basic-auth-token-file", path.display(), e)
                     })?;
-                let token = text.trim_end_matches(['\r', '\n']);
-                if token.trim().is_empty() {
-                    return Err(ConfigError::invalid(
-                        "basic-auth-token-file",
-                        path.display(),
-                        "the file holds no token",
-                    ));
-                }
+                let token =
+                    battery_proto::poolmgr::basic_auth::token_in(&text).ok_or_else(|| {
+                        ConfigError::invalid(
+                            "basic-auth-token-file",
+                            path.display(),
+                            "the file holds no token",
+                        )
+                    })?;
                 Some(token.to_owned())
             }
             None => None,

@@ -93,3 +93,76 @@ pub(crate) fn certified_key(files: &TlsFiles) -> Result<CertifiedKey, TlsError> 
 pub(crate) fn modified(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
+
+/// What was last loaded from some files, loaded again when any of them changes (checked
+/// by [`Self::reload_if_changed`], every [`RELOAD_INTERVAL`] by its owner). A changed set
+/// that does not load keeps the old value, with a warning, so a half-written rotation
+/// never takes the old one away.
+pub(crate) struct Reloading<T> {
+    /// What it is, for the log: "reloaded {what}".
+    what: &'static str,
+    files: Vec<PathBuf>,
+    load: Box<dyn Fn() -> Result<T, Box<dyn std::error::Error + Send + Sync>> + Send + Sync>,
+    current: std::sync::RwLock<(Arc<T>, Vec<Option<SystemTime>>)>,
+}
+
+impl<T> std::fmt::Debug for Reloading<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reloading")
+            .field("what", &self.what)
+            .field("files", &self.files)
+            .finish()
+    }
+}
+
+impl<T> Reloading<T> {
+    /// Loads now with `load`, which reads `files`; its error is the caller's to report.
+    pub(crate) fn new<E>(
+        what: &'static str,
+        files: Vec<PathBuf>,
+        load: impl Fn() -> Result<T, E> + Send + Sync + 'static,
+    ) -> Result<Self, E>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let stamps = stamps(&files);
+        let value = load()?;
+        Ok(Self {
+            what,
+            files,
+            load: Box::new(move || load().map_err(Into::into)),
+            current: std::sync::RwLock::new((Arc::new(value), stamps)),
+        })
+    }
+
+    pub(crate) fn current(&self) -> Arc<T> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .clone()
+    }
+
+    pub(crate) fn reload_if_changed(&self) {
+        let stamps = stamps(&self.files);
+        if self.current.read().unwrap_or_else(|e| e.into_inner()).1 == stamps {
+            return;
+        }
+        match (self.load)() {
+            Ok(value) => {
+                *self.current.write().unwrap_or_else(|e| e.into_inner()) =
+                    (Arc::new(value), stamps);
+                tracing::info!(files = ?self.files, "reloaded {}", self.what);
+            }
+            Err(err) => tracing::warn!(
+                error = %battery_telemetry::error_chain(err.as_ref()),
+                "keeping the old {}",
+                self.what
+            ),
+        }
+    }
+}
+
+fn stamps(files: &[PathBuf]) -> Vec<Option<SystemTime>> {
+    files.iter().map(|f| modified(f)).collect()
+}

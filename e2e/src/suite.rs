@@ -270,7 +270,11 @@ impl Suite {
             ca_pem: file_var(CA_FILE_VAR),
             identity,
             server_name: var(SERVER_NAME_VAR),
-            token: file_var(TOKEN_FILE_VAR).map(|t| t.trim_end_matches(['\r', '\n']).to_owned()),
+            token: file_var(TOKEN_FILE_VAR).map(|text| {
+                battery_proto::poolmgr::basic_auth::token_in(&text)
+                    .unwrap_or_else(|| panic!("{TOKEN_FILE_VAR} names a file with no token"))
+                    .to_owned()
+            }),
         };
         Some(Suite {
             target: Target::External,

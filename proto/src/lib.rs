@@ -31,6 +31,13 @@ pub mod poolmgr {
             format!("Basic {}", encoded(token))
         }
 
+        /// The token a file holds: its text without a trailing newline (files written
+        /// by `echo` or an editor end with one), or `None` when nothing else is there.
+        pub fn token_in(text: &str) -> Option<&str> {
+            let token = text.trim_end_matches(['\r', '\n']);
+            (!token.trim().is_empty()).then_some(token)
+        }
+
         /// The token as the value carries it, after the scheme.
         pub fn encoded(token: &str) -> String {
             base64::engine::general_purpose::STANDARD.encode(token)

@@ -10,9 +10,9 @@ use std::fmt;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use http::Uri;
 use hyper_util::rt::TokioIo;
@@ -27,7 +27,7 @@ use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::tls_files::{self, RELOAD_INTERVAL, TlsError, TlsFiles, modified};
+use crate::tls_files::{self, RELOAD_INTERVAL, Reloading, TlsError, TlsFiles};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -110,7 +110,14 @@ impl BatteryEndpoint {
         let name = settings.server_name.as_deref().unwrap_or(host);
         let server_name = ServerName::try_from(name.to_owned())
             .map_err(|_| ChannelError::ServerName(name.to_owned()))?;
-        let client_tls = Arc::new(ReloadingClientTls::load(settings)?);
+        let mut files = vec![settings.ca_file.clone()];
+        if let Some(client) = &settings.client {
+            files.extend([client.cert.clone(), client.key.clone()]);
+        }
+        let owned = settings.clone();
+        let client_tls = Arc::new(Reloading::new("battery's TLS files", files, move || {
+            client_config(&owned)
+        })?);
         let connector = Connector {
             tls: client_tls.clone(),
             server_name,
@@ -168,13 +175,13 @@ impl BatteryEndpoint {
 /// generated client as its interceptor.
 #[derive(Clone, Default)]
 pub struct Credentials {
-    token: Option<Arc<ReloadingToken>>,
+    token: Option<Arc<Reloading<AsciiMetadataValue>>>,
 }
 
 impl fmt::Debug for Credentials {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Credentials")
-            .field("token", &self.token.as_ref().map(|t| &t.path))
+            .field("token", &self.token)
             .finish()
     }
 }
@@ -182,14 +189,22 @@ impl fmt::Debug for Credentials {
 impl Credentials {
     fn load(path: Option<&Path>) -> Result<Self, ChannelError> {
         Ok(Self {
-            token: path.map(ReloadingToken::load).transpose()?.map(Arc::new),
+            token: path
+                .map(|path| {
+                    let owned = path.to_owned();
+                    Reloading::new("battery's token", vec![path.to_owned()], move || {
+                        read_token(&owned)
+                    })
+                })
+                .transpose()?
+                .map(Arc::new),
         })
     }
 
     /// Follows the token's file and the TLS files, if any, every [`RELOAD_INTERVAL`].
     fn follow_files(
         &self,
-        tls: Option<Arc<ReloadingClientTls>>,
+        tls: Option<Arc<Reloading<rustls::ClientConfig>>>,
     ) -> Option<tokio::task::JoinHandle<()>> {
         if self.token.is_none() && tls.is_none() {
             return None;
@@ -216,12 +231,7 @@ impl Interceptor for Credentials {
         mut request: tonic::Request<()>,
     ) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(token) = &self.token {
-            let value = token
-                .current
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .0
-                .clone();
+            let value = AsciiMetadataValue::clone(&token.current());
             request
                 .metadata_mut()
                 .insert(battery_proto::poolmgr::basic_auth::METADATA_KEY, value);
@@ -230,143 +240,52 @@ impl Interceptor for Credentials {
     }
 }
 
-/// The `authorization` value of the token last read; a changed file that cannot be read
-/// keeps the old one, logged.
-struct ReloadingToken {
-    path: PathBuf,
-    current: RwLock<(AsciiMetadataValue, Option<SystemTime>)>,
-}
-
-impl ReloadingToken {
-    fn load(path: &Path) -> Result<Self, ChannelError> {
-        let stamp = modified(path);
-        Ok(Self {
-            current: RwLock::new((Self::read(path)?, stamp)),
+/// The `authorization` value for the token in `path`. A trailing newline is not part of
+/// the token: files written by `echo` or an editor end with one.
+fn read_token(path: &Path) -> Result<AsciiMetadataValue, ChannelError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ChannelError::TokenRead {
+        path: path.to_owned(),
+        source,
+    })?;
+    let token = battery_proto::poolmgr::basic_auth::token_in(&text).ok_or_else(|| {
+        ChannelError::TokenEmpty {
             path: path.to_owned(),
-        })
+        }
+    })?;
+    let invalid = || ChannelError::TokenInvalid {
+        path: path.to_owned(),
+    };
+    if token.contains(['\r', '\n']) || !token.chars().all(|c| c.is_ascii_graphic() || c == ' ') {
+        return Err(invalid());
     }
-
-    /// The header value for the token in `path`. A trailing newline is not part of the
-    /// token: files written by `echo` or an editor end with one.
-    fn read(path: &Path) -> Result<AsciiMetadataValue, ChannelError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ChannelError::TokenRead {
-            path: path.to_owned(),
-            source,
-        })?;
-        let token = text.trim_end_matches(['\r', '\n']);
-        if token.trim().is_empty() {
-            return Err(ChannelError::TokenEmpty {
-                path: path.to_owned(),
-            });
-        }
-        if token.contains(['\r', '\n']) || !token.chars().all(|c| c.is_ascii_graphic() || c == ' ')
-        {
-            return Err(ChannelError::TokenInvalid {
-                path: path.to_owned(),
-            });
-        }
-        let mut value: AsciiMetadataValue =
-            MetadataValue::try_from(battery_proto::poolmgr::basic_auth::header_value(token))
-                .map_err(|_| ChannelError::TokenInvalid {
-                    path: path.to_owned(),
-                })?;
-        // Kept out of any Debug output of the request, as hyper does for sensitive headers.
-        value.set_sensitive(true);
-        Ok(value)
-    }
-
-    fn reload_if_changed(&self) {
-        let stamp = modified(&self.path);
-        if self.current.read().unwrap_or_else(|e| e.into_inner()).1 == stamp {
-            return;
-        }
-        match Self::read(&self.path) {
-            Ok(value) => {
-                *self.current.write().unwrap_or_else(|e| e.into_inner()) = (value, stamp);
-                tracing::info!(file = %self.path.display(), "reloaded battery's token");
-            }
-            Err(err) => tracing::warn!(
-                error = %battery_telemetry::error_chain(&err),
-                "keeping battery's old token"
-            ),
-        }
-    }
+    let mut value: AsciiMetadataValue =
+        MetadataValue::try_from(battery_proto::poolmgr::basic_auth::header_value(token))
+            .map_err(|_| invalid())?;
+    // Kept out of any Debug output of the request, as hyper does for sensitive headers.
+    value.set_sensitive(true);
+    Ok(value)
 }
 
-/// The client TLS of the files last read: the CA bundle and, for mTLS, the client
-/// certificate. A changed set that does not load keeps the old one, logged.
-struct ReloadingClientTls {
-    settings: TlsSettings,
-    current: RwLock<(Arc<rustls::ClientConfig>, Vec<Option<SystemTime>>)>,
-}
-
-impl ReloadingClientTls {
-    fn load(settings: &TlsSettings) -> Result<Self, ChannelError> {
-        let stamps = Self::stamps(settings);
-        Ok(Self {
-            current: RwLock::new((Arc::new(Self::config(settings)?), stamps)),
-            settings: settings.clone(),
-        })
+/// The client TLS of the CA bundle and, for mTLS, the client certificate.
+fn client_config(settings: &TlsSettings) -> Result<rustls::ClientConfig, ChannelError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in tls_files::certificates(&settings.ca_file).map_err(ChannelError::CaFile)? {
+        roots.add(cert).map_err(ChannelError::Tls)?;
     }
-
-    fn stamps(settings: &TlsSettings) -> Vec<Option<SystemTime>> {
-        let mut files = vec![modified(&settings.ca_file)];
-        if let Some(client) = &settings.client {
-            files.extend([modified(&client.cert), modified(&client.key)]);
+    let builder = rustls::ClientConfig::builder_with_provider(tls_files::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(ChannelError::Tls)?
+        .with_root_certificates(roots);
+    let mut config = match &settings.client {
+        Some(files) => {
+            let key = tls_files::certified_key(files).map_err(ChannelError::ClientCertificate)?;
+            builder.with_client_cert_resolver(Arc::new(ClientCertificate(Arc::new(key))))
         }
-        files
-    }
-
-    fn config(settings: &TlsSettings) -> Result<rustls::ClientConfig, ChannelError> {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in tls_files::certificates(&settings.ca_file).map_err(ChannelError::CaFile)? {
-            roots.add(cert).map_err(ChannelError::Tls)?;
-        }
-        let builder = rustls::ClientConfig::builder_with_provider(tls_files::provider())
-            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-            .map_err(ChannelError::Tls)?
-            .with_root_certificates(roots);
-        let mut config = match &settings.client {
-            Some(files) => {
-                let key =
-                    tls_files::certified_key(files).map_err(ChannelError::ClientCertificate)?;
-                builder.with_client_cert_resolver(Arc::new(ClientCertificate(Arc::new(key))))
-            }
-            None => builder.with_no_client_auth(),
-        };
-        // gRPC over TLS is HTTP/2 chosen by ALPN; grpc-go refuses a handshake without it.
-        config.alpn_protocols = vec![b"h2".to_vec()];
-        Ok(config)
-    }
-
-    fn current(&self) -> Arc<rustls::ClientConfig> {
-        self.current
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .0
-            .clone()
-    }
-
-    fn reload_if_changed(&self) {
-        let stamps = Self::stamps(&self.settings);
-        if self.current.read().unwrap_or_else(|e| e.into_inner()).1 == stamps {
-            return;
-        }
-        match Self::config(&self.settings) {
-            Ok(config) => {
-                *self.current.write().unwrap_or_else(|e| e.into_inner()) =
-                    (Arc::new(config), stamps);
-                tracing::info!(
-                    ca = %self.settings.ca_file.display(),
-                    "reloaded battery's TLS files; new connections use them"
-                );
-            }
-            Err(err) => tracing::warn!(
-                error = %battery_telemetry::error_chain(&err),
-                "keeping battery's old TLS files"
-            ),
-        }
-    }
+        None => builder.with_no_client_auth(),
+    };
+    // gRPC over TLS is HTTP/2 chosen by ALPN; grpc-go refuses a handshake without it.
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
 }
 
 /// The client certificate offered to battery, whatever it asks for: poolmgrd names no
@@ -387,7 +306,7 @@ impl ResolvesClientCert for ClientCertificate {
 /// Dials battery and shakes hands with the TLS files of the moment.
 #[derive(Clone)]
 struct Connector {
-    tls: Arc<ReloadingClientTls>,
+    tls: Arc<Reloading<rustls::ClientConfig>>,
     server_name: ServerName<'static>,
 }
 

@@ -11,10 +11,10 @@
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use axum::Router;
 use hyper::body::Incoming;
@@ -34,7 +34,7 @@ use tokio_rustls::server::TlsStream;
 use tower::ServiceExt;
 
 use crate::http::authn::PeerCertificates;
-use crate::tls_files::{RELOAD_INTERVAL, certified_key, modified, provider};
+use crate::tls_files::{RELOAD_INTERVAL, Reloading, certified_key, provider};
 pub use crate::tls_files::{TlsError, TlsFiles};
 
 /// HTTP/2 streams per connection (Go's aggregated-server recommendation).
@@ -53,55 +53,13 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// wake-ups of the reader.
 const BULK_TLS_BUFFER_BYTES: usize = 1024 * 1024;
 
-/// Serves the certificate last loaded, and reloads it when its files change. A broken
-/// new pair is logged and the old one kept, so a half-written rotation never takes the
-/// server down.
+/// Serves the certificate last loaded from its files.
 #[derive(Debug)]
-struct ReloadingCert {
-    files: TlsFiles,
-    current: RwLock<(Arc<CertifiedKey>, Option<SystemTime>, Option<SystemTime>)>,
-}
-
-impl ReloadingCert {
-    fn load(files: TlsFiles) -> Result<Arc<Self>, TlsError> {
-        let key = certified_key(&files)?;
-        let stamps = (modified(&files.cert), modified(&files.key));
-        Ok(Arc::new(Self {
-            current: RwLock::new((Arc::new(key), stamps.0, stamps.1)),
-            files,
-        }))
-    }
-
-    fn reload_if_changed(&self) {
-        let stamps = (modified(&self.files.cert), modified(&self.files.key));
-        {
-            let current = self.current.read().unwrap_or_else(|e| e.into_inner());
-            if (current.1, current.2) == stamps {
-                return;
-            }
-        }
-        match certified_key(&self.files) {
-            Ok(key) => {
-                *self.current.write().unwrap_or_else(|e| e.into_inner()) =
-                    (Arc::new(key), stamps.0, stamps.1);
-                tracing::info!(cert = %self.files.cert.display(), "reloaded the serving certificate");
-            }
-            Err(err) => {
-                tracing::warn!(error = %format!("{err:#}"), "keeping the old serving certificate")
-            }
-        }
-    }
-}
+struct ReloadingCert(Reloading<CertifiedKey>);
 
 impl ResolvesServerCert for ReloadingCert {
     fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(
-            self.current
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .0
-                .clone(),
-        )
+        Some(self.0.current())
     }
 }
 
@@ -165,7 +123,12 @@ impl ClientCertVerifier for RequestClientCertificate {
 /// A TLS acceptor whose certificate follows its files until the returned task is
 /// dropped or aborted.
 pub fn acceptor(files: &TlsFiles) -> Result<(TlsAcceptor, tokio::task::JoinHandle<()>), TlsError> {
-    let cert = ReloadingCert::load(files.clone())?;
+    let owned = files.clone();
+    let cert = Arc::new(ReloadingCert(Reloading::new(
+        "the serving certificate",
+        vec![files.cert.clone(), files.key.clone()],
+        move || certified_key(&owned),
+    )?));
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(TlsError::Config)?;
@@ -177,7 +140,7 @@ pub fn acceptor(files: &TlsFiles) -> Result<(TlsAcceptor, tokio::task::JoinHandl
         let mut tick = tokio::time::interval(RELOAD_INTERVAL);
         loop {
             tick.tick().await;
-            cert.reload_if_changed();
+            cert.0.reload_if_changed();
         }
     });
     Ok((TlsAcceptor::from(Arc::new(config)), reloader))

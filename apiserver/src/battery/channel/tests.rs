@@ -56,23 +56,20 @@ fn the_token_file_is_one_line_and_never_prints() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("token");
     std::fs::write(&path, "s3cret\n").unwrap();
-    let token = ReloadingToken::load(&path).unwrap();
-    let value = token.current.read().unwrap().0.clone();
+    let credentials = Credentials::load(Some(&path)).unwrap();
+    let value = credentials.token.as_ref().unwrap().current();
     assert_eq!(
         value.to_str().unwrap(),
         battery_proto::poolmgr::basic_auth::header_value("s3cret")
     );
     assert!(value.is_sensitive());
-    let credentials = Credentials {
-        token: Some(Arc::new(token)),
-    };
     assert!(!format!("{credentials:?}").contains("s3cret"));
     let request = credentials.clone().call(tonic::Request::new(())).unwrap();
     assert!(!format!("{request:?}").contains("czNjcmV0"), "{request:?}");
 
     for (contents, empty) in [("", true), ("  \n", true), ("two\nlines\n", false)] {
         std::fs::write(&path, contents).unwrap();
-        let err = ReloadingToken::load(&path).err().unwrap();
+        let err = read_token(&path).unwrap_err();
         assert_eq!(
             matches!(err, ChannelError::TokenEmpty { .. }),
             empty,
@@ -86,8 +83,9 @@ fn a_changed_token_file_is_read_again_and_a_broken_one_keeps_the_old() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("token");
     std::fs::write(&path, "first").unwrap();
-    let token = ReloadingToken::load(&path).unwrap();
-    let current = || token.current.read().unwrap().0.to_str().unwrap().to_owned();
+    let credentials = Credentials::load(Some(&path)).unwrap();
+    let token = credentials.token.as_ref().unwrap();
+    let current = || token.current().to_str().unwrap().to_owned();
     // A later modification time than the first file's, whatever the clock's resolution.
     let rewrite = |contents: &str, seconds: u64| {
         std::fs::write(&path, contents).unwrap();
