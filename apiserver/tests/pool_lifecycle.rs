@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use battery_apiserver::battery::BatteryClient;
 use battery_apiserver::server::Settings;
 use battery_apiserver::testing::{self as common, DEADLINE, Harness, POOLS, eventually, pool};
 use common::cluster::fake_kube_apiserver;
@@ -85,6 +86,71 @@ async fn a_pool_edited_and_scaled_while_it_boots_fills_and_blames_no_hook() {
         seen.iter()
             .all(|(kind, reason)| kind == "Normal" && reason == "BootCancelled"),
         "the boots our changes cancelled are not the Pool's hooks failing: {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn changes_that_arrive_while_battery_restarts_a_pool_reach_it_as_one() {
+    let (h, proxy) = Harness::behind_proxy(common::settings(), battery()).await;
+    let h = Arc::new(h);
+    let uri = format!("{POOLS}/burst");
+    h.create(POOLS, &pool("burst", 1)).await;
+    h.wait_available("burst", 1).await;
+    // battery is slow to take the first change: it is in flight while the others arrive.
+    proxy.hold_updates();
+    let patch = |body: Value| {
+        let (h, uri) = (h.clone(), uri.clone());
+        tokio::spawn(async move { h.call("PATCH", &uri, MERGE_PATCH, Some(body)).await })
+    };
+    let first = patch(json!({"spec": {"size": 2}}));
+    eventually(
+        DEADLINE,
+        "the first UpdatePool in flight",
+        async || match proxy.update_calls() {
+            1 => Ok(()),
+            calls => Err(format!("{calls} calls")),
+        },
+    )
+    .await;
+    let later = [
+        json!({"spec": {"size": 3}}),
+        json!({"spec": {"lease": {"expiryThreshold": "45s"}}}),
+        json!({"spec": {"lease": {"heartbeatInterval": "15s"}}}),
+    ]
+    .map(patch);
+    // Each is recorded, and shown, before battery has taken any of them.
+    h.eventually(&uri, |_, pool| {
+        pool["spec"]["size"] == 3
+            && pool["spec"]["lease"]["expiryThreshold"] == "45s"
+            && pool["spec"]["lease"]["heartbeatInterval"] == "15s"
+    })
+    .await;
+    assert_eq!(proxy.update_calls(), 1, "none of the later ones sent yet");
+    proxy.release_updates();
+    for request in std::iter::once(first).chain(later) {
+        let (status, _, body) = request.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    assert_eq!(
+        proxy.update_calls(),
+        2,
+        "the three that waited reached battery in one UpdatePool"
+    );
+    let battery =
+        BatteryClient::connect_lazy(&format!("http://{}", h.battery().address())).unwrap();
+    let held = battery.pool("default", "burst").await.unwrap().spec;
+    assert_eq!(held.size, Some(3), "{held:?}");
+    let lease = serde_json::to_value(&held.lease).unwrap();
+    assert_eq!(lease["expiryThreshold"], "45s", "{held:?}");
+    h.wait_available("burst", 3).await;
+    let (_, settled) = h.get(&uri).await;
+    assert_eq!(
+        settled["spec"]["lease"]["expiryThreshold"], "45s",
+        "{settled}"
+    );
+    assert_eq!(
+        settled["spec"]["lease"]["heartbeatInterval"], "15s",
+        "{settled}"
     );
 }
 

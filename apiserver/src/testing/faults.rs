@@ -1,6 +1,7 @@
 //! A proxy in front of a battery that loses answers on purpose: ClaimVM is forwarded, so
 //! battery really leases, and then answered with a chosen gRPC code, as when an answer is
-//! lost to a timeout, a cut connection or a failure part way. Every other call passes
+//! lost to a timeout, a cut connection or a failure part way. It also counts UpdatePool
+//! calls and can hold them, as a battery slow to restart a Pool. Every other call passes
 //! through untouched, streams included.
 
 use std::convert::Infallible;
@@ -19,11 +20,14 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 const CLAIM_VM: &str = "/poolmgr.v1alpha1.Lease/ClaimVM";
+const UPDATE_POOL: &str = "/poolmgr.v1alpha1.PoolAdmin/UpdatePool";
 
-#[derive(Default)]
 struct Faults {
     lose_claims_as: Mutex<Option<tonic::Code>>,
     lost: AtomicUsize,
+    /// Whether UpdatePool calls wait before they reach battery.
+    hold_updates: tokio::sync::watch::Sender<bool>,
+    updates: AtomicUsize,
 }
 
 pub struct FaultyBattery {
@@ -42,7 +46,12 @@ impl FaultyBattery {
     pub async fn start(upstream: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
-        let faults = Arc::new(Faults::default());
+        let faults = Arc::new(Faults {
+            lose_claims_as: Mutex::default(),
+            lost: AtomicUsize::default(),
+            hold_updates: tokio::sync::watch::Sender::new(false),
+            updates: AtomicUsize::default(),
+        });
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         let client: Client<HttpConnector, Incoming> = Client::builder(TokioExecutor::new())
@@ -99,6 +108,21 @@ impl FaultyBattery {
     pub fn lost_claim_answers(&self) -> usize {
         self.faults.lost.load(Ordering::SeqCst)
     }
+
+    /// From now on UpdatePool calls wait here until [`Self::release_updates`].
+    pub fn hold_updates(&self) {
+        self.faults.hold_updates.send_replace(true);
+    }
+
+    /// UpdatePool calls held, and those to come, go on to battery.
+    pub fn release_updates(&self) {
+        self.faults.hold_updates.send_replace(false);
+    }
+
+    /// How many UpdatePool calls reached the proxy so far, held ones included.
+    pub fn update_calls(&self) -> usize {
+        self.faults.updates.load(Ordering::SeqCst)
+    }
 }
 
 async fn forward(
@@ -115,6 +139,12 @@ async fn forward(
                 .unwrap_or_else(PoisonError::into_inner)
         })
         .flatten();
+    if request.uri().path() == UPDATE_POOL {
+        faults.updates.fetch_add(1, Ordering::SeqCst);
+        let mut held = faults.hold_updates.subscribe();
+        // The sender lives as long as `faults`: waiting cannot fail.
+        let _ = held.wait_for(|held| !held).await;
+    }
     let path = request.uri().path_and_query().cloned();
     let mut uri = Uri::builder()
         .scheme("http")

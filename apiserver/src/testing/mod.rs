@@ -46,6 +46,8 @@ pub fn settings() -> Settings {
 pub struct Harness {
     app: App,
     battery: LocalBattery,
+    /// Where the server reaches battery: its address, or a proxy's in front of it.
+    battery_url: String,
     settings: Settings,
 }
 
@@ -65,24 +67,49 @@ impl Harness {
     /// On a battery of `config`'s, for tests of how the server copes with its timing.
     pub async fn with_battery(settings: Settings, config: LocalBatteryConfig) -> Self {
         let battery = LocalBattery::start(config).await.expect("embedded battery");
-        Self::on(battery, MetaStore::in_memory().unwrap(), settings)
+        let url = format!("http://{}", battery.address());
+        Self::on(battery, url, MetaStore::in_memory().unwrap(), settings)
+    }
+
+    /// On a battery of `config`'s that the server reaches through a [`faults::FaultyBattery`].
+    pub async fn behind_proxy(
+        settings: Settings,
+        config: LocalBatteryConfig,
+    ) -> (Self, faults::FaultyBattery) {
+        let battery = LocalBattery::start(config).await.expect("embedded battery");
+        let proxy = faults::FaultyBattery::start(battery.address()).await;
+        let harness = Self::on(
+            battery,
+            proxy.url(),
+            MetaStore::in_memory().unwrap(),
+            settings,
+        );
+        (harness, proxy)
     }
 
     async fn build(store: MetaStore, settings: Settings) -> Self {
-        Self::on(fast_battery().await, store, settings)
+        let battery = fast_battery().await;
+        let url = format!("http://{}", battery.address());
+        Self::on(battery, url, store, settings)
     }
 
-    fn on(battery: LocalBattery, store: MetaStore, settings: Settings) -> Self {
-        let app = Self::app(&battery, store, &settings);
+    fn on(
+        battery: LocalBattery,
+        battery_url: String,
+        store: MetaStore,
+        settings: Settings,
+    ) -> Self {
+        let app = Self::app(&battery_url, store, &settings);
         Self {
             app,
             battery,
+            battery_url,
             settings,
         }
     }
 
-    fn app(battery: &LocalBattery, store: MetaStore, settings: &Settings) -> App {
-        let client = BatteryClient::connect_lazy(&format!("http://{}", battery.address())).unwrap();
+    fn app(battery_url: &str, store: MetaStore, settings: &Settings) -> App {
+        let client = BatteryClient::connect_lazy(battery_url).unwrap();
         server::build(client, std::sync::Arc::new(store), settings).unwrap()
     }
 
@@ -90,7 +117,7 @@ impl Harness {
     /// a server installed beside a battery that has a history.
     pub fn replace_server(&mut self) {
         self.app = Self::app(
-            &self.battery,
+            &self.battery_url,
             MetaStore::in_memory().unwrap(),
             &self.settings,
         );

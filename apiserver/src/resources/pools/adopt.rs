@@ -4,7 +4,7 @@
 use battery_api_machinery::status::ApiError;
 use tokio::sync::OwnedMutexGuard;
 
-use super::{PoolRecord, PoolStorage, counts, info, key};
+use super::{Kept, PoolRecord, PoolStorage, counts, info, key, shared_error};
 use crate::battery::BatteryPool;
 use crate::watch::ChangeType;
 
@@ -51,8 +51,8 @@ impl PoolStorage {
         for pool in self.every_pool().await? {
             let (_guard, record) = self.lock_record(&pool).await?;
             let was_rejected = record.as_ref().is_some_and(|r| r.rejected.is_some());
-            let mut spec = pool.spec.clone();
-            spec.placement = record.as_ref().and_then(|r| r.placement.clone());
+            // The spec the Pool shows: one on its way to battery goes with the new Hosts.
+            let spec = self.assemble(record.clone(), pool.clone()).spec;
             let hosts = self.resolve_hosts(&spec).await?;
             if hosts == pool.hosts && !was_rejected {
                 continue;
@@ -60,13 +60,13 @@ impl PoolStorage {
             // battery may refuse the new placement (a static address on several Hosts);
             // the Pool then says so in its Ready condition until a Host change fixes it.
             let rejected = match self
-                .update_in_battery(&pool.namespace, &pool.name, &spec, hosts, pool.clone())
+                .respecify(&pool.namespace, &pool.name, &spec, hosts)
                 .await
             {
                 Ok(_) => None,
                 Err(err) => match err.refusal() {
                     Some(message) => Some(message.to_owned()),
-                    None => return Err(err.into_api_error(info(), &pool.name)),
+                    None => return Err(shared_error(&err, &pool.name)),
                 },
             };
             let current = self
@@ -77,9 +77,12 @@ impl PoolStorage {
             let mut record =
                 record.unwrap_or_else(|| PoolRecord::adopted(&pool.namespace, &pool.name));
             record.rejected = rejected.clone();
+            let kept = Kept {
+                rejected,
+                pending: record.pending.clone(),
+            };
             let mut object = self.assemble(Some(record), current);
-            self.commit(&mut object, ChangeType::Modified, rejected)
-                .await?;
+            self.commit(&mut object, ChangeType::Modified, kept).await?;
         }
         Ok(())
     }

@@ -15,7 +15,7 @@ use battery_types::Pool;
 use futures::FutureExt as _;
 use futures::future::{BoxFuture, Shared};
 
-use super::{PoolStorage, info, key};
+use super::{Kept, PoolStorage, info, key, shared_error};
 use crate::api::Deleted;
 use crate::battery::objects::{self, PoolMeta};
 use crate::battery::{BatteryError, Failure, Rpc};
@@ -114,7 +114,8 @@ impl PoolStorage {
             .get::<super::PoolRecord>(&key(&namespace, &name))?
             .is_some()
         {
-            self.commit(&mut pool, ChangeType::Deleted, None).await?;
+            self.commit(&mut pool, ChangeType::Deleted, Kept::default())
+                .await?;
         }
         pool.status = None;
         Ok(Deleted::Gone(pool))
@@ -129,15 +130,10 @@ impl PoolStorage {
         let mut drained = pool.spec.clone();
         drained.size = Some(0);
         let hosts = self.resolve_hosts(&pool.spec).await?;
-        let current = self
-            .battery
-            .pool(&namespace, &name)
-            .await
-            .map_err(|e| e.into_api_error(info(), &name))?;
         let draining = self
-            .update_in_battery(&namespace, &name, &drained, hosts, current)
+            .respecify(&namespace, &name, &drained, hosts)
             .await
-            .map_err(|e| e.into_api_error(info(), &name))?;
+            .map_err(|e| shared_error(&e, &name))?;
         self.mark_deleting(pool, draining).await
     }
 
@@ -159,12 +155,8 @@ impl PoolStorage {
             rejected: None,
         };
         let mut pool = objects::pool(meta, battery_pool);
-        self.commit(&mut pool, ChangeType::Modified, None).await?;
+        self.commit(&mut pool, ChangeType::Modified, Kept::default())
+            .await?;
         Ok(Deleted::Pending(pool))
     }
-}
-
-/// The error a client sees for a DeletePool failure every waiter shares.
-fn shared_error(err: &BatteryError, name: &str) -> ApiError {
-    err.clone().into_api_error(info(), name)
 }

@@ -4,6 +4,8 @@
 
 mod adopt;
 mod deletion;
+mod respec;
+mod update;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
@@ -19,10 +21,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::hosts::HostDirectory;
-use super::{KeyLocks, check_resource_version, commit};
+use super::{KeyLocks, commit};
 use crate::api::{Deleted, RequestContext, Scalable, Storage};
 use crate::battery::objects::{self, PoolMeta};
-use crate::battery::{BatteryClient, BatteryPool, Failure};
+use crate::battery::{BatteryClient, BatteryError, BatteryPool, Failure};
 use crate::clock::server_now;
 use crate::meta_store::{Key, MetaStore, StoreError, Txn};
 use crate::metrics::{Metrics, PoolCounts};
@@ -76,6 +78,32 @@ struct PoolRecord {
     /// battery's refusal of the spec the Pool's Hosts last resolved to, if it refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     rejected: Option<String>,
+    /// A spec written through the API that battery has not yet been told (`respec`):
+    /// what the Pool shows as its spec meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pending: Option<Pending>,
+}
+
+/// A Pool's spec on its way to battery, and the generation that wrote it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Pending {
+    spec: PoolSpec,
+    generation: i64,
+}
+
+/// What a Pool's record holds beside the object it is written from.
+#[derive(Debug, Default)]
+struct Kept {
+    rejected: Option<String>,
+    pending: Option<Pending>,
+}
+
+/// A spec to tell battery, as UpdatePool takes it.
+struct Respec {
+    namespace: String,
+    name: String,
+    spec: PoolSpec,
+    hosts: Vec<String>,
 }
 
 impl PoolRecord {
@@ -103,8 +131,15 @@ pub struct PoolStorage {
     /// MicroVMs still booting, and says so with the event it gives a failed hook, which
     /// the follower may read after later changes.
     respecified: Mutex<HashMap<(String, String), VecDeque<SystemTime>>>,
-    /// For the tasks a deletion leaves running.
+    /// The UpdatePool calls in flight, one per Pool, and the changes waiting for them.
+    respecs: Arc<respec::Coalescer<Key, Respec, BatteryPool, BatteryError>>,
+    /// For the tasks a deletion or an UpdatePool leaves running.
     this: Weak<PoolStorage>,
+}
+
+/// The error a client sees for a battery failure its waiters share.
+fn shared_error(err: &BatteryError, name: &str) -> ApiError {
+    err.clone().into_api_error(info(), name)
 }
 
 fn key(namespace: &str, name: &str) -> Key {
@@ -149,6 +184,7 @@ impl PoolStorage {
             bind_settings: crate::cache::bounded(BIND_SETTINGS_TTL, BIND_SETTINGS_CAPACITY),
             deletions: Mutex::default(),
             respecified: Mutex::default(),
+            respecs: Arc::default(),
             this: this.clone(),
         })
     }
@@ -183,26 +219,6 @@ impl PoolStorage {
             .is_some_and(|times| times.iter().any(|at| booted <= *at && *at <= failed))
     }
 
-    /// Tells battery the Pool's new spec and Hosts, unless `current` (what battery holds)
-    /// has them already: UpdatePool restarts the Pool's reconciler, which cancels the
-    /// Pool's MicroVMs still booting, so it is called only for a real change.
-    async fn update_in_battery(
-        &self,
-        namespace: &str,
-        name: &str,
-        spec: &PoolSpec,
-        hosts: Vec<String>,
-        current: BatteryPool,
-    ) -> Result<BatteryPool, crate::battery::BatteryError> {
-        let mut wanted = spec.clone();
-        wanted.placement = None;
-        if current.spec == wanted && current.hosts == hosts {
-            return Ok(current);
-        }
-        self.respecified(namespace, name);
-        self.battery.update_pool(namespace, name, spec, hosts).await
-    }
-
     /// Keeps the Pool's MicroVM gauges at what was just recorded of it.
     fn record_counts(&self, pool: &Pool, change: ChangeType) {
         let namespace = pool.metadata.namespace.as_deref().unwrap_or_default();
@@ -216,8 +232,13 @@ impl PoolStorage {
         }
     }
 
-    fn assemble(&self, record: Option<PoolRecord>, pool: BatteryPool) -> Pool {
+    /// The Pool as battery holds it, with our metadata, and the spec written through the
+    /// API while battery is being told it.
+    fn assemble(&self, record: Option<PoolRecord>, mut pool: BatteryPool) -> Pool {
         let record = record.unwrap_or_else(|| PoolRecord::adopted(&pool.namespace, &pool.name));
+        if let Some(pending) = record.pending {
+            pool.spec = pending.spec;
+        }
         let meta = PoolMeta {
             metadata: record.metadata,
             placement: record.placement,
@@ -266,15 +287,15 @@ impl PoolStorage {
         Ok(BindSettings::of(&self.read(namespace, name).await?.spec))
     }
 
-    /// Writes `object`'s record with a new resourceVersion and tells watchers.
-    /// Writes the Pool's record; `rejected` is battery's refusal of its resolved Hosts.
+    /// Writes `object`'s record with a new resourceVersion and tells watchers; `kept` is
+    /// what the record holds beside the object.
     async fn commit(
         &self,
         object: &mut Pool,
         change: ChangeType,
-        rejected: Option<String>,
+        kept: Kept,
     ) -> Result<(), ApiError> {
-        self.commit_with(object, change, rejected, |_| Ok(())).await
+        self.commit_with(object, change, kept, |_| Ok(())).await
     }
 
     /// `commit`, with `also` written in the same transaction.
@@ -282,7 +303,7 @@ impl PoolStorage {
         &self,
         object: &mut Pool,
         change: ChangeType,
-        rejected: Option<String>,
+        kept: Kept,
         also: impl FnOnce(&mut Txn) -> Result<(), StoreError>,
     ) -> Result<(), ApiError> {
         let key = key(
@@ -297,7 +318,8 @@ impl PoolStorage {
                 .as_ref()
                 .map(|s| s.conditions.clone())
                 .unwrap_or_default(),
-            rejected,
+            rejected: kept.rejected,
+            pending: kept.pending,
         };
         commit(&self.store, &key, object, change, record, also).await?;
         match change {
@@ -359,7 +381,7 @@ impl PoolStorage {
                 if let Some(record) = record {
                     let mut object = Pool::new(name, PoolSpec::default());
                     object.metadata = record.metadata;
-                    self.commit_with(&mut object, ChangeType::Deleted, None, also)
+                    self.commit_with(&mut object, ChangeType::Deleted, Kept::default(), also)
                         .await?;
                 }
                 return Ok(());
@@ -371,7 +393,18 @@ impl PoolStorage {
                 && r.metadata.finalizers.as_ref().is_none_or(Vec::is_empty)
         });
         let adopted = record.is_none();
-        let rejected = record.as_ref().and_then(|r| r.rejected.clone());
+        let mut record = record;
+        if let Some(record) = &mut record
+            && !self.respecs.busy(&key(namespace, name))
+        {
+            // Written by a process that ended before telling battery: nobody was
+            // answered that it was made, and battery's spec stands.
+            record.pending = None;
+        }
+        let kept = Kept {
+            rejected: record.as_ref().and_then(|r| r.rejected.clone()),
+            pending: record.as_ref().and_then(|r| r.pending.clone()),
+        };
         let mut object = self.assemble(record, pool);
         if blocked {
             // A deletion battery refused while MicroVMs were leased, or that outlasted its
@@ -382,10 +415,10 @@ impl PoolStorage {
             // First sight of a Pool made outside the API: it exists from now on.
             object.metadata.creation_timestamp = Some(server_now());
             return self
-                .commit_with(&mut object, ChangeType::Added, None, also)
+                .commit_with(&mut object, ChangeType::Added, Kept::default(), also)
                 .await;
         }
-        self.commit_with(&mut object, ChangeType::Modified, rejected, also)
+        self.commit_with(&mut object, ChangeType::Modified, kept, also)
             .await
     }
 
@@ -489,41 +522,26 @@ impl Storage for PoolStorage {
             rejected: None,
         };
         let mut pool = objects::pool(meta, created);
-        self.commit(&mut pool, ChangeType::Added, None).await?;
+        self.commit(&mut pool, ChangeType::Added, Kept::default())
+            .await?;
         Ok(pool)
     }
 
     async fn update(&self, _ctx: &RequestContext, _old: Pool, new: Pool) -> Result<Pool, ApiError> {
         let namespace = new.metadata.namespace.clone().unwrap_or_default();
         let name = new.metadata.name.clone().unwrap_or_default();
-        let key = key(&namespace, &name);
-        let _guard = self.locks.lock(&key).await;
-        // One read of battery serves both the existence check and the change check.
-        let battery_now = self
-            .battery
-            .pool(&namespace, &name)
-            .await
-            .map_err(|e| e.into_api_error(info(), &name))?;
-        let record = self
-            .store
-            .get::<PoolRecord>(&key)?
-            .unwrap_or_else(|| PoolRecord::adopted(&namespace, &name));
-        check_resource_version(info(), &record.metadata, &new.metadata)?;
-        let hosts = self.resolve_hosts(&new.spec).await?;
-        let pool = self
-            .update_in_battery(&namespace, &name, &new.spec, hosts, battery_now)
-            .await
-            .map_err(|e| e.into_api_error(info(), &name))?;
-        let meta = PoolMeta {
-            metadata: new.metadata,
-            placement: new.spec.placement,
-            previous: &record.conditions,
-            rejected: None,
+        let (written, telling) = {
+            let _guard = self.locks.lock(&key(&namespace, &name)).await;
+            match self.write_update(new).await? {
+                update::Written::Recorded(pool) => return Ok(pool),
+                // Queued under the lock, so the follower sees it pending until it is told.
+                update::Written::ToTell { pool, hosts } => {
+                    let telling = self.respecify(&namespace, &name, &pool.spec, hosts);
+                    (pool, telling)
+                }
+            }
         };
-        let mut updated = objects::pool(meta, pool);
-        self.commit(&mut updated, ChangeType::Modified, None)
-            .await?;
-        Ok(updated)
+        self.settle_update(written, telling.await).await
     }
 
     async fn delete(&self, _ctx: &RequestContext, pool: Pool) -> Result<Deleted<Pool>, ApiError> {
