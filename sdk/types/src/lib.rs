@@ -45,6 +45,7 @@
 #![deny(missing_docs)]
 
 pub mod agent_identity;
+mod api_group;
 pub mod channel;
 pub mod conditions;
 mod duration;
@@ -59,6 +60,7 @@ mod template;
 pub mod validation;
 mod wire;
 
+pub use api_group::{API_VERSION, GROUP, VERSION};
 pub use duration::{Duration, DurationOutOfRange, ParseDurationError};
 pub use host_certificates::{
     HostCertificateRequest, HostCertificateRequestSpec, HostCertificateRequestStatus,
@@ -81,13 +83,6 @@ pub use template::{
     Initrd, InterfaceType, Kernel, MicroVMTemplate, NetworkInterface, NetworkOverrides,
     StaticAddress, Volume,
 };
-
-/// The API group of every kind here.
-pub const GROUP: &str = "battery.liquidmetal-x.dev";
-/// The API version of every kind here.
-pub const VERSION: &str = "v1alpha1";
-/// `<GROUP>/<VERSION>`, the kinds' `apiVersion`.
-pub const API_VERSION: &str = "battery.liquidmetal-x.dev/v1alpha1";
 
 #[cfg(test)]
 mod tests;

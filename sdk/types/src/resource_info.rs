@@ -11,7 +11,7 @@ use std::fmt;
 use crate::hosts::Host;
 use crate::microvmclaims::MicroVMClaim;
 use crate::pools::Pool;
-use crate::{GROUP, VERSION};
+use crate::api_group::{GROUP, VERSION};
 
 /// A Kubernetes API verb, as RBAC and discovery spell it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
