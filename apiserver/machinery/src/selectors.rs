@@ -12,10 +12,3 @@ mod label;
 
 pub use field::{FieldOperator, FieldSelector, FieldTerm};
 pub use label::{LabelSelector, Operator, Requirement};
-
-use battery_types::strconv::quote;
-
-/// `field.Invalid(path, value, detail).Error()` for a string value.
-fn invalid_value(path: &str, value: &str, detail: &str) -> String {
-    format!("{path}: Invalid value: {}: {detail}", quote(value))
-}

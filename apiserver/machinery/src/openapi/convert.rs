@@ -4,7 +4,8 @@
 
 use serde_json::{Map, Value};
 
-use super::OpenApiError;
+use super::error::OpenApiError;
+use super::names::{COMPONENTS, DEFINITIONS};
 
 /// Keywords that take one subschema.
 const SUBSCHEMA: &[&str] = &["items", "not", "additionalProperties"];
@@ -203,9 +204,9 @@ pub(super) fn to_swagger_2_0(schema: &mut Value) {
         return;
     };
     if let Some(Value::String(reference)) = object.get_mut("$ref")
-        && let Some(name) = reference.strip_prefix(super::schemas::COMPONENTS)
+        && let Some(name) = reference.strip_prefix(COMPONENTS)
     {
-        *reference = format!("{}{name}", super::schemas::DEFINITIONS);
+        *reference = format!("{DEFINITIONS}{name}");
     }
     let wrapped_ref = match object.get("allOf") {
         Some(Value::Array(branches)) if branches.len() == 1 => branches[0]

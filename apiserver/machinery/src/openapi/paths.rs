@@ -7,9 +7,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     APIResourceList, DeleteOptions, Patch, Status,
 };
 
-use super::OpenApiError;
+use super::error::OpenApiError;
+use super::names::{Gvk, is_connect, name_of, rest_friendly_name};
 use super::query::{self, QueryParam};
-use super::schemas::{Components, Gvk, name_of, rest_friendly_name};
+use super::schemas::Components;
 
 /// An HTTP method of an operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -455,15 +456,6 @@ impl<'a> Resource<'a> {
         }
         Ok(operations)
     }
-}
-
-/// Whether `sub` is a connect subresource (exec, attach, proxy) rather than a view of an
-/// object. Kubernetes names the kind of every connect subresource after the options its
-/// query parameters decode into (`PodExecOptions`, `PodAttachOptions`, `NodeProxyOptions`:
-/// `rest.Connecter.NewConnectOptions` in `apiserver:pkg/registry/rest/rest.go`), and the
-/// resource table follows that convention (`MicroVMClaimExecOptions`).
-pub(super) fn is_connect(sub: &SubresourceInfo) -> bool {
-    sub.kind.ends_with("Options")
 }
 
 fn reply(code: &'static str, description: &'static str, payload: Payload) -> Reply {

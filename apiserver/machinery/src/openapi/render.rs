@@ -7,7 +7,8 @@ use serde_json::{Map, Value, json};
 use super::convert;
 use super::paths::{Operation, PathItem, Payload};
 use super::query::{self, QueryParam};
-use super::schemas::{COMPONENTS, Components, DEFINITIONS};
+use super::names::{COMPONENTS, DEFINITIONS};
+use super::schemas::Components;
 
 const NAMESPACE_DESCRIPTION: &str = "object name and auth scope, such as for teams and projects";
 

@@ -18,46 +18,18 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     Time, WatchEvent,
 };
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
-use k8s_openapi::schemars::JsonSchema;
 use k8s_openapi::schemars::SchemaGenerator;
 use k8s_openapi::schemars::generate::SchemaSettings;
 use serde_json::{Map, Value, json};
 
-use super::{OpenApiError, convert, paths};
-
-/// Where a v3 document keeps its schemas.
-pub(super) const COMPONENTS: &str = "#/components/schemas/";
-/// Where a Swagger 2.0 document keeps its schemas.
-pub(super) const DEFINITIONS: &str = "#/definitions/";
-
-const GVK_EXTENSION: &str = "x-kubernetes-group-version-kind";
+use super::convert;
+use super::error::OpenApiError;
+use super::names::{COMPONENTS, GVK_EXTENSION, Gvk, is_connect, name_of, rest_friendly_name};
 
 const API_VERSION_DESCRIPTION: &str = "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources";
 const KIND_DESCRIPTION: &str = "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds";
 const METADATA_DESCRIPTION: &str = "Standard object's metadata. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata";
 const LIST_METADATA_DESCRIPTION: &str = "Standard list metadata. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds";
-
-/// A group, version and kind.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) struct Gvk {
-    pub(super) group: String,
-    pub(super) version: String,
-    pub(super) kind: String,
-}
-
-impl Gvk {
-    pub(super) fn new(group: &str, version: &str, kind: &str) -> Self {
-        Self {
-            group: group.to_owned(),
-            version: version.to_owned(),
-            kind: kind.to_owned(),
-        }
-    }
-
-    pub(super) fn to_json(&self) -> Value {
-        json!({ "group": self.group, "version": self.version, "kind": self.kind })
-    }
-}
 
 /// The schemas of a document and the definition name of each kind it serves.
 pub(super) struct Components {
@@ -73,20 +45,6 @@ impl Components {
     pub(super) fn name_of(&self, gvk: &Gvk) -> Option<&str> {
         self.names.get(gvk).map(String::as_str)
     }
-}
-
-/// The definition name of a type, as k8s-openapi (and so kube-apiserver) names it.
-pub(super) fn name_of<T: JsonSchema>() -> String {
-    T::schema_name().into_owned()
-}
-
-/// The definition name kube-apiserver gives a kind with no Go package, such as a CRD's:
-/// `<group reversed>.<version>.<kind>` (`kube-openapi:pkg/util/util.go`
-/// `ToRESTFriendlyName`, applied in
-/// `apiextensions-apiserver:pkg/controller/openapi/builder/builder.go`).
-pub(super) fn rest_friendly_name(group: &str, version: &str, kind: &str) -> String {
-    let reversed: Vec<&str> = group.rsplit('.').collect();
-    format!("{}.{version}.{kind}", reversed.join("."))
 }
 
 /// A `$ref` to a definition, wrapped in `allOf` so that it may carry a description
@@ -158,7 +116,7 @@ pub(super) fn build(
         for sub in info
             .subresources
             .iter()
-            .filter(|sub| !paths::is_connect(sub))
+            .filter(|sub| !is_connect(sub))
         {
             let gvk = Gvk::new(sub.group, sub.version, sub.kind);
             if names.contains_key(&gvk) {

@@ -13,9 +13,7 @@ use std::collections::BTreeSet;
 
 use serde_json::{Map, Value};
 
-use super::schemas::DEFINITIONS;
-
-const GVK_EXTENSION: &str = "x-kubernetes-group-version-kind";
+use super::names::{DEFINITIONS, GVK_EXTENSION};
 
 /// Replaces in `document` (a v2 document) every definition not in `own` that `cluster`
 /// also has with the cluster's, keeping our `x-kubernetes-group-version-kind` where we

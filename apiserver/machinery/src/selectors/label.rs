@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use battery_types::strconv::quote;
 use battery_types::validation::{is_qualified_name, is_valid_label_value};
 
-use super::invalid_value;
 use crate::status::ApiError;
 
 /// `selection.Operator` as label selectors use it.
@@ -525,6 +525,11 @@ fn new_requirement(
         [one] => Err(one.clone()),
         many => Err(format!("[{}]", many.join(", "))),
     }
+}
+
+/// `field.Invalid(path, value, detail).Error()` for a string value.
+fn invalid_value(path: &str, value: &str, detail: &str) -> String {
+    format!("{path}: Invalid value: {}: {detail}", quote(value))
 }
 
 #[cfg(test)]

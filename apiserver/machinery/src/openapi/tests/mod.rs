@@ -316,7 +316,7 @@ fn assert_explainable(document: &Value, info: &ResourceInfo) {
         .collect();
     assert_eq!(
         matching,
-        [&schemas::rest_friendly_name(
+        [&names::rest_friendly_name(
             info.group,
             info.version,
             info.kind
