@@ -11,11 +11,11 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use super::engine::Engine;
+use super::errors::internal;
 use super::flintlock::FlintlockError;
 use super::lifecycle;
 use super::model::{PoolKey, phase_of};
-use super::reconciler::Nudge;
-use super::server::internal;
+use super::reconcilers::Nudge;
 use super::store::{LeaseCommit, StoreError, Transition};
 use super::time;
 

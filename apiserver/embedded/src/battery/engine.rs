@@ -9,10 +9,10 @@ use tokio::sync::{OwnedMutexGuard, oneshot};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::BatteryConfig;
+use super::config::BatteryConfig;
 use super::connections::HostConnections;
 use super::model::PoolKey;
-use super::reconciler::{Nudge, Reconcilers};
+use super::reconcilers::{Nudge, Reconcilers};
 use super::store::Store;
 
 pub(crate) struct Engine {

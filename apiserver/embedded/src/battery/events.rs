@@ -13,14 +13,13 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+use super::config::DEFAULT_POLL_INTERVAL;
 use super::engine::Engine;
 use super::model::PoolKey;
 
 /// battery reads the outbox 100 events at a time and fetches again at once after a
 /// full batch.
 const BATCH: usize = 100;
-/// poolmgrd's DefaultEventsPollInterval, which a zero interval also selects there.
-pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 pub(crate) struct EventsService {
     engine: Arc<Engine>,

@@ -13,8 +13,8 @@ use tonic::{Request, Response, Status};
 
 use super::connections::dial;
 use super::engine::Engine;
+use super::errors::internal;
 use super::flintlock::{self, Flintlock};
-use super::server::internal;
 use super::store::HostRemoval;
 use super::time;
 

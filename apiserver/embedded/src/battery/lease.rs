@@ -13,9 +13,9 @@ use tonic::{Request, Response, Status};
 
 use super::claim;
 use super::engine::Engine;
+use super::errors::internal;
 use super::lifecycle::{self, DeleteError};
 use super::model::PoolKey;
-use super::server::internal;
 use super::store::Heartbeat;
 
 pub(crate) struct LeaseService {

@@ -8,7 +8,7 @@ use battery_proto::poolmgr::v1alpha1::{EventType, HookFailurePolicy, PoolSpec, V
 use super::engine::Engine;
 use super::flintlock::FlintlockError;
 use super::model::PoolKey;
-use super::reconciler::Nudge;
+use super::reconcilers::Nudge;
 use super::store::{StoreError, Transition};
 
 /// Deadline of one flintlock DeleteMicroVM (battery's DeletePool per-VM and hook cleanup

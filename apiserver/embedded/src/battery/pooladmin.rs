@@ -13,9 +13,10 @@ use tokio::sync::{OwnedMutexGuard, RwLockReadGuard};
 use tonic::{Request, Response, Status};
 
 use super::engine::Engine;
+use super::errors::internal;
 use super::lifecycle;
 use super::model::{PoolKey, VmCounts, has_static_network};
-use super::server::internal;
+use super::reconciler;
 use super::store::Tombstone;
 
 pub(crate) struct PoolAdminService {
@@ -122,7 +123,7 @@ impl Drop for RestartOnDrop {
 
 fn restart(engine: &Arc<Engine>, key: &PoolKey) {
     match engine.store.get_pool(key) {
-        Ok(Some(spec)) => engine.reconcilers.start(engine, spec),
+        Ok(Some(spec)) => reconciler::start(engine, spec),
         Ok(None) => {}
         Err(err) => tracing::warn!(pool = %key, error = %err, "restarting the reconciler failed"),
     }
@@ -186,7 +187,7 @@ impl PoolAdmin for PoolAdminService {
             return Err(Status::already_exists(format!("pool {key} already exists")));
         }
         tracing::info!(pool = %key, "pool created");
-        self.engine.reconcilers.start(&self.engine, spec.clone());
+        reconciler::start(&self.engine, spec.clone());
         self.pool(spec)
     }
 
@@ -201,7 +202,7 @@ impl PoolAdmin for PoolAdminService {
         }
         tracing::info!(pool = %key, "pool updated");
         // A new spec applies to new VMs only: no rollout, no scale-down (§4.2).
-        self.engine.reconcilers.start(&self.engine, spec.clone());
+        reconciler::start(&self.engine, spec.clone());
         self.pool(spec)
     }
 

@@ -1,7 +1,6 @@
 //! The gRPC server: poolmgrd's four services, gRPC health (overall "" SERVING) and server
 //! reflection v1, on one port (§0).
 
-use std::fmt::Display;
 use std::sync::Arc;
 
 use battery_proto::poolmgr::v1alpha1::events_server::EventsServer;
@@ -11,7 +10,6 @@ use battery_proto::poolmgr::v1alpha1::pool_admin_server::PoolAdminServer;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tonic::Status;
 use tonic::server::NamedService;
 use tonic::service::InterceptorLayer;
 use tonic::transport::Server;
@@ -20,18 +18,13 @@ use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tower::layer::util::{Identity, Stack};
 
-use super::BatteryError;
 use super::engine::Engine;
+use super::errors::BatteryError;
 use super::events::EventsService;
 use super::hostadmin::HostAdminService;
 use super::lease::LeaseService;
 use super::pooladmin::PoolAdminService;
 use super::security::{ApiSecurity, TokenCheck};
-
-/// A store failure (or any internal failure) as battery answers it: INTERNAL.
-pub(crate) fn internal(err: impl Display) -> Status {
-    Status::internal(err.to_string())
-}
 
 /// The services, ready to serve.
 pub(crate) struct Services {

@@ -30,8 +30,8 @@ use tokio_util::io::ReaderStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, warn};
 
-use super::Host;
 use super::error::RequestError;
+use super::host::Host;
 use super::registry::ExecTarget;
 
 /// Responses queued for a slow client before reading the command's output waits: with

@@ -11,9 +11,10 @@ use battery_proto::microvm::services::api::v1alpha1::{
 use tonic::{Request, Response, Status};
 use tracing::debug;
 
-use super::Host;
 use super::error::RequestError;
-use super::registry::{Lifetime, VmState};
+use super::host::Host;
+use super::records::VmState;
+use super::registry::Lifetime;
 
 pub(super) struct MicroVmService {
     host: Arc<Host>,

@@ -99,6 +99,7 @@
 
 mod error;
 mod exec;
+mod host;
 mod microvm;
 mod records;
 mod registry;
@@ -109,7 +110,6 @@ pub mod testing;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use battery_proto::microvm::services::api::v1alpha1::micro_vm_server::MicroVmServer;
@@ -122,11 +122,13 @@ use tonic::transport::server::TcpIncoming;
 use tracing::{info, warn};
 
 pub use error::{PersistError, SimHostError};
+pub use host::HostFaults;
 pub use ssh::{SSHD_MAX_SESSIONS, SshProxyConfig};
 
 use exec::ExecService;
+use host::Host;
 use microvm::MicroVmService;
-use registry::{Registry, VmState};
+use registry::Registry;
 use ssh::{SshProxy, SshProxyService};
 
 /// How long [`SimulatedHost::shutdown`] lets open connections finish before it
@@ -163,73 +165,6 @@ impl Default for SimulatedHostConfig {
             ssh_proxy: None,
         }
     }
-}
-
-/// Faults to inject, for tests. All are off by default and can be toggled at any
-/// time.
-#[derive(Debug, Default)]
-pub struct HostFaults {
-    deletes: AtomicBool,
-    creates: AtomicBool,
-    boot: AtomicBool,
-    deletes_held: tokio::sync::watch::Sender<bool>,
-}
-
-impl HostFaults {
-    /// While on, DeleteMicroVM answers UNAVAILABLE and deletes nothing.
-    pub fn fail_deletes(&self, on: bool) {
-        self.deletes.store(on, Ordering::Relaxed);
-    }
-
-    /// While on, CreateMicroVM answers UNAVAILABLE and creates nothing.
-    pub fn fail_creates(&self, on: bool) {
-        self.creates.store(on, Ordering::Relaxed);
-    }
-
-    /// While on, MicroVMs created from then on go to FAILED instead of CREATED when
-    /// their provisioning delay ends.
-    pub fn fail_boot(&self, on: bool) {
-        self.boot.store(on, Ordering::Relaxed);
-    }
-
-    /// While on, DeleteMicroVM waits, deleting nothing, until it is turned off: a
-    /// flintlockd slow to delete, which makes battery's DeletePool slow.
-    pub fn hold_deletes(&self, on: bool) {
-        self.deletes_held.send_replace(on);
-    }
-
-    /// Returns once deletes are not held.
-    async fn deletes_released(&self) {
-        // The sender lives as long as these faults: the wait ends only by release.
-        let _ = self.deletes_held.subscribe().wait_for(|held| !held).await;
-    }
-
-    fn deletes_fail(&self) -> bool {
-        self.deletes.load(Ordering::Relaxed)
-    }
-
-    fn creates_fail(&self) -> bool {
-        self.creates.load(Ordering::Relaxed)
-    }
-
-    fn boot_outcome(&self) -> VmState {
-        if self.boot.load(Ordering::Relaxed) {
-            VmState::Failed
-        } else {
-            VmState::Created
-        }
-    }
-}
-
-/// What the gRPC services share.
-struct Host {
-    name: String,
-    version: String,
-    provisioning_delay: Duration,
-    faults: HostFaults,
-    registry: Registry,
-    /// Stops the server, every boot timer and every running command.
-    shutdown: CancellationToken,
 }
 
 /// A running simulated flintlock Host. Dropping it stops it without waiting;

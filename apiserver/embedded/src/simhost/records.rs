@@ -6,12 +6,32 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use battery_proto::flintlock::types::NetworkInterfaceStatus;
+use battery_proto::flintlock::types::micro_vm_status::MicroVmState;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::error::{PersistError, SimHostError};
-use super::registry::VmState;
+
+/// A MicroVM's state as the simulation knows it. flintlock's DELETING never shows:
+/// a simulated delete completes at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub(super) enum VmState {
+    Pending,
+    Created,
+    Failed,
+}
+
+impl VmState {
+    pub(super) fn to_proto(self) -> MicroVmState {
+        match self {
+            Self::Pending => MicroVmState::Pending,
+            Self::Created => MicroVmState::Created,
+            Self::Failed => MicroVmState::Failed,
+        }
+    }
+}
 
 /// Creates the directory `path` if it is missing; returns it.
 pub(super) async fn create_dir(path: PathBuf) -> Result<PathBuf, SimHostError> {

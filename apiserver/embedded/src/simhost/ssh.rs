@@ -35,8 +35,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, warn};
 
-use super::Host;
 use super::error::{RequestError, SimHostError};
+use super::host::Host;
 use super::registry::ExecTarget;
 
 /// How many sessions (terminals, commands) one SSH connection may hold at once.

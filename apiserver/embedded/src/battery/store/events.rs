@@ -5,7 +5,7 @@ use prost::Message;
 use redb::ReadableTable;
 use tokio::sync::watch;
 
-use super::{EVENTS, Result, Store, decode};
+use super::db::{EVENTS, Result, Store, decode};
 use crate::battery::model::PoolKey;
 use crate::battery::time;
 

@@ -6,7 +6,7 @@ use battery_proto::poolmgr::v1alpha1::{Host, HostTls, PoolSpec, VmRecord};
 use prost::Message;
 use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 
-use super::{HOSTS, PLACEMENTS, POOLS, Result, Store, VMS, decode_all, get_decoded};
+use super::db::{HOSTS, PLACEMENTS, POOLS, Result, Store, VMS, decode_all, get_decoded};
 use crate::battery::time;
 
 /// The outcome of RemoveHost's transaction.

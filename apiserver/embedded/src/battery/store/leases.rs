@@ -5,9 +5,9 @@ use prost::Message;
 use prost_types::Timestamp;
 use redb::ReadableTable;
 
+use super::db::{LEASE_REQUEST_IDS, LEASES, POOLS, Result, Store, VMS, decode_all, get_decoded};
 use super::pool_vms::put_vm;
 use super::vms::delete_lease_row;
-use super::{LEASE_REQUEST_IDS, LEASES, POOLS, Result, Store, VMS, decode_all, get_decoded};
 use crate::battery::model::{PoolKey, phase_of};
 use crate::battery::time;
 

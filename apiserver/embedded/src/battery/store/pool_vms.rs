@@ -9,7 +9,7 @@ use battery_proto::poolmgr::v1alpha1::{VmPhase, VmRecord};
 use prost::Message;
 use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
-use super::{Result, VMS, decode, decode_all};
+use super::db::{Result, VMS, decode, decode_all};
 use crate::battery::model::{PoolKey, VmCounts, phase_named};
 
 /// (pool namespace, pool name, phase, VM uid) -> the row holds a lease_id.

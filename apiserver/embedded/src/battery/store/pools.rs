@@ -4,8 +4,8 @@ use battery_proto::poolmgr::v1alpha1::{LeaseRecord, PoolSpec, VmPhase, VmRecord}
 use prost::Message;
 use redb::{ReadableTable, WriteTransaction};
 
+use super::db::{LEASE_REQUEST_IDS, LEASES, POOLS, Result, Store, VMS, decode_all, get_decoded};
 use super::pool_vms::{self, POOL_VMS, put_vm};
-use super::{LEASE_REQUEST_IDS, LEASES, POOLS, Result, Store, VMS, decode_all, get_decoded};
 use crate::battery::model::{PoolKey, VmCounts};
 use crate::battery::time;
 

@@ -3,11 +3,11 @@
 use battery_proto::poolmgr::v1alpha1::{Host, VmPhase, VmRecord};
 use redb::{ReadableTable, ReadableTableMetadata, WriteTransaction};
 
-use super::pool_vms::{self, POOL_VMS, delete_vm, put_vm};
-use super::pools::pool_exists;
-use super::{
+use super::db::{
     HOSTS, LEASE_REQUEST_IDS, LEASES, PLACEMENTS, Result, Store, VMS, decode_all, get_decoded,
 };
+use super::pool_vms::{self, POOL_VMS, delete_vm, put_vm};
+use super::pools::pool_exists;
 use crate::battery::model::{PoolKey, phase_of};
 use crate::battery::time;
 

@@ -1,6 +1,8 @@
 //! Events, the file store, its schema and the pool index.
 
 use super::*;
+use crate::battery::store::db::{META, SCHEMA_VERSION, SCHEMA_VERSION_KEY, VMS, decode_all};
+use redb::ReadableTable;
 
 #[test]
 fn events_share_one_increasing_sequence() {
