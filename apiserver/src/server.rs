@@ -22,10 +22,11 @@ use tokio::task::JoinSet;
 use tower::ServiceBuilder;
 
 use crate::api::{Endpoint, Limits, ResourceEndpoint, ScaleEndpoint, resource_router};
+use crate::auth::Authorizer;
 use crate::battery::BatteryClient;
 use crate::cluster::Cluster;
 use crate::http::authn::{self, Authentication};
-use crate::http::authz::{self, Authorizer};
+use crate::http::authz;
 use crate::http::{NonResource, ServedOpenApi, nonresource_router};
 use crate::http::{recover, request_info};
 use crate::meta_store::MetaStore;
@@ -248,6 +249,7 @@ pub fn build(
     let claims = Arc::new(claims);
     let exec = Arc::new(ClaimExec {
         claims: claims.clone(),
+        sessions: exec_sessions.clone(),
         relay,
     });
 

@@ -2,8 +2,6 @@
 //! files written, the Bound claim recorded in one durable write; a bind that cannot finish
 //! releases what battery leased.
 
-use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use battery_api_machinery::status::ApiError;
@@ -11,8 +9,10 @@ use battery_types::{HasResourceInfo as _, LeaseSettings, MicroVMClaim};
 use k8s_openapi::jiff::Timestamp;
 use tokio::sync::broadcast;
 
+use super::config;
 use super::lease::release;
-use super::{ClaimRecord, ClaimStorage, LeaseRecord, config, info, key};
+use super::record::{ClaimRecord, LeaseRecord, info, key, request_id};
+use super::storage::ClaimStorage;
 use crate::battery::objects;
 use crate::battery::{BatteryEvent, EventKind, Failure, LeaseId};
 use crate::meta_store::StoreError;
@@ -54,50 +54,6 @@ impl From<ApiError> for BindFailure {
 impl From<StoreError> for BindFailure {
     fn from(error: StoreError) -> Self {
         ApiError::from(error).into()
-    }
-}
-
-/// What every claim's `request_id` starts with: a lease with it that no claim's record
-/// holds was left by a bind that never answered (see `recover`).
-pub(super) const REQUEST_ID_PREFIX: &str = "microvmclaim/";
-
-/// battery's `request_id` for a claim: stable across retries and restarts, unique per
-/// claim, well under battery's 255 bytes.
-pub(super) fn request_id(uid: &str) -> String {
-    format!("{REQUEST_ID_PREFIX}{uid}")
-}
-
-/// The request ids of the binds between their `ClaimVM` and their claim's record (or
-/// their release), which `recover` must not take for left over. One per create in flight,
-/// which the server's request limits bound.
-#[derive(Default)]
-pub(super) struct BindsInFlight(std::sync::Mutex<HashSet<String>>);
-
-impl BindsInFlight {
-    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Holds `request_id` in flight until the guard drops.
-    pub(super) fn enter(self: &Arc<Self>, request_id: &str) -> InFlight {
-        self.lock().insert(request_id.to_owned());
-        InFlight {
-            binds: self.clone(),
-            request_id: request_id.to_owned(),
-        }
-    }
-}
-
-pub(super) struct InFlight {
-    binds: Arc<BindsInFlight>,
-    request_id: String,
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.binds.lock().remove(&self.request_id);
     }
 }
 

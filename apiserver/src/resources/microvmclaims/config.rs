@@ -19,9 +19,8 @@ use battery_types::{KeySelector, MicroVMClaim, MicroVMClaimSpec, SourceKind};
 use moka::sync::Cache;
 use secrecy::{ExposeSecret as _, SecretSlice, SecretString};
 
+use crate::auth::{Authorizer, Decision, UserInfo};
 use crate::cluster::{Cluster, KeyValues};
-use crate::http::authn::UserInfo;
-use crate::http::authz::{Authorizer, Decision};
 use crate::relay::AgentRelay;
 
 /// Claims whose env is kept; past it the least used are dropped and read again at their

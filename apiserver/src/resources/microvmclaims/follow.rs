@@ -9,7 +9,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 
 use super::read::expire;
-use super::{ClaimRecord, ClaimStorage, RESOURCE, key};
+use super::record::{ClaimRecord, RESOURCE, key, object};
+use super::storage::ClaimStorage;
 use crate::battery::objects;
 use crate::battery::{BatteryEvent, EventKind};
 use crate::watch::ChangeType;
@@ -63,7 +64,7 @@ impl ClaimStorage {
         };
         let expired = expire(record);
         let secrets = expired.lease_record();
-        let mut claim = Self::object(expired);
+        let mut claim = object(expired);
         self.commit(&mut claim, secrets, ChangeType::Modified).await
     }
 
@@ -104,7 +105,7 @@ impl ClaimStorage {
                 continue;
             }
             let secrets = current.lease_record();
-            let mut claim = Self::object(current);
+            let mut claim = object(current);
             self.commit(&mut claim, secrets, ChangeType::Modified)
                 .await?;
         }

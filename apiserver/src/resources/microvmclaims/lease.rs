@@ -10,7 +10,8 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 
 use super::read::expire;
-use super::{ClaimRecord, ClaimStorage, info, key};
+use super::record::{ClaimRecord, info, key, object};
+use super::storage::ClaimStorage;
 use crate::api::{RequestContext, Subresource};
 use crate::battery::{BatteryClient, Failure, LeaseId};
 use crate::watch::ChangeType;
@@ -133,7 +134,7 @@ impl Subresource for ClaimLeases {
                 // battery already expired it: say so on the claim too.
                 let expired = expire(record);
                 let secrets = expired.lease_record();
-                let mut claim = ClaimStorage::object(expired);
+                let mut claim = object(expired);
                 self.0
                     .commit(&mut claim, secrets, ChangeType::Modified)
                     .await?;
@@ -145,7 +146,7 @@ impl Subresource for ClaimLeases {
         renewed.status.renew_time = Some(micro_now());
         renewed.status.lease_expires_at = Some(expires_at);
         let secrets = renewed.lease_record();
-        let mut claim = ClaimStorage::object(renewed.clone());
+        let mut claim = object(renewed.clone());
         self.0
             .commit(&mut claim, secrets, ChangeType::Modified)
             .await?;

@@ -25,11 +25,11 @@ use std::time::Duration;
 use battery_api_machinery::status::ApiError;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::ResourceQuota;
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
-use super::{ClaimRecord, RESOURCE, info};
+use super::record::Usage;
+use super::record::{ClaimRecord, RESOURCE, info};
 use crate::meta_store::{Key, MetaStore};
 use crate::resources::KeyLocks;
 use crate::resources::pools::PoolStorage;
@@ -77,23 +77,6 @@ impl QuotaSource for crate::cluster::Cluster {
         patch: Value,
     ) -> BoxFuture<'a, Result<(), ApiError>> {
         Box::pin(self.patch_resource_quota_status(namespace, name, patch))
-    }
-}
-
-/// What one claim uses: itself, and its MicroVM's vCPUs and memory.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
-    pub vcpus: i64,
-    pub memory_bytes: i64,
-}
-
-impl Usage {
-    /// A MicroVM of `vcpu` vCPUs and `memory_in_mb` MiB.
-    pub fn of_vm(vcpu: i32, memory_in_mb: i32) -> Self {
-        Self {
-            vcpus: vcpu.into(),
-            memory_bytes: i64::from(memory_in_mb) << 20,
-        }
     }
 }
 

@@ -5,20 +5,10 @@
 use std::collections::HashSet;
 
 use battery_api_machinery::status::ApiError;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
-use super::bind::request_id;
-use super::{ClaimRecord, ClaimStorage, info};
+use super::record::{ClaimRecord, Leased, info, request_id};
+use super::storage::ClaimStorage;
 use crate::battery::objects;
-
-/// A claim that holds a lease, as a read asks battery about it.
-pub(super) struct Leased<'a> {
-    pub(super) uid: &'a str,
-    pub(super) namespace: &'a str,
-    pub(super) pool: &'a str,
-    /// The expiry its record holds.
-    pub(super) expires: Option<&'a MicroTime>,
-}
 
 /// Which claims a read asks battery about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

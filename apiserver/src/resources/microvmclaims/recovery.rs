@@ -8,9 +8,9 @@ use std::collections::HashSet;
 
 use battery_api_machinery::status::ApiError;
 
-use super::bind::{REQUEST_ID_PREFIX, request_id};
 use super::lease::release;
-use super::{ClaimRecord, ClaimStorage, RESOURCE, info};
+use super::record::{ClaimRecord, REQUEST_ID_PREFIX, RESOURCE, info, request_id};
+use super::storage::ClaimStorage;
 
 impl ClaimStorage {
     /// Releases every lease a bind left without its claim; answers how many. Run at start,

@@ -13,9 +13,10 @@ use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use serde_json::value::{RawValue, to_raw_value};
 
-use super::read::{Ask, Leased, expire};
+use super::read::{Ask, expire};
+use super::record::{ClaimRecord, Leased, RESOURCE, object};
+use super::storage::ClaimStorage;
 use super::table::ClaimRow;
-use super::{ClaimRecord, ClaimStorage, RESOURCE};
 use crate::api::{ListPage, RequestContext, StoredItem};
 use crate::meta_store::StoreError;
 
@@ -207,7 +208,7 @@ impl ClaimStorage {
                             key: key.clone(),
                             source,
                         })?;
-                    StoredItem::encode(self, &ClaimStorage::object(expire(record)))
+                    StoredItem::encode(self, &object(expire(record)))
                 } else {
                     viewed.item(self)
                 }

@@ -16,9 +16,7 @@ use std::sync::Arc;
 use axum::response::{IntoResponse, Response};
 use battery_api_machinery::params::decode_query;
 use battery_api_machinery::status::ApiError;
-use battery_types::MicroVMClaimStatus;
 use battery_types::channel::Protocol;
-use battery_types::conditions::{self, ClaimHostReadyReason, ConditionStatus};
 use futures::future::BoxFuture;
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -31,9 +29,6 @@ use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 pub use portforward::ClaimPortForward;
 pub use sessions::{DEFAULT_MAX_SESSIONS, ExecSessions};
 
-use super::lease::check_holder;
-use super::read::Ask;
-use super::{ClaimRecord, ClaimStorage, info, key};
 use crate::api::{Connect, RequestContext};
 use crate::http::serve::BulkOutput;
 use crate::relay::{AgentRelay, ClaimRef, ExecOpen};
@@ -201,128 +196,46 @@ impl Handshake {
     }
 }
 
-/// Why the claim's Host cannot run an exec, when its agent said so (`HostReady` False).
-/// Without a report yet the agent is asked anyway: its answer says what is wrong.
-fn host_not_ready(status: &MicroVMClaimStatus) -> Option<String> {
-    let condition = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == conditions::HOST_READY)?;
-    let unreported = condition.reason == ClaimHostReadyReason::NoHostReport.as_str();
-    (condition.status == ConditionStatus::False.as_str() && !unreported)
-        .then(|| format!("{}: {}", condition.reason, condition.message))
+/// Where a claim's session goes.
+pub struct Target {
+    pub(super) claim: ClaimRef,
+    pub(super) host: String,
+    pub(super) agent_address: String,
+    pub(super) microvm_uid: String,
+    /// The claim's own env, under each session's.
+    pub(super) env: Arc<super::config::ClaimEnv>,
+    /// Whether its lease was taken as live from the record, without asking battery.
+    pub(super) followed: bool,
 }
 
-/// Where a claim's session goes.
-struct Target {
-    claim: ClaimRef,
-    host: String,
-    agent_address: String,
-    microvm_uid: String,
-    /// The claim's own env, under each session's.
-    env: Arc<super::config::ClaimEnv>,
-    /// Whether its lease was taken as live from the record, without asking battery.
-    followed: bool,
+/// The one question exec and port-forward ask of the claims before a session opens: may
+/// this user act on this claim, and where is its MicroVM (`access.rs` answers it).
+pub trait ClaimSessions: Send + Sync + 'static {
+    /// The claim's MicroVM and its Host's agent, if `ctx` may `act` on it ("exec into").
+    fn target<'a>(
+        &'a self,
+        ctx: &'a RequestContext,
+        name: &'a str,
+        act: &'a str,
+    ) -> BoxFuture<'a, Result<Target, ApiError>>;
+
+    /// What to answer when the agent could not open a session to a claim whose lease was
+    /// taken as live from its record ([`Target::followed`]): the claim's expiry if
+    /// battery no longer has the lease (its MicroVM is gone), else the agent's `error`.
+    fn expired_or<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        error: ApiError,
+    ) -> BoxFuture<'a, ApiError>;
 }
 
 /// The `exec` subresource of claims.
 pub struct ClaimExec {
-    pub claims: Arc<ClaimStorage>,
+    pub claims: Arc<dyn ClaimSessions>,
+    /// The live sessions, bounded, ended when their claim loses its lease.
+    pub sessions: Arc<ExecSessions>,
     pub relay: Arc<AgentRelay>,
-}
-
-/// A claim with no lease has no MicroVM.
-fn no_microvm(name: &str) -> ApiError {
-    ApiError::conflict(
-        info(),
-        name,
-        "the claim has expired or was never bound, so it has no MicroVM to exec into",
-    )
-}
-
-impl ClaimExec {
-    /// What to answer when the agent could not open a session for a claim whose lease was
-    /// taken as live from its record: the claim's expiry if battery no longer has the
-    /// lease (its MicroVM is gone), else the agent's own `error`.
-    async fn expired_or(&self, namespace: &str, name: &str, error: ApiError) -> ApiError {
-        let record = match self.claims.store.get::<ClaimRecord>(&key(namespace, name)) {
-            Ok(Some(record)) => record,
-            Ok(None) => return ApiError::not_found(info(), name),
-            Err(_) => return error,
-        };
-        match self.claims.one_as_read(record, Ask::Everyone).await {
-            Ok(record) if record.lease.is_none() => no_microvm(name),
-            _ => error,
-        }
-    }
-
-    /// The claim's MicroVM and its Host's agent, if `ctx` may `act` on it ("exec into").
-    async fn target(
-        &self,
-        ctx: &RequestContext,
-        name: &str,
-        act: &str,
-    ) -> Result<Target, ApiError> {
-        let namespace = ctx.namespace.as_deref().unwrap_or_default();
-        let record = self
-            .claims
-            .store
-            .get::<ClaimRecord>(&key(namespace, name))?
-            .ok_or_else(|| ApiError::not_found(info(), name))?;
-        check_holder(ctx, &record, act)?;
-        let followed = record
-            .leased()
-            .is_some_and(|leased| self.claims.lease_followed(leased.expires));
-        // Else as a get sees it: Expired as soon as battery no longer has the lease, even
-        // before the follower records it.
-        let record = if followed {
-            record
-        } else {
-            self.claims.one_as_read(record, Ask::Everyone).await?
-        };
-        let (Some(_), Some(microvm), Some(host)) =
-            (&record.lease, &record.status.micro_vm, &record.status.host)
-        else {
-            return Err(no_microvm(name));
-        };
-        if let Some(why) = host_not_ready(&record.status) {
-            return Err(ApiError::service_unavailable(format!(
-                "cannot {act} microvmclaim {namespace}/{name}: its Host {} is not ready: {why}",
-                host.node_name
-            )));
-        }
-        // The Host's current address: its agent may have registered after the bind.
-        let agent_address = self
-            .claims
-            .pools
-            .hosts()
-            .agent_address(&host.node_name)?
-            .or_else(|| host.agent_address.clone())
-            .ok_or_else(|| {
-                ApiError::service_unavailable(format!(
-                    "cannot {act} microvmclaim {namespace}/{name}: its Host {} has no \
-                     exec agent registered (the Host's spec.agentAddress is empty)",
-                    host.node_name
-                ))
-            })?;
-        let env = self
-            .claims
-            .config
-            .env(&ClaimStorage::object(record.clone()))
-            .await?;
-        Ok(Target {
-            followed,
-            env,
-            claim: ClaimRef {
-                namespace: namespace.to_owned(),
-                name: name.to_owned(),
-                uid: record.metadata.uid.clone().unwrap_or_default(),
-            },
-            host: host.node_name.clone(),
-            agent_address,
-            microvm_uid: microvm.uid.clone(),
-        })
-    }
 }
 
 impl Connect for Arc<ClaimExec> {
@@ -338,9 +251,9 @@ impl Connect for Arc<ClaimExec> {
             let handshake = Handshake::of(&parts.headers, &Protocol::ALL)?;
             let upgrade = take_upgrade(&mut parts)?;
             let bulk = parts.extensions.remove::<BulkOutput>();
-            let sessions = &exec.claims.exec_sessions;
+            let sessions = &exec.sessions;
             let permit = sessions.admit()?;
-            let target = exec.target(&ctx, &name, "exec into").await?;
+            let target = exec.claims.target(&ctx, &name, "exec into").await?;
             let command = format!("[{}]", options.command.join(" "));
             let opened = exec
                 .relay
@@ -364,7 +277,7 @@ impl Connect for Arc<ClaimExec> {
                 Ok(relay) => relay,
                 Err(error) if target.followed => {
                     let namespace = target.claim.namespace.as_str();
-                    return Err(exec.expired_or(namespace, &name, error).await);
+                    return Err(exec.claims.expired_or(namespace, &name, error).await);
                 }
                 Err(error) => return Err(error),
             };

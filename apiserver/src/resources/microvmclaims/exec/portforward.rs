@@ -85,9 +85,9 @@ impl Connect for Arc<ClaimPortForward> {
             let options = PortForwardOptions::parse(parts.uri.query().unwrap_or_default())?;
             let handshake = Handshake::of(&parts.headers, &PROTOCOLS)?;
             let upgrade = take_upgrade(&mut parts)?;
-            let sessions = &exec.claims.exec_sessions;
+            let sessions = &exec.sessions;
             let permit = sessions.admit()?;
-            let target = exec.target(&ctx, &name, "forward a port of").await?;
+            let target = exec.claims.target(&ctx, &name, "forward a port of").await?;
             let guard = sessions.register(&target.claim.uid, permit);
             let response = handshake.response()?;
             let (protocol, relay) = (handshake.protocol, exec.relay.clone());

@@ -72,30 +72,3 @@ fn the_handshake_picks_v5_over_v4_and_refuses_others() {
         .unwrap();
     assert!(spdy.message().contains("SPDY"), "{}", spdy.message());
 }
-
-#[test]
-fn a_host_its_agent_reports_not_ready_refuses_and_an_unreported_one_is_tried() {
-    let with = |status: &str, reason: &str| {
-        let condition = k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-            type_: conditions::HOST_READY.to_owned(),
-            status: status.to_owned(),
-            reason: reason.to_owned(),
-            message: "flintlockd's exec API is disabled".to_owned(),
-            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                k8s_openapi::jiff::Timestamp::now(),
-            ),
-            observed_generation: None,
-        };
-        MicroVMClaimStatus {
-            conditions: vec![condition],
-            ..Default::default()
-        }
-    };
-    assert_eq!(
-        host_not_ready(&with("False", "ExecDisabled")).as_deref(),
-        Some("ExecDisabled: flintlockd's exec API is disabled")
-    );
-    assert_eq!(host_not_ready(&with("False", "NoHostReport")), None);
-    assert_eq!(host_not_ready(&with("True", "Ready")), None);
-    assert_eq!(host_not_ready(&MicroVMClaimStatus::default()), None);
-}

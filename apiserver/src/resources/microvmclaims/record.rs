@@ -1,0 +1,120 @@
+//! What the metadata store keeps of a claim, its key, and battery's `request_id` for it.
+
+use battery_types::{HasResourceInfo, MicroVMClaim, MicroVMClaimSpec, MicroVMClaimStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use serde::{Deserialize, Serialize};
+
+use crate::battery::LeaseId;
+use crate::meta_store::Key;
+
+pub(super) const RESOURCE: &str = "microvmclaims";
+
+/// What the metadata store keeps of a claim.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(super) struct ClaimRecord {
+    pub(super) metadata: ObjectMeta,
+    pub(super) spec: MicroVMClaimSpec,
+    #[serde(default)]
+    pub(super) status: MicroVMClaimStatus,
+    /// battery's lease id, while the claim holds a lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) lease: Option<LeaseId>,
+    /// The pool's lease lifetime when the claim was bound, for the `lease` subresource's
+    /// `leaseDurationSeconds` even after the pool is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) lease_duration_seconds: Option<i32>,
+    /// What its MicroVM uses, for quotas (recorded where quotas apply).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) usage: Option<Usage>,
+}
+
+/// What a claim's record keeps of its lease beside the status.
+#[derive(Debug, Clone, Default)]
+pub(super) struct LeaseRecord {
+    pub(super) lease: Option<LeaseId>,
+    pub(super) duration_seconds: Option<i32>,
+    pub(super) usage: Option<Usage>,
+}
+
+impl ClaimRecord {
+    /// Its namespace and Pool.
+    pub(super) fn pool(&self) -> (&str, &str) {
+        let namespace = self.metadata.namespace.as_deref().unwrap_or_default();
+        (namespace, self.spec.pool_ref.name.as_str())
+    }
+
+    /// Its lease, as a read asks battery about it; `None` when it holds none.
+    pub(super) fn leased(&self) -> Option<Leased<'_>> {
+        self.lease.as_ref()?;
+        let (namespace, pool) = self.pool();
+        Some(Leased {
+            uid: self.metadata.uid.as_deref().unwrap_or_default(),
+            namespace,
+            pool,
+            expires: self.status.lease_expires_at.as_ref(),
+        })
+    }
+
+    pub(super) fn lease_record(&self) -> LeaseRecord {
+        LeaseRecord {
+            lease: self.lease.clone(),
+            duration_seconds: self.lease_duration_seconds,
+            usage: self.usage,
+        }
+    }
+}
+
+pub(super) fn key(namespace: &str, name: &str) -> Key {
+    Key::new(RESOURCE, Some(namespace), name)
+}
+
+pub(super) fn info() -> &'static battery_types::ResourceInfo {
+    &MicroVMClaim::INFO
+}
+
+/// What every claim's `request_id` starts with: a lease with it that no claim's record
+/// holds was left by a bind that never answered (see `recover`).
+pub(super) const REQUEST_ID_PREFIX: &str = "microvmclaim/";
+
+/// battery's `request_id` for a claim: stable across retries and restarts, unique per
+/// claim, well under battery's 255 bytes.
+pub(super) fn request_id(uid: &str) -> String {
+    format!("{REQUEST_ID_PREFIX}{uid}")
+}
+
+/// A claim that holds a lease, as a read asks battery about it.
+pub(super) struct Leased<'a> {
+    pub(super) uid: &'a str,
+    pub(super) namespace: &'a str,
+    pub(super) pool: &'a str,
+    /// The expiry its record holds.
+    pub(super) expires: Option<&'a MicroTime>,
+}
+
+/// What one claim uses: itself, and its MicroVM's vCPUs and memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub vcpus: i64,
+    pub memory_bytes: i64,
+}
+
+impl Usage {
+    /// A MicroVM of `vcpu` vCPUs and `memory_in_mb` MiB.
+    pub fn of_vm(vcpu: i32, memory_in_mb: i32) -> Self {
+        Self {
+            vcpus: vcpu.into(),
+            memory_bytes: i64::from(memory_in_mb) << 20,
+        }
+    }
+}
+
+/// The claim a record holds, as the API shows it.
+pub(super) fn object(record: ClaimRecord) -> MicroVMClaim {
+    let mut claim = MicroVMClaim::new(
+        record.metadata.name.as_deref().unwrap_or_default(),
+        record.spec,
+    );
+    claim.metadata = record.metadata;
+    claim.status = Some(record.status);
+    claim
+}
