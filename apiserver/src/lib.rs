@@ -2,6 +2,7 @@
 //! MicroVMs, and the commands around it.
 
 pub mod api;
+pub mod auth;
 pub mod battery;
 mod cache;
 pub mod certs;

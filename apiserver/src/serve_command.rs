@@ -5,10 +5,11 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::net::TcpListener;
 
+use crate::auth::Authorizer;
 use crate::cli::ServeConfig;
 use crate::cluster::Cluster;
 use crate::http::authn::{Authentication, TokenReviewer, TrustSources};
-use crate::http::authz::{AuthenticatedOnly, Authorizer, SubjectAccessReviewer};
+use crate::http::authz::{AuthenticatedOnly, SubjectAccessReviewer};
 use crate::meta_store::MetaStore;
 use crate::server::{self, Settings};
 

@@ -5,7 +5,7 @@ use battery_apiserver::testing as common;
 mod dev_process;
 
 use axum::body::Body;
-use battery_apiserver::http::authn::UserInfo;
+use battery_apiserver::auth::UserInfo;
 use battery_types::Host;
 use battery_types::agent_identity::{AGENT_GROUP, agent_username};
 use battery_types::conditions::{self, HostReadyReason};

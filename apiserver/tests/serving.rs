@@ -245,7 +245,7 @@ impl Ca {
 /// swapped, as a rotation of the front proxy's CA does, without a restart.
 #[tokio::test]
 async fn only_the_front_proxy_may_say_who_a_request_is_from() {
-    use battery_apiserver::http::authn::UserInfo;
+    use battery_apiserver::auth::UserInfo;
     use battery_apiserver::http::authn::{
         Authentication, RequestHeaderConfig, RequestHeaderNames, Trust, TrustConfig, authenticate,
     };

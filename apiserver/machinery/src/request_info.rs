@@ -336,5 +336,16 @@ impl ApiError {
     }
 }
 
+/// The [`RequestInfo`] the request-info layer left in a request's extensions, as Go's
+/// `request.RequestInfoFrom` reads it from the context; a 500 if the layer did not run,
+/// which is a bug in how the stack was built.
+pub fn of(extensions: &http::Extensions) -> Result<&RequestInfo, ApiError> {
+    extensions.get::<RequestInfo>().ok_or_else(|| {
+        ApiError::internal(std::io::Error::other(
+            "the request reached a handler without passing the request-info layer",
+        ))
+    })
+}
+
 #[cfg(test)]
 mod tests;

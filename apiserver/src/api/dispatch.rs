@@ -16,7 +16,7 @@ use battery_api_machinery::params::{
     CreateOptions, DeleteOptions, ListOptions, PatchOptions, QueryOptions, TableOptions,
     UpdateOptions,
 };
-use battery_api_machinery::request_info::RequestInfo;
+use battery_api_machinery::request_info::{self, RequestInfo};
 use battery_api_machinery::status::ApiError;
 use battery_types::{HasResourceInfo, ResourceInfo, Scope, Verb};
 use futures::future::BoxFuture;
@@ -26,13 +26,13 @@ use http::request::Parts;
 use super::apply;
 use super::call::Call;
 use super::connect::{Connect, ConnectEndpoint};
+use super::context::RequestContext;
 use super::handlers::{self, Write};
 use super::limits::{self, Limiter, Limits};
+use super::namespace_lifecycle::NamespaceLifecycle;
 use super::storage::Storage;
 use super::subresource::SubresourceEndpoint;
 use super::watch_stream;
-use super::{NamespaceLifecycle, RequestContext};
-use crate::http::authn::UserInfo;
 use crate::meta_store::MetaStore;
 
 /// Go's limit on request bodies (`apiserver:pkg/server/config.go` `MaxRequestBodyBytes`).
@@ -254,17 +254,6 @@ async fn delete_collection<S: Storage>(on: On<'_, S>) -> Result<Response, ApiErr
     handlers::delete_collection(on.storage, on.ctx, &list, &options, &negotiated).await
 }
 
-/// The request's user, as the authentication layer left it; anonymous otherwise.
-/// Who authentication said is asking; a 500 if it did not run, which is a bug in how the
-/// stack was built (anonymous callers are named by authentication too).
-fn user(parts: &Parts) -> Result<UserInfo, ApiError> {
-    parts.extensions.get::<UserInfo>().cloned().ok_or_else(|| {
-        ApiError::internal(std::io::Error::other(
-            "the request reached a handler without passing authentication",
-        ))
-    })
-}
-
 struct Resources {
     endpoints: HashMap<&'static str, Arc<dyn Endpoint>>,
     lifecycle: Option<Arc<dyn NamespaceLifecycle>>,
@@ -308,7 +297,7 @@ async fn dispatch(State(resources): State<Arc<Resources>>, request: Request) -> 
 
 async fn route(resources: &Resources, request: Request) -> Result<Response, ApiError> {
     let (parts, body) = request.into_parts();
-    let info = crate::http::request_info::of(&parts.extensions)?.clone();
+    let info = request_info::of(&parts.extensions)?.clone();
     let endpoint = resources
         .endpoints
         .get(info.resource.as_str())
@@ -323,11 +312,7 @@ async fn route(resources: &Resources, request: Request) -> Result<Response, ApiE
                 "the request body is larger than {MAX_BODY_BYTES} bytes"
             ))
         })?;
-    let ctx = RequestContext {
-        user: user(&parts)?,
-        namespace: (!info.namespace.is_empty()).then(|| info.namespace.clone()),
-        lifecycle: resources.lifecycle.clone(),
-    };
+    let ctx = RequestContext::of(&parts.extensions, &info, resources.lifecycle.clone())?;
     let limiter = &resources.limiter;
     let watch_slot = match verb {
         Verb::Watch => Some(limiter.admit_watch()?),

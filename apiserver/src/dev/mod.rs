@@ -18,9 +18,9 @@ use http::{Request, StatusCode};
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
+use crate::auth::UserInfo;
 use crate::battery::BatteryClient;
 use crate::cli::DevArgs;
-use crate::http::authn::UserInfo;
 use crate::http::authn::{Authentication, Trust, TrustConfig};
 use crate::http::authz::LocalPolicy;
 use crate::http::serve::{self, TlsFiles};

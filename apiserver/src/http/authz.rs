@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use battery_api_machinery::request_info::RequestInfo;
+use battery_api_machinery::request_info::{self, RequestInfo};
 use battery_api_machinery::status::ApiError;
 use futures::future::BoxFuture;
 use k8s_openapi::api::authorization::v1::{
@@ -21,7 +21,7 @@ use k8s_openapi::api::authorization::v1::{
 use kube::api::Api;
 use moka::sync::Cache;
 
-use crate::http::authn::UserInfo;
+use crate::auth::{Authorizer, Decision, UserInfo};
 
 /// How long a decision is kept, allowed or denied alike: Go's webhook authorizer caches
 /// each kind for its own `--authorization-webhook-cache-*-ttl`; ours are equal.
@@ -48,23 +48,6 @@ fn always_allowed(info: &RequestInfo) -> bool {
     ) || path.starts_with("/apis/")
         || path == "/openapi/v2"
         || path.starts_with("/openapi/v3")
-}
-
-/// A decision on one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
-    Allow,
-    /// Refused, with the authorizer's reason (may be empty).
-    Deny(String),
-}
-
-/// Decides whether a user may do what a request asks.
-pub trait Authorizer: Send + Sync {
-    fn authorize<'a>(
-        &'a self,
-        user: &'a UserInfo,
-        request: &'a RequestInfo,
-    ) -> BoxFuture<'a, Result<Decision, ApiError>>;
 }
 
 /// `dev`'s policy: its one user may do everything; an exec agent (named for its Host by
@@ -270,7 +253,7 @@ pub async fn authorize(
     request: Request,
     next: Next,
 ) -> Response {
-    let info = match super::request_info::of(request.extensions()) {
+    let info = match request_info::of(request.extensions()) {
         Ok(info) => info,
         Err(error) => return error.into_response(),
     };

@@ -1,12 +1,13 @@
 //! The layer that reads what a request asks for, once (`apiserver:pkg/endpoints/filters/
 //! requestinfo.go` `WithRequestInfo`): metrics, authorization and dispatch take the
-//! [`RequestInfo`] it leaves in the request's extensions instead of parsing again.
+//! [`RequestInfo`] it leaves in the request's extensions instead of parsing again
+//! (authorization and dispatch with the machinery's
+//! [`request_info::of`](battery_api_machinery::request_info::of)).
 
 use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use battery_api_machinery::request_info::RequestInfo;
-use battery_api_machinery::status::ApiError;
 
 /// Parses the request's method and URL into its [`RequestInfo`]. A path that does not
 /// parse (a malformed `%` escape) is answered 400 here, before anyone acts on it.
@@ -24,22 +25,13 @@ pub async fn parse(mut request: Request, next: Next) -> Response {
     }
 }
 
-/// The [`RequestInfo`] [`parse`] left; a 500 if the layer did not run, which is a bug in
-/// how the stack was built.
-pub fn of(extensions: &http::Extensions) -> Result<&RequestInfo, ApiError> {
-    extensions.get::<RequestInfo>().ok_or_else(|| {
-        ApiError::internal(std::io::Error::other(
-            "the request reached a handler without passing the request-info layer",
-        ))
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use axum::Router;
     use axum::body::Body;
     use axum::extract::Request;
     use axum::routing::any;
+    use battery_api_machinery::request_info::of;
     use http::StatusCode;
     use tower::ServiceExt;
 

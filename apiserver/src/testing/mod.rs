@@ -8,9 +8,9 @@ pub mod faults;
 
 use std::time::Duration;
 
+use crate::auth::UserInfo;
 use crate::battery::BatteryClient;
 use crate::dev::pki::DEV_USER;
-use crate::http::authn::UserInfo;
 use crate::meta_store::MetaStore;
 use crate::server::{self, App, Settings};
 use axum::Router;

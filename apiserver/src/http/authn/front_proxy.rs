@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use http::HeaderMap;
 use rustls::pki_types::{CertificateDer, UnixTime};
 
-use super::UserInfo;
 use super::x509::{Verifier, common_name, verify};
+use crate::auth::UserInfo;
 
 /// Which certificates may speak for others, and in which headers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

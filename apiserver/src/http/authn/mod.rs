@@ -45,14 +45,7 @@ use battery_api_machinery::status::ApiError;
 use http::HeaderMap;
 use rustls::pki_types::UnixTime;
 
-/// Who is asking, as authentication established it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct UserInfo {
-    pub name: String,
-    pub uid: String,
-    pub groups: Vec<String>,
-    pub extra: std::collections::BTreeMap<String, Vec<String>>,
-}
+use crate::auth::UserInfo;
 
 /// The group of every authenticated user.
 pub const AUTHENTICATED: &str = "system:authenticated";

@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use rustls::pki_types::{CertificateDer, UnixTime};
 
-use super::UserInfo;
 use super::trust::Trust;
 use super::x509::{self, user_from_certificate};
+use crate::auth::UserInfo;
 
 /// The client certificate chain a connection presented, whose key the client proved it
 /// holds (leaf first). Every request on that connection carries it as an extension.

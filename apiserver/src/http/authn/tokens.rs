@@ -7,7 +7,7 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use moka::sync::Cache;
 use sha2::Digest as _;
 
-use super::UserInfo;
+use crate::auth::UserInfo;
 use crate::http::ReviewError;
 
 /// Go caches TokenReview answers, both kinds, for this long (`CacheTTL`).

@@ -10,7 +10,7 @@ use rustls::server::danger::ClientCertVerifier;
 use sha2::Digest as _;
 use x509_parser::prelude::{FromDer as _, X509Certificate};
 
-use super::UserInfo;
+use crate::auth::UserInfo;
 
 /// The extra key Kubernetes records a credential's fingerprint under.
 const CREDENTIAL_ID: &str = "authentication.kubernetes.io/credential-id";
