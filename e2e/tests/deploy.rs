@@ -1,5 +1,6 @@
-//! The install (`deploy/`): `install.yaml` is the base as `scripts/render-install`
-//! renders it, every object in it and in the overlays is a valid Kubernetes object (an
+//! The install (`deploy/`): the base, the cert-manager overlay's Certificates and
+//! `install.yaml` are what `scripts/render-install` renders from the Helm chart (ADR 38),
+//! every object in it and in the overlays is a valid Kubernetes object (an
 //! unknown field fails), and the objects say what `deploy/README.md` says: the
 //! APIService reaches the server, the StatefulSet runs one restricted replica on a
 //! volume, the containers' flags are the binaries' real flags, and the RBAC grants what
@@ -7,7 +8,8 @@
 //! it: `serve`'s battery files and poolmgrd's config.json come from Secrets both overlays
 //! make, with one token, and with the self-signed overlay's files `serve`'s battery client
 //! reaches an embedded battery set up as that config.json says. No cluster: kubectl only
-//! renders.
+//! renders. `helm` (deploy/helm.rs) checks the chart's values, and installs, upgrades and
+//! uninstalls it on a real control plane.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -25,25 +27,39 @@ use serde_json::Value;
 #[path = "deploy/support.rs"]
 mod support;
 
+#[path = "deploy/helm.rs"]
+mod helm;
+
 use support::*;
 
+/// The chart is the one source (ADR 38): deploy/base, the cert-manager overlay's
+/// Certificates and install.yaml are what `scripts/render-install` renders from it.
 #[test]
-fn install_yaml_is_the_base_as_render_install_renders_it() {
-    let checked_in = read(&repo().join("deploy/install.yaml"));
+fn deploy_is_what_render_install_renders_from_the_chart() {
     // Both kubectl releases the suite covers, so neither one's kustomize drifts.
     for kubectl in battery_e2e::apiserver::kubectl_paths() {
         let mut command = Command::new(repo().join("scripts/render-install"));
-        command.arg("-").env("KUBECTL", kubectl);
-        let rendered = run(command);
+        command
+            .arg("--check")
+            .env("KUBECTL", kubectl)
+            .env("HELM", helm_binary());
+        let output = command.output().expect("run scripts/render-install");
         assert!(
-            rendered == checked_in,
-            "deploy/install.yaml is not deploy/base as {} renders it: run scripts/render-install",
-            kubectl.display()
+            output.status.success(),
+            "deploy/ is not what the chart renders with {}: run scripts/render-install\n{}{}",
+            kubectl.display(),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
         );
     }
     // `kubectl kustomize deploy/` is the base too.
     let base = documents(&kustomize(&repo().join("deploy/base")));
     assert_eq!(documents(&kustomize(&repo().join("deploy"))), base);
+    assert_eq!(
+        base,
+        documents(&read(&repo().join("deploy/install.yaml"))),
+        "install.yaml"
+    );
 }
 
 #[test]

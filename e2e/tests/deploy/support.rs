@@ -238,7 +238,12 @@ pub fn serve_args_in(install: &Install) -> (PodSpec, Box<battery_apiserver::cli:
 }
 
 pub fn agent_cli() -> (PodSpec, battery_agent::config::Cli) {
-    let set: DaemonSet = Install::checked_in().one("battery-agent");
+    agent_cli_in(&Install::checked_in())
+}
+
+/// The DaemonSet's pod in `install`, and its `battery-agent` flags.
+pub fn agent_cli_in(install: &Install) -> (PodSpec, battery_agent::config::Cli) {
+    let set: DaemonSet = install.one("battery-agent");
     let pod = pod_spec(set.spec.map(|s| s.template));
     let cli =
         battery_agent::config::Cli::try_parse_from(argv("battery-agent", container(&pod, "agent")))
@@ -468,19 +473,64 @@ pub fn self_signed_install() -> (tempfile::TempDir, Install) {
     if overlay.join("certs").exists() {
         std::fs::remove_dir_all(overlay.join("certs")).unwrap();
     }
-    let cli = battery_apiserver::cli::Cli::try_parse_from([
-        "battery-apiserver",
-        "certs",
-        "--out",
-        overlay.join("certs").to_str().unwrap(),
-    ])
-    .unwrap();
-    let battery_apiserver::cli::Command::Certs(args) = cli.command else {
-        panic!("parsed another command");
-    };
-    battery_apiserver::certs::write(&args).unwrap();
+    write_certs(&overlay.join("certs"), "battery-system");
     let objects = documents(&kustomize(&overlay));
     let others = validate(&objects);
     assert!(others.is_empty(), "{others:?}");
     (scratch, Install { objects })
+}
+
+/// Runs `battery-apiserver certs --out out --namespace namespace`, as a user does.
+pub fn write_certs(out: &Path, namespace: &str) {
+    let cli = battery_apiserver::cli::Cli::try_parse_from([
+        "battery-apiserver",
+        "certs",
+        "--out",
+        out.to_str().expect("a UTF-8 path"),
+        "--namespace",
+        namespace,
+    ])
+    .expect("certs' flags");
+    let battery_apiserver::cli::Command::Certs(args) = cli.command else {
+        panic!("parsed another command");
+    };
+    battery_apiserver::certs::write(&args).expect("battery-apiserver certs");
+}
+
+/// The helm that e2e/go/build builds from helm's Go module, beside the control plane.
+pub fn helm_binary() -> PathBuf {
+    battery_e2e::control_plane::binaries().join("helm")
+}
+
+/// The chart, in the repository.
+pub fn chart() -> PathBuf {
+    repo().join("deploy/charts/battery-apiserver")
+}
+
+/// `helm template` of the chart as the release `battery-apiserver` in `battery-system`,
+/// with `args` (`--set ...`), checked strictly: the objects of no known kind (cert-manager's,
+/// prometheus-operator's) are returned apart, by kind.
+pub fn helm_template(args: &[&str]) -> (Install, BTreeMap<String, Vec<Value>>) {
+    let output = helm_template_output(args);
+    assert!(
+        output.status.success(),
+        "helm template {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let objects = documents(std::str::from_utf8(&output.stdout).expect("UTF-8"));
+    let others = validate(&objects);
+    (Install { objects }, others)
+}
+
+/// `helm template` as [`helm_template`] runs it, whatever its outcome.
+pub fn helm_template_output(args: &[&str]) -> std::process::Output {
+    let mut command = Command::new(helm_binary());
+    command
+        .args(["template", "battery-apiserver"])
+        .arg(chart())
+        .args(["--namespace", "battery-system"])
+        .args(args);
+    command
+        .output()
+        .unwrap_or_else(|e| panic!("{command:?}: {e}"))
 }
