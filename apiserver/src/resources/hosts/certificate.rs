@@ -25,8 +25,8 @@ use rcgen::{
 };
 use x509_parser::time::ASN1Time;
 
-use super::HostStorage;
 use super::ssh_certificate::SshUserCa;
+use super::storage::HostStorage;
 use crate::api::{RequestContext, Subresource};
 
 const KIND: &str = "HostCertificateRequest";

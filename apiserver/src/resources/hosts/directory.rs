@@ -7,7 +7,8 @@ use std::sync::Arc;
 use battery_api_machinery::status::ApiError;
 use tokio::sync::Notify;
 
-use super::{HostRecord, info, key, readiness};
+use super::readiness;
+use super::record::{HostRecord, info, key};
 use crate::battery::BatteryClient;
 use crate::battery::objects;
 use crate::meta_store::MetaStore;

@@ -5,31 +5,12 @@
 //! effective cordon is the admin's `spec.unschedulable` or not ready; the admin's choice
 //! is kept in the record while ours is on, and restored when the Host is ready again.
 
-use battery_api_machinery::status::ApiError;
 use battery_types::conditions::{self, ConditionStatus, HOST_REPORT_STALE_AFTER, HostReadyReason};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-use serde::{Deserialize, Serialize};
 
-use super::{HostRecord, HostStorage, info, key};
+use super::record::{HostRecord, Reporting};
 use crate::battery::objects::HostReadiness;
-use crate::watch::ChangeType;
-
-/// What the record keeps of the agent's reporting beside its conditions.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(super) struct Reporting {
-    /// When the agent last wrote `hosts/<name>/status`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reported_at: Option<Time>,
-    /// Whether the API server has the Host cordoned in battery because it is not ready.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub cordoned_not_ready: bool,
-    /// The admin's `spec.unschedulable` while [`Self::cordoned_not_ready`] is on: battery's
-    /// cordon then says nothing of it.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub admin_unschedulable: bool,
-}
 
 /// The Host's `Ready` as it counts now: the agent's report, or `False AgentNotReporting`
 /// once the report is stale. `None` when the agent never reported.
@@ -79,101 +60,12 @@ pub(super) fn of_record(record: Option<&HostRecord>, now: Timestamp) -> HostRead
 /// Whether a Host's readiness should keep new placements off it: a report that is not
 /// True (a stale one included). A Host with no report is placed on, as battery alone
 /// would.
-fn not_ready(readiness: &HostReadiness) -> Option<String> {
+pub(super) fn not_ready(readiness: &HostReadiness) -> Option<String> {
     match readiness {
         HostReadiness::Reported(ready) if ready.status != ConditionStatus::True.as_str() => Some(
             format!("the Host is not ready: {}: {}", ready.reason, ready.message),
         ),
         _ => None,
-    }
-}
-
-impl HostStorage {
-    /// Cordons in battery the Hosts that are not ready and uncordons those ready again
-    /// (unless their admin cordoned them), recording the change. Run on the Host follow
-    /// loop. Answers whether a cordon moved.
-    pub(super) async fn follow_readiness(&self) -> Result<bool, ApiError> {
-        let (records, _) = self.store().list::<HostRecord>(super::RESOURCE, None)?;
-        let mut moved = false;
-        for record in records {
-            let name = record.metadata.name.clone().unwrap_or_default();
-            let want = not_ready(&of_record(Some(&record), Timestamp::now()));
-            if record.leaving.is_some() || want.is_some() == record.reporting.cordoned_not_ready {
-                continue;
-            }
-            moved |= self.set_readiness_cordon(&name, want).await?;
-        }
-        Ok(moved)
-    }
-
-    /// Turns the not-ready cordon on (`Some(why)`) or off, under the Host's lock.
-    async fn set_readiness_cordon(
-        &self,
-        name: &str,
-        why: Option<String>,
-    ) -> Result<bool, ApiError> {
-        let _guard = self.locks.lock(&key(name)).await;
-        let Some(mut record) = self.store().get::<HostRecord>(&key(name))? else {
-            return Ok(false);
-        };
-        if record.leaving.is_some() || why.is_some() == record.reporting.cordoned_not_ready {
-            return Ok(false);
-        }
-        let host = self
-            .battery()
-            .host(name)
-            .await
-            .map_err(|e| e.into_api_error(info(), name))?;
-        match &why {
-            Some(why) => {
-                // Recorded before battery cordons, so a read in between (reads take no
-                // lock) never shows our cordon as the admin's `spec.unschedulable`.
-                let before = record.reporting.clone();
-                record.reporting.admin_unschedulable = host.spec.unschedulable;
-                record.reporting.cordoned_not_ready = true;
-                self.store()
-                    .transact(|tx| tx.put(&key(name), &record))
-                    .await?;
-                if let Err(err) = self.battery().cordon_host(name, why).await {
-                    record.reporting = before;
-                    self.store()
-                        .transact(|tx| tx.put(&key(name), &record))
-                        .await?;
-                    return Err(err.into_api_error(info(), name));
-                }
-            }
-            None => {
-                if record.reporting.admin_unschedulable {
-                    self.battery()
-                        .cordon_host(name, super::ADMIN_CORDON_REASON)
-                        .await
-                } else {
-                    self.battery().uncordon_host(name).await
-                }
-                .map_err(|e| e.into_api_error(info(), name))?;
-                record.reporting = Reporting {
-                    reported_at: record.reporting.reported_at,
-                    ..Reporting::default()
-                };
-            }
-        }
-        tracing::info!(
-            host = name,
-            cordoned = why.is_some(),
-            reason = why.as_deref().unwrap_or("ready"),
-            "following the Host's readiness"
-        );
-        let host = self
-            .battery()
-            .host(name)
-            .await
-            .map_err(|e| e.into_api_error(info(), name))?;
-        let reporting = record.reporting.clone();
-        let leaving = record.leaving.clone();
-        let mut object = self.assemble(Some(record), host)?;
-        self.commit_reporting(&mut object, ChangeType::Modified, leaving, reporting)
-            .await?;
-        Ok(true)
     }
 }
 

@@ -5,8 +5,10 @@ use std::sync::Arc;
 use battery_api_machinery::status::ApiError;
 use battery_types::{Host, conditions};
 
-use super::{HostRecord, HostStorage, check_resource_version, hold_agent_to_own_host, info, key};
+use super::record::{HostRecord, info, key};
+use super::storage::{HostStorage, hold_agent_to_own_host};
 use crate::api::RequestContext;
+use crate::resources::check_resource_version;
 use crate::watch::ChangeType;
 
 /// `hosts/<name>/status`: the exec agent's readiness report. Only `conditions` is the

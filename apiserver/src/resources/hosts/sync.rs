@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use battery_api_machinery::status::ApiError;
 use battery_types::{Host, HostSpec};
 
-use super::{HostRecord, HostStorage, Observed, RESOURCE, info, key};
+use super::record::{HostRecord, Observed, RESOURCE, info, key};
+use super::storage::HostStorage;
 use crate::battery::Failure;
 use crate::watch::ChangeType;
 

@@ -4,7 +4,8 @@
 use battery_api_machinery::status::ApiError;
 use tokio::sync::OwnedMutexGuard;
 
-use super::{Kept, PoolRecord, PoolStorage, counts, info, key, shared_error};
+use super::record::{Kept, PoolRecord, info, key, shared_error};
+use super::storage::{PoolStorage, counts};
 use crate::battery::BatteryPool;
 use crate::watch::ChangeType;
 

@@ -13,9 +13,9 @@ use std::time::Duration;
 use battery_api_machinery::status::ApiError;
 use battery_types::Pool;
 use futures::FutureExt as _;
-use futures::future::{BoxFuture, Shared};
 
-use super::{Kept, PoolStorage, info, key, shared_error};
+use super::record::{Kept, PoolRecord, info, key, shared_error};
+use super::storage::{Deletion, PoolStorage};
 use crate::api::Deleted;
 use crate::battery::objects::{self, PoolMeta};
 use crate::battery::{BatteryError, Failure, Rpc};
@@ -25,9 +25,6 @@ use crate::watch::ChangeType;
 /// How long a delete request waits for battery's DeletePool before it answers that the
 /// Pool is being deleted: well inside kube-apiserver's 60 s.
 const DELETE_WAIT: Duration = Duration::from_secs(20);
-
-/// A DeletePool call in flight, shared by every request and event that asks for it.
-pub(super) type Deletion = Shared<BoxFuture<'static, Result<(), Arc<BatteryError>>>>;
 
 impl PoolStorage {
     /// battery's DeletePool of the Pool, started now or joined if one runs. When battery
@@ -111,7 +108,7 @@ impl PoolStorage {
         // The task's `observe` may have recorded it gone already: nothing then to write.
         if self
             .store
-            .get::<super::PoolRecord>(&key(&namespace, &name))?
+            .get::<PoolRecord>(&key(&namespace, &name))?
             .is_some()
         {
             self.commit(&mut pool, ChangeType::Deleted, Kept::default())

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use battery_api_machinery::status::ApiError;
 use battery_types::{Pool, PoolSpec};
 
-use super::{Kept, Pending, PoolRecord, PoolStorage, Respec, info, key, shared_error};
+use super::record::{Kept, Pending, PoolRecord, Respec, info, key, shared_error};
+use super::storage::PoolStorage;
 use crate::battery::objects::{self, PoolMeta};
 use crate::battery::{BatteryError, BatteryPool, Rpc};
 use crate::resources::check_resource_version;

@@ -1,0 +1,350 @@
+//! The Pools' storage: what its verbs share. Its work is split by job into the files
+//! beside it (`update`, `deletion`, `adopt`), each an `impl PoolStorage` that imports
+//! this file and `record`, never `mod.rs`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::SystemTime;
+
+use battery_api_machinery::status::ApiError;
+use battery_types::{LeaseSettings, Pool, PoolSpec, PoolStatus};
+use futures::future::{BoxFuture, Shared};
+
+use super::record::{Kept, PoolRecord, Respec, info, key};
+use super::respec;
+use crate::battery::objects::{self, PoolMeta};
+use crate::battery::{BatteryClient, BatteryError, BatteryPool, Failure};
+use crate::clock::server_now;
+use crate::meta_store::{Key, MetaStore, StoreError, Txn};
+use crate::metrics::{Metrics, PoolCounts};
+use crate::resources::hosts::HostDirectory;
+use crate::resources::{KeyLocks, commit};
+use crate::watch::ChangeType;
+
+/// How long a bind trusts what it last saw of its Pool (`BindSettings`). Our own writes and
+/// battery's events about the Pool refresh them at once; this bounds how long a change
+/// made with `poolmgrctl` goes unseen.
+const BIND_SETTINGS_TTL: std::time::Duration = std::time::Duration::from_secs(10);
+const BIND_SETTINGS_CAPACITY: u64 = 10_000;
+/// The changes of a Pool remembered for telling its cancelled boots: more than arrive
+/// while one boot runs.
+const RESPECIFIED_KEPT: usize = 32;
+
+pub(super) fn counts(status: &PoolStatus) -> PoolCounts {
+    PoolCounts {
+        available: status.available.into(),
+        leased: status.leased.into(),
+        provisioning: status.provisioning.into(),
+        quarantined: status.quarantined.into(),
+    }
+}
+
+/// What a bind reads of its Pool: the lease settings and the size of its MicroVMs.
+#[derive(Debug, Clone)]
+struct BindSettings {
+    lease: LeaseSettings,
+    vcpu: i32,
+    memory_in_mb: i32,
+}
+
+impl BindSettings {
+    fn of(spec: &PoolSpec) -> Self {
+        Self {
+            lease: spec.lease.clone(),
+            vcpu: spec.template.vcpu,
+            memory_in_mb: spec.template.memory_in_mb,
+        }
+    }
+}
+
+/// A DeletePool call in flight, shared by every request and event that asks for it.
+pub(super) type Deletion = Shared<BoxFuture<'static, Result<(), Arc<BatteryError>>>>;
+
+pub struct PoolStorage {
+    pub(super) battery: BatteryClient,
+    pub(super) store: Arc<MetaStore>,
+    pub(super) hosts: Arc<HostDirectory>,
+    pub(super) locks: KeyLocks,
+    pub(super) metrics: Arc<Metrics>,
+    /// What a bind needs of each Pool, as last read or written, so it needs no `GetPool`.
+    bind_settings: moka::sync::Cache<Key, BindSettings>,
+    /// battery's DeletePool calls in flight, one per Pool (`deletion`).
+    pub(super) deletions: Mutex<HashMap<Key, Deletion>>,
+    /// When we last changed each Pool's spec in battery or deleted it, by (namespace,
+    /// name), the newest [`RESPECIFIED_KEPT`] times: battery then cancels the Pool's
+    /// MicroVMs still booting, and says so with the event it gives a failed hook, which
+    /// the follower may read after later changes.
+    pub(super) respecified: Mutex<HashMap<(String, String), VecDeque<SystemTime>>>,
+    /// The UpdatePool calls in flight, one per Pool, and the changes waiting for them.
+    pub(super) respecs: Arc<respec::Coalescer<Key, Respec, BatteryPool, BatteryError>>,
+    /// For the tasks a deletion or an UpdatePool leaves running.
+    pub(super) this: Weak<PoolStorage>,
+}
+
+impl PoolStorage {
+    pub fn new(
+        battery: BatteryClient,
+        store: Arc<MetaStore>,
+        hosts: Arc<HostDirectory>,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|this| Self {
+            battery,
+            store,
+            hosts,
+            locks: KeyLocks::default(),
+            metrics,
+            bind_settings: crate::cache::bounded(BIND_SETTINGS_TTL, BIND_SETTINGS_CAPACITY),
+            deletions: Mutex::default(),
+            respecified: Mutex::default(),
+            respecs: Arc::default(),
+            this: this.clone(),
+        })
+    }
+
+    /// Notes that battery is about to be told a new spec for the Pool, or to delete it.
+    pub(super) fn respecified(&self, namespace: &str, name: &str) {
+        let mut respecified = self.respecified.lock().unwrap_or_else(|e| e.into_inner());
+        let times = respecified
+            .entry((namespace.to_owned(), name.to_owned()))
+            .or_default();
+        if times.len() == RESPECIFIED_KEPT {
+            times.pop_front();
+        }
+        times.push_back(SystemTime::now());
+    }
+
+    /// Whether battery's failed-hook event for a MicroVM of the Pool that started booting
+    /// at `booted` and failed at `failed` is our doing: we changed or deleted the Pool in
+    /// between, and battery cancels the boots in flight when we do (its event says no
+    /// more than that a hook failed).
+    pub fn cancelled_by_us(
+        &self,
+        namespace: &str,
+        name: &str,
+        booted: SystemTime,
+        failed: SystemTime,
+    ) -> bool {
+        self.respecified
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .is_some_and(|times| times.iter().any(|at| booted <= *at && *at <= failed))
+    }
+
+    /// Keeps the Pool's MicroVM gauges at what was just recorded of it.
+    pub(super) fn record_counts(&self, pool: &Pool, change: ChangeType) {
+        let namespace = pool.metadata.namespace.as_deref().unwrap_or_default();
+        let name = pool.metadata.name.as_deref().unwrap_or_default();
+        match (change, &pool.status) {
+            (ChangeType::Deleted, _) => self.metrics.forget_pool(namespace, name),
+            (_, Some(status)) => self
+                .metrics
+                .set_pool_counts(namespace, name, counts(status)),
+            (_, None) => {}
+        }
+    }
+
+    /// The Pool as battery holds it, with our metadata, and the spec written through the
+    /// API while battery is being told it.
+    pub(super) fn assemble(&self, record: Option<PoolRecord>, mut pool: BatteryPool) -> Pool {
+        let record = record.unwrap_or_else(|| PoolRecord::adopted(&pool.namespace, &pool.name));
+        if let Some(pending) = record.pending {
+            pool.spec = pending.spec;
+        }
+        let meta = PoolMeta {
+            metadata: record.metadata,
+            placement: record.placement,
+            previous: &record.conditions,
+            rejected: record.rejected.as_deref(),
+        };
+        objects::pool(meta, pool)
+    }
+
+    pub(crate) async fn read(&self, namespace: &str, name: &str) -> Result<Pool, ApiError> {
+        let pool = self
+            .battery
+            .pool(namespace, name)
+            .await
+            .map_err(|e| e.into_api_error(info(), name))?;
+        let key = key(namespace, name);
+        self.bind_settings
+            .insert(key.clone(), BindSettings::of(&pool.spec));
+        let record = self.store.get::<PoolRecord>(&key)?;
+        Ok(self.assemble(record, pool))
+    }
+
+    /// The Pool's lease settings, read from battery only when not seen lately.
+    pub(crate) async fn lease_settings(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<LeaseSettings, ApiError> {
+        Ok(self.settings_of(namespace, name).await?.lease)
+    }
+
+    /// The vCPUs and memory (MiB) of the Pool's MicroVMs, for quotas on claims.
+    pub(crate) async fn vm_size(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(i32, i32), ApiError> {
+        let settings = self.settings_of(namespace, name).await?;
+        Ok((settings.vcpu, settings.memory_in_mb))
+    }
+
+    async fn settings_of(&self, namespace: &str, name: &str) -> Result<BindSettings, ApiError> {
+        if let Some(settings) = self.bind_settings.get(&key(namespace, name)) {
+            return Ok(settings);
+        }
+        Ok(BindSettings::of(&self.read(namespace, name).await?.spec))
+    }
+
+    /// Writes `object`'s record with a new resourceVersion and tells watchers; `kept` is
+    /// what the record holds beside the object.
+    pub(super) async fn commit(
+        &self,
+        object: &mut Pool,
+        change: ChangeType,
+        kept: Kept,
+    ) -> Result<(), ApiError> {
+        self.commit_with(object, change, kept, |_| Ok(())).await
+    }
+
+    /// `commit`, with `also` written in the same transaction.
+    pub(super) async fn commit_with(
+        &self,
+        object: &mut Pool,
+        change: ChangeType,
+        kept: Kept,
+        also: impl FnOnce(&mut Txn) -> Result<(), StoreError>,
+    ) -> Result<(), ApiError> {
+        let key = key(
+            object.metadata.namespace.as_deref().unwrap_or_default(),
+            object.metadata.name.as_deref().unwrap_or_default(),
+        );
+        let record = |pool: &Pool| PoolRecord {
+            metadata: pool.metadata.clone(),
+            placement: pool.spec.placement.clone(),
+            conditions: pool
+                .status
+                .as_ref()
+                .map(|s| s.conditions.clone())
+                .unwrap_or_default(),
+            rejected: kept.rejected,
+            pending: kept.pending,
+        };
+        commit(&self.store, &key, object, change, record, also).await?;
+        match change {
+            ChangeType::Deleted => {
+                self.bind_settings.invalidate(&key);
+                self.respecified
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&(
+                        object.metadata.namespace.clone().unwrap_or_default(),
+                        object.metadata.name.clone().unwrap_or_default(),
+                    ));
+            }
+            _ => self
+                .bind_settings
+                .insert(key.clone(), BindSettings::of(&object.spec)),
+        }
+        self.record_counts(object, change);
+        Ok(())
+    }
+
+    /// The Host names a Pool's selector resolves to, as battery's `flintlock_hosts`.
+    pub(super) async fn resolve_hosts(&self, spec: &PoolSpec) -> Result<Vec<String>, ApiError> {
+        let selector = spec
+            .placement
+            .as_ref()
+            .map(|p| p.node_selector.clone())
+            .unwrap_or_default();
+        self.hosts.matching(&selector).await
+    }
+
+    /// Re-reads a Pool after battery reported a change to it, records it and tells
+    /// watchers; finishes a blocked deletion once battery lets it go.
+    /// `also` is written in the same transaction, if the Pool is written (so the follower's
+    /// own bookkeeping costs no commit of its own).
+    pub async fn observe(
+        &self,
+        namespace: &str,
+        name: &str,
+        also: impl FnOnce(&mut Txn) -> Result<(), StoreError> + Send,
+    ) -> Result<(), ApiError> {
+        let key = key(namespace, name);
+        let _guard = self.locks.lock(&key).await;
+        let record = self.store.get::<PoolRecord>(&key)?;
+        self.observe_locked(namespace, name, record, also).await
+    }
+
+    /// `observe` with the Pool's lock held and its record read.
+    pub(super) async fn observe_locked(
+        &self,
+        namespace: &str,
+        name: &str,
+        record: Option<PoolRecord>,
+        also: impl FnOnce(&mut Txn) -> Result<(), StoreError> + Send,
+    ) -> Result<(), ApiError> {
+        let pool = match self.battery.pool(namespace, name).await {
+            Ok(pool) => pool,
+            Err(err) if err.failure() == Failure::NotFound => {
+                if let Some(record) = record {
+                    let mut object = Pool::new(name, PoolSpec::default());
+                    object.metadata = record.metadata;
+                    self.commit_with(&mut object, ChangeType::Deleted, Kept::default(), also)
+                        .await?;
+                }
+                return Ok(());
+            }
+            Err(err) => return Err(err.into_api_error(info(), name)),
+        };
+        let blocked = record.as_ref().is_some_and(|r| {
+            r.metadata.deletion_timestamp.is_some()
+                && r.metadata.finalizers.as_ref().is_none_or(Vec::is_empty)
+        });
+        let adopted = record.is_none();
+        let mut record = record;
+        if let Some(record) = &mut record
+            && !self.respecs.busy(&key(namespace, name))
+        {
+            // Written by a process that ended before telling battery: nobody was
+            // answered that it was made, and battery's spec stands.
+            record.pending = None;
+        }
+        let kept = Kept {
+            rejected: record.as_ref().and_then(|r| r.rejected.clone()),
+            pending: record.as_ref().and_then(|r| r.pending.clone()),
+        };
+        let mut object = self.assemble(record, pool);
+        if blocked {
+            // A deletion battery refused while MicroVMs were leased, or that outlasted its
+            // request: ask again; the deletion's own task records the Pool gone.
+            drop(self.battery_delete(namespace, name));
+        }
+        if adopted {
+            // First sight of a Pool made outside the API: it exists from now on.
+            object.metadata.creation_timestamp = Some(server_now());
+            return self
+                .commit_with(&mut object, ChangeType::Added, Kept::default(), also)
+                .await;
+        }
+        self.commit_with(&mut object, ChangeType::Modified, kept, also)
+            .await
+    }
+
+    /// The Hosts Pools are placed on, for what a claim's status shows of its Host.
+    pub fn hosts(&self) -> &HostDirectory {
+        &self.hosts
+    }
+
+    /// Whether the Pool is being deleted, so new claims on it are refused.
+    pub fn is_deleting(&self, namespace: &str, name: &str) -> Result<bool, ApiError> {
+        Ok(self
+            .store
+            .get::<PoolRecord>(&key(namespace, name))?
+            .is_some_and(|r| r.metadata.deletion_timestamp.is_some()))
+    }
+}
