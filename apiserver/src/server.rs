@@ -250,6 +250,11 @@ pub fn build(
     let exec = Arc::new(ClaimExec {
         claims: claims.clone(),
         sessions: exec_sessions.clone(),
+        relay: relay.clone(),
+    });
+    let port_forward = Arc::new(ClaimPortForward {
+        claims: claims.clone(),
+        sessions: exec_sessions.clone(),
         relay,
     });
 
@@ -261,10 +266,7 @@ pub fn build(
         Arc::new(
             ResourceEndpoint::new(claims.clone(), store.clone())
                 .with_subresource("lease", Arc::new(Arc::new(ClaimLeases(claims.clone()))))
-                .with_connect(
-                    "portforward",
-                    Arc::new(Arc::new(ClaimPortForward(exec.clone()))),
-                )
+                .with_connect("portforward", Arc::new(port_forward))
                 .with_connect("exec", Arc::new(exec)),
         ),
         Arc::new(

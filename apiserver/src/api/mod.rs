@@ -7,7 +7,7 @@
 
 mod apply;
 mod call;
-mod connect;
+pub mod connect;
 mod context;
 mod dispatch;
 mod handlers;

@@ -12,7 +12,6 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -33,6 +32,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tower::ServiceExt;
 
+use crate::api::connect::websocket::BulkOutput;
 use crate::http::authn::PeerCertificates;
 use crate::tls_files::{RELOAD_INTERVAL, Reloading, certified_key, provider};
 pub use crate::tls_files::{TlsError, TlsFiles};
@@ -238,20 +238,6 @@ pub async fn serve(
 #[derive(Debug, Clone, Copy)]
 pub struct RemoteAddr(pub SocketAddr);
 
-/// In a request's extensions: lets a request that upgrades its connection to bulk output
-/// (exec) have the connection's TLS hold more before it writes (`BULK_TLS_BUFFER_BYTES`).
-/// Other connections keep rustls's default, so the many that carry small answers
-/// (watches above all) hold no more for a slow reader.
-#[derive(Debug, Clone, Default)]
-pub struct BulkOutput(Arc<AtomicBool>);
-
-impl BulkOutput {
-    /// From the connection's next write on.
-    pub fn enable(&self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-}
-
 /// A connection as `serve` serves it: its TLS stream, whose send buffer grows once a
 /// request on it enables [`BulkOutput`].
 struct ServedStream {
@@ -271,7 +257,7 @@ impl ServedStream {
 
     /// The TLS stream, its buffer enlarged first if bulk output was enabled since.
     fn writer(&mut self) -> Pin<&mut TlsStream<TcpStream>> {
-        if !self.enlarged && self.bulk.0.load(Ordering::Relaxed) {
+        if !self.enlarged && self.bulk.is_enabled() {
             self.tls
                 .get_mut()
                 .1

@@ -28,9 +28,9 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 
-use super::session::{frame, unframe};
-use super::sessions::SessionGuard;
-use super::{ClaimExec, Handshake, Target, server_websocket, take_upgrade};
+use super::sessions::{ExecSessions, SessionGuard};
+use super::target::{ClaimSessions, Target};
+use crate::api::connect::websocket::{self, frame, unframe};
 use crate::api::{Connect, RequestContext};
 use crate::relay::{AgentRelay, PortConnection, PortOpen};
 
@@ -71,44 +71,49 @@ impl PortForwardOptions {
 }
 
 /// The `portforward` subresource of claims.
-pub struct ClaimPortForward(pub Arc<ClaimExec>);
+pub struct ClaimPortForward {
+    pub claims: Arc<dyn ClaimSessions>,
+    /// The live sessions, exec's and port-forward's, bounded together.
+    pub sessions: Arc<ExecSessions>,
+    pub relay: Arc<AgentRelay>,
+}
 
 impl Connect for Arc<ClaimPortForward> {
     fn connect(
         &self,
         ctx: RequestContext,
         name: String,
-        mut parts: Parts,
+        parts: Parts,
     ) -> BoxFuture<'static, Result<Response, ApiError>> {
-        let exec = self.0.clone();
+        let forward = self.clone();
         Box::pin(async move {
             let options = PortForwardOptions::parse(parts.uri.query().unwrap_or_default())?;
-            let handshake = Handshake::of(&parts.headers, &PROTOCOLS)?;
-            let upgrade = take_upgrade(&mut parts)?;
-            let sessions = &exec.sessions;
-            let permit = sessions.admit()?;
-            let target = exec.claims.target(&ctx, &name, "forward a port of").await?;
-            let guard = sessions.register(&target.claim.uid, permit);
-            let response = handshake.response()?;
-            let (protocol, relay) = (handshake.protocol, exec.relay.clone());
-            tokio::spawn(async move {
-                match upgrade.await {
-                    Ok(upgraded) => {
-                        let ws = server_websocket(upgraded).await;
-                        let ports = Ports {
-                            protocol,
-                            ports: options.ports,
-                            relay,
-                            target,
-                        };
-                        ports.run(ws, guard).await;
-                    }
-                    Err(error) => {
-                        tracing::debug!(%error, "a port-forward upgrade did not complete");
-                    }
-                }
-            });
-            Ok(response)
+            websocket::accept(parts, &PROTOCOLS, |protocol| async move {
+                forward.open(&ctx, &name, options.ports, protocol).await
+            })
+            .await
+        })
+    }
+}
+
+impl ClaimPortForward {
+    /// The session forwarding `ports` of the claim `name`, if it may open: under the cap,
+    /// the user the claim's Holder. Its connections are made once the WebSocket is up.
+    async fn open(
+        &self,
+        ctx: &RequestContext,
+        name: &str,
+        ports: Vec<u16>,
+        protocol: Protocol,
+    ) -> Result<Ports, ApiError> {
+        let permit = self.sessions.admit()?;
+        let target = self.claims.target(ctx, name, "forward a port of").await?;
+        Ok(Ports {
+            protocol,
+            ports,
+            relay: self.relay.clone(),
+            guard: self.sessions.register(&target.claim.uid, permit),
+            target,
         })
     }
 }
@@ -119,19 +124,20 @@ struct Ports {
     ports: Vec<u16>,
     relay: Arc<AgentRelay>,
     target: Target,
+    guard: SessionGuard,
 }
 
-impl Ports {
-    async fn run<S: AsyncRead + AsyncWrite + Unpin>(
-        self,
-        ws: WebSocketStream<S>,
-        guard: SessionGuard,
-    ) {
+impl websocket::Session for Ports {
+    async fn run<S>(self, ws: WebSocketStream<S>)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
         let Ports {
             protocol,
             ports,
             relay,
             target,
+            guard,
         } = self;
         let (mut sink, mut stream) = ws.split();
         // As kubelet does: each channel opens with its port.

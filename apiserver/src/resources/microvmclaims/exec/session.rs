@@ -21,11 +21,10 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
-use battery_types::channel::{
-    self, CLOSE, ERROR, Encoded, Protocol, RESIZE, Resize, STDERR, STDIN, STDOUT,
-};
+use battery_types::channel::{CLOSE, ERROR, Protocol, RESIZE, Resize, STDERR, STDIN, STDOUT};
 
 use super::sessions::SessionGuard;
+use crate::api::connect::websocket::{self, frame, frame_of_parts, unframe};
 use crate::relay::{
     ExecInput, ExecInputs, ExecOutput, ExecOutputs, ExecSession, Exit, StreamFailed, TerminalSize,
 };
@@ -55,33 +54,6 @@ pub struct Session {
     pub guard: SessionGuard,
 }
 
-/// A message on `channel`: binary, or in the base64 protocol a text frame whose first
-/// character is the channel's digit.
-pub(super) fn frame(protocol: Protocol, channel: u8, payload: &[u8]) -> Message {
-    frame_of_parts(protocol, channel, &[payload])
-}
-
-/// `frame` of the payload `parts` make one after the other, copied once.
-fn frame_of_parts<P: AsRef<[u8]>>(protocol: Protocol, channel: u8, parts: &[P]) -> Message {
-    match channel::encode_parts(protocol, channel, parts) {
-        Encoded::Binary(bytes) => Message::Binary(bytes.into()),
-        Encoded::Text(text) => Message::Text(text.into()),
-    }
-}
-
-/// A client's message as its channel and payload; `None` for what is not a frame of
-/// `protocol`.
-pub(super) fn unframe(protocol: Protocol, message: Message) -> Option<(u8, Bytes)> {
-    match (protocol, message) {
-        (Protocol::V4Base64, Message::Text(text)) => {
-            channel::decode_text(text.as_str()).map(|(channel, payload)| (channel, payload.into()))
-        }
-        (Protocol::V5 | Protocol::V4, Message::Binary(data)) => channel::decode_binary(&data)
-            .map(|(channel, payload)| (channel, data.slice_ref(payload))),
-        _ => None,
-    }
-}
-
 /// The `Status` kubelet writes on the error channel for an exit code.
 pub fn exit_status(command: &str, code: i32) -> Value {
     if code == 0 {
@@ -109,8 +81,13 @@ pub fn failure(message: String) -> Value {
     })
 }
 
-impl Session {
-    pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(self, ws: WebSocketStream<S>) {
+impl websocket::Session for Session {
+    const BULK_OUTPUT: bool = true;
+
+    async fn run<S>(self, ws: WebSocketStream<S>)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
         let Session {
             protocol,
             attached,
@@ -358,35 +335,5 @@ mod tests {
             failed["message"],
             "command terminated with non-zero exit code: command [sh -c exit 3] exited with 3"
         );
-    }
-
-    #[test]
-    fn a_frame_is_its_channel_then_its_payload() {
-        let binary = frame(Protocol::V4, STDERR, b"x");
-        assert_eq!(binary, Message::Binary(vec![2, b'x'].into()));
-        assert_eq!(
-            unframe(Protocol::V4, binary),
-            Some((STDERR, Bytes::from_static(b"x")))
-        );
-        assert_eq!(
-            frame(Protocol::V5, STDOUT, &[]),
-            Message::Binary(vec![1].into())
-        );
-        let text = frame(Protocol::V4Base64, STDOUT, b"hi\n");
-        assert_eq!(text, Message::Text("1aGkK".into()));
-        assert_eq!(
-            unframe(Protocol::V4Base64, Message::Text("0aGkK".into())),
-            Some((STDIN, Bytes::from_static(b"hi\n")))
-        );
-        // A frame of the other kind, or not base64, is not the protocol's.
-        assert_eq!(
-            unframe(Protocol::V4Base64, Message::Binary(vec![0].into())),
-            None
-        );
-        assert_eq!(
-            unframe(Protocol::V4Base64, Message::Text("0!!".into())),
-            None
-        );
-        assert_eq!(unframe(Protocol::V5, Message::Text("0aGkK".into())), None);
     }
 }

@@ -1,6 +1,13 @@
-//! Connect subresources (`exec`), as Go's `rest.Connecter`: no object is read or
-//! written; the resource gets the request's head, its pending upgrade included, and
-//! answers with a response of its own (a `101 Switching Protocols`, or a refusal).
+//! Connect subresources (`exec`, `portforward`), as Go's `rest.Connecter`: no object is
+//! read or written; the resource gets the request's head, its pending upgrade included,
+//! and answers with a response of its own (a `101 Switching Protocols`, or a refusal).
+//!
+//! A resource that streams over a WebSocket decides only whether the connection may open
+//! and with what session; [`websocket`] does the rest (the handshake, the upgrade, kube's
+//! channel framing and the task that serves the session), as k8s.io/apiserver's
+//! `wsstream` package does for `pods/exec` and `pods/portforward`.
+
+pub mod websocket;
 
 use std::sync::Arc;
 
