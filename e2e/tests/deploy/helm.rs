@@ -770,14 +770,18 @@ async fn helm_installs_upgrades_and_uninstalls_the_chart_on_a_real_control_plane
     assert!(services.get_opt(API_SERVICE).await.unwrap().is_none());
     assert_eq!(helm.run(&["list", "-n", NAMESPACE, "-q"]).await.trim(), "");
 
-    // The install: the caBundle is the serving CA of the Secret `certs` wrote, which the
-    // chart reads at install.
+    // The install: NOTES.txt prints the next commands, the APIService's check ...
     let notes = helm.run(&install("install", &[])).await;
     assert!(
         notes.contains(&format!("kubectl get apiservice {API_SERVICE}")),
         "{notes}"
     );
+    // ... and a first claim, by a Holder bound to the shipped role.
+    for next in ["--clusterrole battery-holder", "kind: MicroVMClaim"] {
+        assert!(notes.contains(next), "{notes}");
+    }
     assert!(!notes.contains("no caBundle"), "{notes}");
+    // The caBundle is the serving CA of the Secret `certs` wrote, which the chart read.
     let api_service = services.get(API_SERVICE).await.unwrap();
     let serving: Secret = Api::namespaced(admin.clone(), NAMESPACE)
         .get(certs::SERVING_SECRET)
