@@ -10,7 +10,7 @@ use http::StatusCode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 
-use super::{Write, check_namespace, decode_body, decode_object, info, invalid};
+use super::shared::{Write, check_namespace, decode_body, decode_object, info, invalid};
 use crate::api::RequestContext;
 use crate::api::managed_fields;
 use crate::api::respond;

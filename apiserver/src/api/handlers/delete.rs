@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 use kube::Resource;
 
 use super::list::select;
-use super::{info, precondition_failed};
+use super::shared::{info, precondition_failed};
 use crate::api::RequestContext;
 use crate::api::respond;
 use crate::api::storage::{Deleted, Storage};

@@ -10,8 +10,8 @@ use http::StatusCode;
 use kube::Resource;
 use serde_json::Value;
 
+use super::shared::{Manager, decode_object, info};
 use super::update::replace;
-use super::{Manager, decode_object, info};
 use crate::api::RequestContext;
 use crate::api::respond;
 use crate::api::storage::Storage;

@@ -10,7 +10,7 @@ use http::StatusCode;
 use kube::Resource;
 use serde_json::Value;
 
-use super::{
+use super::shared::{
     Manager, Write, check_namespace, decode_body, decode_object, info, invalid, precondition_failed,
 };
 use crate::api::RequestContext;
