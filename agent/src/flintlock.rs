@@ -14,8 +14,9 @@ use tokio_stream::Stream;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Status, Streaming};
 
-use crate::MAX_MESSAGE_BYTES;
-
+/// The largest gRPC message the agent decodes, from either side (flintlockd's and the
+/// API server's): with the relay's bounded queues, what bounds a session's memory.
+pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// How long dialling flintlockd may take; it is on the same Host, so longer means down.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Output flintlockd may send ahead of the agent reading it, per session: a bound on

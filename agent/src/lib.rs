@@ -10,6 +10,7 @@
 
 pub mod certificate;
 pub mod config;
+mod exec_reply;
 pub mod flintlock;
 mod forward;
 pub mod logging;
@@ -42,15 +43,13 @@ use tonic::transport::Server;
 use tonic::transport::server::Router;
 
 pub use config::{Cli, Config, ConfigError, Serving};
+pub use flintlock::MAX_MESSAGE_BYTES;
 
 use crate::certificate::{CertificateError, ServingCertificate};
 use crate::flintlock::Flintlock;
 use crate::relay::RelayService;
 use crate::ssh::SshIdentity;
 
-/// The largest gRPC message the agent decodes, from either side: with the relay's
-/// bounded queues, what bounds a session's memory.
-pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// stdin the API server may send ahead of the agent reading it, per session.
 const STREAM_WINDOW_BYTES: u32 = 256 * 1024;
 /// The TLS a connection may hold encrypted and unsent: a session's output (messages of up

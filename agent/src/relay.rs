@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use battery_proto::agent::v1alpha1::relay_server::Relay;
 use battery_proto::agent::v1alpha1::{
-    ClaimRef, ExecOpen, ExecRequest, ExecResponse, ExitStatus, PortForwardRequest, exec_request,
-    exec_response, exit_status, port_forward_request,
+    ClaimRef, ExecOpen, ExecRequest, PortForwardRequest, exec_request, exec_response, exit_status,
+    port_forward_request,
 };
 use battery_proto::microvmexec::services::api::v1alpha1::exec_command_request::Payload as FlintlockRequest;
 use battery_proto::microvmexec::services::api::v1alpha1::exec_command_response::Payload as FlintlockResponse;
@@ -33,6 +33,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument as _, debug, info, info_span, warn};
 
+use crate::exec_reply::{Reply, exit, output};
 use crate::flintlock::Flintlock;
 use crate::forward;
 use crate::ssh::{self, Logins, OpenError, Opened, SshIdentity};
@@ -44,8 +45,6 @@ pub const OUTPUT_BUFFER: usize = 4;
 /// How long the client may take to send `open`, and flintlockd to accept the session
 /// (EA-021's exec-open-timeout).
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
-
-pub(crate) type Reply = Result<ExecResponse, Status>;
 
 /// The relay, one per agent.
 #[derive(Clone, Debug)]
@@ -443,18 +442,6 @@ async fn relay(
             }
         }
     }
-}
-
-pub(crate) fn output(payload: exec_response::Payload) -> Reply {
-    Ok(ExecResponse {
-        payload: Some(payload),
-    })
-}
-
-pub(crate) fn exit(outcome: exit_status::Outcome) -> Reply {
-    output(exec_response::Payload::Exit(ExitStatus {
-        outcome: Some(outcome),
-    }))
 }
 
 /// How the client's side of a session ended.

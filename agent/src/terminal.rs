@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 use tracing::debug;
 
-use crate::relay::{Reply, exit, output};
+use crate::exec_reply::{Reply, exit, output};
 use crate::ssh::{self, DEFAULT_SIZE, Opened};
 
 /// How long the command waits for the client's terminal size before it starts at
