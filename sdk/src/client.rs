@@ -1,39 +1,24 @@
-//! [`Client`] and the claim request, [`ClaimBuilder`].
+//! [`Client`]: claims of one namespace, and who the client is. The claim request it
+//! makes, [`crate::ClaimBuilder`], is `claim_builder.rs`'s.
 
-use std::collections::BTreeMap;
-use std::time::Duration;
-
-use battery_types::{MicroVMClaim, MicroVMClaimSpec, Pool, PoolRef};
+use battery_types::MicroVMClaim;
 use http::Uri;
 use hyper_timeout::TimeoutConnector;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::client::ConfigExt as _;
 use tokio::net::TcpStream;
-use tokio::time::Instant;
 use tower::{Service, ServiceBuilder};
 
-use crate::claim::Claim;
-use crate::error::{self, Error};
-
-/// The label that carries a claim's token, by which a retried create knows its own claim.
-pub const TOKEN_LABEL: &str = "battery.liquidmetal-x.dev/sdk-claim-token";
-
-/// How long [`ClaimBuilder::send`] keeps retrying unless told otherwise.
-const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
-/// The wait between retries when the server gives no `Retry-After`.
-const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
-/// The characters of a generated name's suffix: apimachinery's, without vowels (no words).
-const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+use crate::error::Error;
 
 /// The entry point: claims of one namespace, through a `kube::Client`.
 #[derive(Clone)]
 pub struct Client {
-    kube: kube::Client,
-    namespace: String,
+    pub(crate) kube: kube::Client,
+    pub(crate) namespace: String,
     /// The user the client authenticates as, where its configuration tells.
     user: Option<String>,
 }
@@ -41,7 +26,7 @@ pub struct Client {
 impl Client {
     /// A client for the kubeconfig's (or the Pod's) default namespace. A `kube::Client`
     /// made with its default retries (`Config::default_retry`) retries `429` and `503`
-    /// itself, for minutes, before [`ClaimBuilder::send`] sees them: prefer
+    /// itself, for minutes, before [`ClaimBuilder::send`](crate::ClaimBuilder::send) sees them: prefer
     /// [`Client::from_config`], which turns them off.
     pub fn new(kube: kube::Client) -> Self {
         let namespace = kube.default_namespace().to_owned();
@@ -55,7 +40,7 @@ impl Client {
     /// A client from a kube configuration, which also knows who it is: the user its
     /// client certificate or ServiceAccount token names (in a Pod, its own), so that a
     /// claim's Holder defaults to that ServiceAccount.
-    /// kube-rs's own retries of `429` and `503` are turned off: [`ClaimBuilder::send`]
+    /// kube-rs's own retries of `429` and `503` are turned off: [`ClaimBuilder::send`](crate::ClaimBuilder::send)
     /// retries to its deadline, which a `kube::Client` retrying on its own would outlast.
     /// Its connections are opened with `TCP_NODELAY`, which `kube::Client::try_from`'s
     /// are not (but through a `proxy_url`, whose connections kube-rs makes).
@@ -79,7 +64,7 @@ impl Client {
     }
 
     /// The ServiceAccount of this client's namespace that the client's user is, if any.
-    fn own_service_account(&self) -> Option<String> {
+    pub(crate) fn own_service_account(&self) -> Option<String> {
         let user = self.user.as_deref()?;
         let rest = user.strip_prefix("system:serviceaccount:")?;
         let (namespace, name) = rest.split_once(':')?;
@@ -91,19 +76,6 @@ impl Client {
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = namespace.into();
         self
-    }
-
-    /// A claim on the MicroVMs of `pool`; [`ClaimBuilder::send`] makes it.
-    pub fn claim(&self, pool: impl Into<String>) -> ClaimBuilder {
-        ClaimBuilder {
-            client: self.clone(),
-            pool: pool.into(),
-            holder: None,
-            name: None,
-            labels: BTreeMap::new(),
-            deadline: DEFAULT_DEADLINE,
-            on_wait: None,
-        }
     }
 
     pub(crate) fn kube(&self) -> kube::Client {
@@ -153,164 +125,6 @@ where
     Ok(kube::Client::new(service, config.default_namespace.clone()))
 }
 
-/// A claim being asked for; [`ClaimBuilder::send`] binds it.
-#[must_use = "a claim is made only by send()"]
-pub struct ClaimBuilder {
-    client: Client,
-    pool: String,
-    holder: Option<String>,
-    name: Option<String>,
-    labels: BTreeMap<String, String>,
-    deadline: Duration,
-    on_wait: Option<WaitReport>,
-}
-
-/// What [`ClaimBuilder::on_wait`] was given.
-type WaitReport = Box<dyn Fn(&Waiting) + Send + Sync>;
-
-/// A wait of [`ClaimBuilder::send`] before it tries again, as [`ClaimBuilder::on_wait`]
-/// reports it: for progress while the Pool has no MicroVM.
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct Waiting {
-    /// The Pool claimed from.
-    pub pool: String,
-    /// Why the server refused this time, in its words.
-    pub message: String,
-    /// How long until the next attempt.
-    pub retry_after: Duration,
-    /// How long until the deadline.
-    pub remaining: Duration,
-}
-
-impl ClaimBuilder {
-    /// The ServiceAccount (of the client's namespace) that holds the claim: only it may
-    /// renew the lease and exec into the MicroVM. Without one, the client's own
-    /// ServiceAccount, if [`Client::from_config`] found that its user is one.
-    pub fn holder(mut self, service_account: impl Into<String>) -> Self {
-        self.holder = Some(service_account.into());
-        self
-    }
-
-    /// The claim's name; without one, a name of the Pool's plus a random suffix.
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into());
-        self
-    }
-
-    /// Labels for the claim, added to those set before.
-    pub fn labels<K: Into<String>, V: Into<String>>(
-        mut self,
-        labels: impl IntoIterator<Item = (K, V)>,
-    ) -> Self {
-        self.labels
-            .extend(labels.into_iter().map(|(k, v)| (k.into(), v.into())));
-        self
-    }
-
-    /// How long to keep retrying while the Pool has no MicroVM (30s unless set). A bind
-    /// the server is waiting on when the deadline passes is let finish.
-    pub fn deadline(mut self, deadline: Duration) -> Self {
-        self.deadline = deadline;
-        self
-    }
-
-    /// Calls `report` before each wait for a retry, so that a caller can show progress.
-    pub fn on_wait(mut self, report: impl Fn(&Waiting) + Send + Sync + 'static) -> Self {
-        self.on_wait = Some(Box::new(report));
-        self
-    }
-
-    /// Creates the claim, which binds it, and starts renewing its lease.
-    pub async fn send(self) -> Result<Claim, Error> {
-        let deadline = Instant::now() + self.deadline;
-        let holder = self
-            .holder
-            .or_else(|| self.client.own_service_account())
-            .ok_or(Error::HolderUnknown)?;
-        // Fixed before the first attempt, so a retry asks for the same claim.
-        let name = self.name.unwrap_or_else(|| generated_name(&self.pool));
-        let token = random(32, b"0123456789abcdef");
-        let mut labels = self.labels;
-        labels.insert(TOKEN_LABEL.to_owned(), token.clone());
-        let object = MicroVMClaim {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                labels: Some(labels),
-                ..ObjectMeta::default()
-            },
-            spec: MicroVMClaimSpec {
-                pool_ref: PoolRef {
-                    name: self.pool.clone(),
-                },
-                service_account_name: holder,
-                ..MicroVMClaimSpec::default()
-            },
-            status: None,
-        };
-        let claims = self.client.claims();
-        let bound = loop {
-            let error = match claims.create(&PostParams::default(), &object).await {
-                Ok(bound) => break bound,
-                Err(error) => error,
-            };
-            let Some(status) = error::status(&error) else {
-                return Err(Error::Api(error));
-            };
-            match status.code {
-                409 if status.reason == "AlreadyExists" => {
-                    // Ours if an earlier attempt made it and its answer was lost.
-                    let existing = claims.get(&name).await.map_err(Error::Api)?;
-                    if existing
-                        .metadata
-                        .labels
-                        .as_ref()
-                        .and_then(|l| l.get(TOKEN_LABEL))
-                        == Some(&token)
-                    {
-                        break existing;
-                    }
-                    return Err(Error::NameTaken { name });
-                }
-                429 | 503 => {
-                    let wait = error::retry_after(status).unwrap_or(DEFAULT_RETRY_AFTER);
-                    if Instant::now() + wait > deadline {
-                        if status.code == 429 {
-                            return Err(Error::PoolExhausted {
-                                pool: self.pool,
-                                retry_after: wait,
-                            });
-                        }
-                        return Err(Error::Api(error));
-                    }
-                    tracing::debug!(pool = %self.pool, ?wait, "no MicroVM yet; retrying");
-                    if let Some(report) = &self.on_wait {
-                        report(&Waiting {
-                            pool: self.pool.clone(),
-                            message: status.message.clone(),
-                            retry_after: wait,
-                            remaining: deadline.saturating_duration_since(Instant::now()),
-                        });
-                    }
-                    tokio::time::sleep(wait).await;
-                }
-                _ => return Err(Error::from_claims(error, &self.pool)),
-            }
-        };
-        let pools: Api<Pool> = Api::namespaced(self.client.kube.clone(), &self.client.namespace);
-        // Reading the Pool may be forbidden to the Holder: then battery's defaults, which
-        // a Pool without lease settings has too.
-        let lease = match pools.get(&self.pool).await {
-            Ok(pool) => pool.spec.lease,
-            Err(error) => {
-                tracing::debug!(pool = %self.pool, %error, "cannot read the Pool; renewing at the default interval");
-                battery_types::LeaseSettings::default()
-            }
-        };
-        Ok(Claim::start(self.client, bound, self.pool, lease))
-    }
-}
-
 /// The common name of the client certificate, which Kubernetes takes as the user name.
 fn certificate_user(auth: &kube::config::AuthInfo) -> Option<String> {
     use base64::Engine as _;
@@ -356,18 +170,6 @@ fn token_user(auth: &kube::config::AuthInfo) -> Option<String> {
         .then(|| subject.to_owned())
 }
 
-fn random(len: usize, alphabet: &[u8]) -> String {
-    (0..len)
-        .map(|_| char::from(alphabet[fastrand::usize(..alphabet.len())]))
-        .collect()
-}
-
-/// apimachinery's `generateName`: the prefix, cut so the name fits, and five characters.
-fn generated_name(pool: &str) -> String {
-    let prefix: String = pool.chars().take(63 - 6).collect();
-    format!("{prefix}-{}", random(5, NAME_ALPHABET))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,18 +207,6 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(token_user(&garbage), None);
-    }
-
-    #[test]
-    fn generated_names_are_valid_and_differ() {
-        let long = "p".repeat(80);
-        let name = generated_name(&long);
-        assert_eq!(name.len(), 63);
-        assert!(name.starts_with(&"p".repeat(57)));
-        let (a, b) = (generated_name("dev"), generated_name("dev"));
-        assert!(a.starts_with("dev-") && a.len() == 9, "{a}");
-        assert_ne!(a, b);
-        assert!(a[4..].bytes().all(|c| NAME_ALPHABET.contains(&c)), "{a}");
     }
 
     /// Of each connection its connector makes, whether `TCP_NODELAY` is set: read on the

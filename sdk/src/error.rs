@@ -151,6 +151,12 @@ pub(crate) fn status(error: &kube::Error) -> Option<&Status> {
     }
 }
 
+/// What a write to an exec session that has ended fails with: its stdin's, and its
+/// terminal's resizes.
+pub(crate) fn session_ended() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the exec session has ended")
+}
+
 /// `Retry-After` as the Status carries it (`details.retryAfterSeconds`).
 pub(crate) fn retry_after(status: &Status) -> Option<Duration> {
     status

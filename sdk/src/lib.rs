@@ -33,6 +33,7 @@
 #![deny(missing_docs)]
 
 mod claim;
+mod claim_builder;
 mod client;
 mod error;
 mod exec;
@@ -44,8 +45,9 @@ mod tty;
 pub use battery_types as types;
 pub use claim::Claim;
 /// The label that carries a claim's token, by which a retried create knows its own claim.
-pub use client::TOKEN_LABEL;
-pub use client::{ClaimBuilder, Client, Waiting};
+pub use claim_builder::TOKEN_LABEL;
+pub use claim_builder::{ClaimBuilder, Waiting};
+pub use client::Client;
 pub use error::{Error, LostReason};
 pub use exec::{Command, Output, OutputStream, Process, Stdin};
 pub use host_ready::HostReadiness;

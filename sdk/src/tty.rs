@@ -8,6 +8,8 @@ use std::io;
 use battery_types::channel::{self, RESIZE, Resize};
 use tokio::sync::watch;
 
+use crate::error::session_ended;
+
 /// A terminal's size in character cells.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TerminalSize {
@@ -55,7 +57,7 @@ impl Resizer {
     /// matters, so sizes set faster than the session sends them are merged. Fails with
     /// `BrokenPipe` once the session has ended.
     pub fn resize(&self, size: TerminalSize) -> io::Result<()> {
-        self.0.send(size).map_err(|_| crate::exec::session_ended())
+        self.0.send(size).map_err(|_| session_ended())
     }
 }
 

@@ -16,7 +16,7 @@ use tokio::io::{
 use tokio::task::JoinHandle;
 use tokio_util::io::{StreamReader, SyncIoBridge};
 
-use super::{
+use super::guest::{
     CHUNK, DOWNLOAD, Files, HEADER_LIMIT, OnProgress, REPORT_LIMIT, Transferred, exited,
     guest_name, hex, local, read_limited, relative, verify_report,
 };
