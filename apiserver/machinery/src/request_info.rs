@@ -192,8 +192,6 @@ impl RequestInfo {
         Ok(info)
     }
 
-    /// The verb as one of the resource verbs this server serves, or `None` for `proxy`, an
-    /// unknown HTTP method, or a non-resource request.
     /// The same request as authorization must see it. A connect subresource is
     /// authorized as `create` whichever method opens it: a WebSocket upgrade is a GET and
     /// must not need less than SPDY's POST. kube-apiserver keeps `get` in its request info
@@ -212,6 +210,8 @@ impl RequestInfo {
         }
     }
 
+    /// The verb as one of the resource verbs this server serves, or `None` for `proxy`, an
+    /// unknown HTTP method, or a non-resource request.
     pub fn resource_verb(&self) -> Option<Verb> {
         if !self.is_resource_request {
             return None;

@@ -111,8 +111,6 @@ reasons! {
     pub enum HostReadyReason {
         /// True: KVM, the thin pool, flintlockd and its exec API are all usable.
         Ready = "Ready",
-        /// The Host image has not finished setting the Host up.
-        HostImageNotReady = "HostImageNotReady",
         /// `/dev/kvm` is missing or unusable.
         KvmUnavailable = "KVMUnavailable",
         /// containerd's devmapper thin pool is missing.
