@@ -37,7 +37,7 @@ pub const NAMESPACE: &str = "battery-system";
 pub const SERVICE: &str = "battery-apiserver";
 /// The port of the APIService's Service reference: with an ExternalName the aggregator
 /// dials the name at this port, so `serve` listens on it.
-const SERVICE_PORT: u16 = 443;
+pub const SERVICE_PORT: u16 = 443;
 /// The Secret of the serving certificate `certs` writes.
 const SERVING_SECRET: &str = "battery-apiserver-serving";
 /// The files of Secrets `certs` writes: the cluster's, and the battery channel's.
@@ -222,7 +222,7 @@ fn serving_files(certs: &Path) -> (PathBuf, PathBuf, PathBuf) {
 
 /// A loopback address no one listens on at [`SERVICE_PORT`], other than 127.0.0.1, so
 /// that each test's `serve` has its own while every APIService names port 443.
-fn free_loopback_ip() -> Ipv4Addr {
+pub fn free_loopback_ip() -> Ipv4Addr {
     loop {
         let random = uuid::Uuid::new_v4().into_bytes();
         let ip = Ipv4Addr::new(127, random[0] | 0x40, random[1], random[2].max(1));

@@ -16,12 +16,13 @@
 //! battery, set up as poolmgrd's `config.json` says, and `serve`'s by `serve`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use battery_apiserver::certs;
-use battery_e2e::control_plane::install::{self as cluster_install, API_SERVICE};
+use battery_e2e::control_plane::install::{
+    self as cluster_install, API_SERVICE, SERVICE_PORT, free_loopback_ip,
+};
 use battery_e2e::control_plane::{ControlPlane, Options};
 use battery_e2e::eventually;
 use battery_e2e::process::Process;
@@ -47,8 +48,6 @@ const TEAM: &str = "team-a";
 const HOLDER: &str = "runner";
 /// The post-renderer plugin, in `helm-plugins/` beside this file.
 const POST_RENDERER: &str = "battery-e2e-cluster";
-/// The APIService's port: with an ExternalName, the aggregator dials the name there.
-const SERVICE_PORT: u16 = 443;
 /// What `battery-apiserver serve` and `embedded-battery` print once they serve.
 const SERVE_SERVING_PREFIX: &str = "battery-apiserver serve: serving ";
 const BATTERY_SERVING_PREFIX: &str = "embedded battery serving battery's gRPC API on ";
@@ -490,19 +489,6 @@ fn values_outside_the_schema_are_refused_naming_them() {
 fn base64(bytes: &[u8]) -> String {
     let json = serde_json::to_value(k8s_openapi::ByteString(bytes.to_vec())).unwrap();
     json.as_str().unwrap().to_owned()
-}
-
-/// A loopback address no one listens on at [`SERVICE_PORT`], other than 127.0.0.1, so
-/// that `serve` has its own while the APIService names port 443 (as
-/// `control_plane::install` picks one for the kustomize install).
-fn free_loopback_ip() -> Ipv4Addr {
-    loop {
-        let random = uuid::Uuid::new_v4().into_bytes();
-        let ip = Ipv4Addr::new(127, random[0] | 0x40, random[1], random[2].max(1));
-        if std::net::TcpListener::bind((ip, SERVICE_PORT)).is_ok() {
-            return ip;
-        }
-    }
 }
 
 /// helm as the cluster admin, with homes of its own in a test's directory and the
