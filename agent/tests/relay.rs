@@ -82,6 +82,7 @@ impl Fixture {
             state_dir: dir.path().join("host"),
             ssh_proxy: terminals.as_ref().map(|(ca, _)| SshProxyConfig {
                 user_ca_public_key: ca.public_key(),
+                sshd: None,
             }),
             ..SimulatedHostConfig::default()
         })

@@ -16,6 +16,7 @@ pub async fn run(args: EmbeddedBatteryArgs) -> anyhow::Result<()> {
             user_ca_public_key: std::fs::read_to_string(path).with_context(|| {
                 format!("reading --ssh-user-ca-public-key-file {}", path.display())
             })?,
+            sshd: None,
         }),
         None => None,
     };
@@ -100,14 +101,13 @@ impl EmbeddedBatteryArgs {
                     String::from_utf8(read("basic-auth-token-file", path)?).map_err(|e| {
                         ConfigError::invalid("basic-auth-token-file", path.display(), e)
                     })?;
-                let token =
-                    battery_proto::poolmgr::basic_auth::token_in(&text).ok_or_else(|| {
-                        ConfigError::invalid(
-                            "basic-auth-token-file",
-                            path.display(),
-                            "the file holds no token",
-                        )
-                    })?;
+                let token = ApiSecurity::token_in(&text).ok_or_else(|| {
+                    ConfigError::invalid(
+                        "basic-auth-token-file",
+                        path.display(),
+                        "the file holds no token",
+                    )
+                })?;
                 Some(token.to_owned())
             }
             None => None,

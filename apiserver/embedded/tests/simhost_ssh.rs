@@ -192,6 +192,7 @@ impl UserCa {
     fn config(&self) -> SshProxyConfig {
         SshProxyConfig {
             user_ca_public_key: self.ca.public_key().to_openssh().expect("CA public key"),
+            sshd: None,
         }
     }
 

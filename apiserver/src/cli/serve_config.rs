@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio_rustls::TlsAcceptor;
 
-use super::ServeArgs;
+use super::serve_args::ServeArgs;
 use crate::api::{CreateRate, Limits};
 use crate::battery::{BatteryClient, BatteryEndpoint, ChannelError, Security, TlsSettings};
 use crate::http::authn::{RequestHeaderFlags, RequestHeaderNames, TrustSources, verifier};

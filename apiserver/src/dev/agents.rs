@@ -14,6 +14,7 @@ use clap::Parser;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
+use super::kubeconfig::write_kubeconfig_for;
 use super::pki::DevPki;
 
 /// The checks a simulated Host cannot pass, turned off by name.
@@ -38,7 +39,7 @@ pub async fn start(
             .parent()
             .unwrap_or(Path::new("."))
             .join("kubeconfig");
-        super::write_kubeconfig_for(
+        write_kubeconfig_for(
             &kubeconfig,
             server,
             &pki.ca_cert,

@@ -1,19 +1,21 @@
 //! `battery-apiserver dev`: the server on loopback with the embedded battery and its
 //! simulated Hosts, self-made certificates, a Pool to claim from, and a kubeconfig whose
 //! user is the dev ServiceAccount (DESIGN §6), and one exec agent per simulated Host
-//! (`agents.rs`). It prints the next command to type.
+//! (`agents.rs`). It prints the next command to type, and, on a machine without OpenSSH's
+//! sshd, that terminals are off and the command that installs it (`terminals.rs`).
 
 mod agents;
+mod kubeconfig;
 pub mod pki;
+mod terminals;
 
-use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
 use axum::body::Body;
 use battery_embedded::BatteryConfig;
 use battery_embedded::local::{LocalBattery, LocalBatteryConfig};
-use battery_embedded::simhost::SshProxyConfig;
+use battery_embedded::simhost::{SshProxyConfig, find_sshd};
 use http::{Request, StatusCode};
 use tokio::net::TcpListener;
 use tower::ServiceExt;
@@ -29,6 +31,8 @@ use crate::resources::hosts::certificate::AgentSigner;
 use crate::resources::hosts::ssh_certificate::SshUserCa;
 use crate::serve_command::{open_store, shutdown_signal};
 use crate::server::{self, Settings};
+
+pub use kubeconfig::write_kubeconfig;
 
 /// How long the agents' serving certificates live in `dev`: short, so a session of
 /// trying things by hand sees a renewal.
@@ -54,9 +58,16 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     // The simulated Hosts' sshd trusts it; the agents log in with its certificates for
     // exec with a terminal.
     let ssh_ca = SshUserCa::generate()?;
+    // Missing, it is said at start; the Hosts look for it again at each session.
+    let terminals_off = terminals::off(
+        args.sshd.as_deref(),
+        find_sshd(),
+        terminals::running_as_root(),
+    );
     let local = LocalBattery::start(LocalBatteryConfig {
         ssh_proxy: Some(SshProxyConfig {
             user_ca_public_key: ssh_ca.public_key(),
+            sshd: args.sshd.clone(),
         }),
         data_dir: args.data_dir.as_ref().map(|d| d.join("battery")),
         hosts: args.hosts,
@@ -126,7 +137,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     write_kubeconfig(&kubeconfig, &server, &pki)?;
     let mut agents = agents::start(local.hosts(), &pki, &server).await?;
     let shutdown = shutdown_signal();
-    crate::logging::announce(&[
+    let mut lines = vec![
         format!("battery-apiserver dev: serving https://{addr}"),
         format!(
             "  on the embedded battery (a simulation of poolmgrd; MicroVM commands run as local processes, no isolation) with {} simulated Hosts",
@@ -140,11 +151,13 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             "  policy: you ({}, the kubeconfig's user) may do everything; each agent its own Host; anyone else nothing",
             pki::DEV_USER
         ),
-        format!(
-            "next: kubectl --kubeconfig {} get pools,microvmclaims",
-            kubeconfig.display()
-        ),
-    ]);
+    ];
+    lines.extend(terminals_off);
+    lines.push(format!(
+        "next: kubectl --kubeconfig {} get pools,microvmclaims",
+        kubeconfig.display()
+    ));
+    crate::logging::announce(&lines);
     app.serve(listener, acceptor, shutdown).await;
     agents.shutdown().await;
     local.shutdown().await;
@@ -196,66 +209,4 @@ async fn create_dev_pool(router: &axum::Router, size: i32) -> anyhow::Result<()>
         "creating the dev Pool: {status}: {}",
         String::from_utf8_lossy(&body)
     )
-}
-
-/// A kubeconfig for the dev user, pointing at the certificate files.
-pub fn write_kubeconfig(path: &Path, server: &str, pki: &pki::DevPki) -> anyhow::Result<()> {
-    write_kubeconfig_for(
-        path,
-        server,
-        &pki.ca_cert,
-        &pki.client_cert,
-        &pki.client_key,
-    )
-}
-
-/// A kubeconfig for the user of the client certificate `cert`, trusting `ca`.
-fn write_kubeconfig_for(
-    path: &Path,
-    server: &str,
-    ca: &Path,
-    cert: &Path,
-    key: &Path,
-) -> anyhow::Result<()> {
-    use kube::config::{
-        AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
-    };
-    const NAME: &str = "battery-dev";
-    let config = Kubeconfig {
-        api_version: Some("v1".to_owned()),
-        kind: Some("Config".to_owned()),
-        clusters: vec![NamedCluster {
-            name: NAME.to_owned(),
-            cluster: Some(Cluster {
-                server: Some(server.to_owned()),
-                certificate_authority: Some(ca.display().to_string()),
-                ..Cluster::default()
-            }),
-            other: Default::default(),
-        }],
-        auth_infos: vec![NamedAuthInfo {
-            name: NAME.to_owned(),
-            auth_info: Some(AuthInfo {
-                client_certificate: Some(cert.display().to_string()),
-                client_key: Some(key.display().to_string()),
-                ..AuthInfo::default()
-            }),
-            other: Default::default(),
-        }],
-        contexts: vec![NamedContext {
-            name: NAME.to_owned(),
-            context: Some(Context {
-                cluster: NAME.to_owned(),
-                user: Some(NAME.to_owned()),
-                namespace: Some("default".to_owned()),
-                ..Context::default()
-            }),
-            other: Default::default(),
-        }],
-        current_context: Some(NAME.to_owned()),
-        ..Kubeconfig::default()
-    };
-    let yaml = serde_norway::to_string(&config)?;
-    pki::write_file(path, &yaml, false)?;
-    Ok(())
 }

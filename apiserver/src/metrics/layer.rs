@@ -16,7 +16,7 @@ use battery_types::Verb;
 use http_body::{Frame, SizeHint};
 use prometheus_client::metrics::gauge::Gauge;
 
-use super::{Metrics, RouteLabels};
+use super::registry::{Metrics, RouteLabels};
 
 /// Counts the request, and logs it: an error's internal cause, which the response body
 /// never carries, is logged here. Runs inside the request-info layer, whose

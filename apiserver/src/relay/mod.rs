@@ -25,6 +25,8 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 mod stream;
 
+use stream::describe;
+
 pub use stream::{
     ClaimRef, Closed, ExecInput, ExecInputs, ExecOpen, ExecOutput, ExecOutputs, ExecSession, Exit,
     PortConnection, PortOpen, PortReader, PortWriter, StreamFailed, TerminalSize,
@@ -220,15 +222,4 @@ fn unavailable(host: &str, address: &str, why: impl std::fmt::Display) -> ApiErr
     ApiError::service_unavailable(format!(
         "cannot exec through the exec agent of Host {host} at {address}: {why}"
     ))
-}
-
-/// A relay failure for a person: its code, message and causes (a TLS refusal is only in
-/// the causes).
-fn describe(status: &tonic::Status) -> String {
-    let mut text = format!("{:?}: {}", status.code(), status.message());
-    if let Some(source) = std::error::Error::source(status) {
-        text.push_str(": ");
-        text.push_str(&error_chain(source));
-    }
-    text
 }

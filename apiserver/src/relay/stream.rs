@@ -12,7 +12,7 @@ use battery_proto::agent::v1alpha1::{
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use super::describe;
+use battery_telemetry::error_chain;
 
 /// The claim a session is for: the agent checks it against the MicroVM it runs on.
 #[derive(Clone, Debug)]
@@ -219,4 +219,15 @@ impl PortReader {
         let response = self.0.message().await.map_err(StreamFailed)?;
         Ok(response.map(|response| response.data))
     }
+}
+
+/// A relay failure for a person: its code, message and causes (a TLS refusal is only in
+/// the causes).
+pub(super) fn describe(status: &tonic::Status) -> String {
+    let mut text = format!("{:?}: {}", status.code(), status.message());
+    if let Some(source) = std::error::Error::source(status) {
+        text.push_str(": ");
+        text.push_str(&error_chain(source));
+    }
+    text
 }

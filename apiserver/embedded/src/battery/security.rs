@@ -45,6 +45,12 @@ impl fmt::Debug for ApiSecurity {
 }
 
 impl ApiSecurity {
+    /// The token a token file's `text` holds, as poolmgrd reads its `basic_auth_token`
+    /// file: the text without a trailing newline; `None` when nothing else is there.
+    pub fn token_in(text: &str) -> Option<&str> {
+        basic_auth::token_in(text)
+    }
+
     /// The server's TLS, when it serves TLS.
     pub(crate) fn server_tls(&self) -> Option<ServerTlsConfig> {
         let tls = self.tls.as_ref()?;

@@ -81,7 +81,8 @@
 //! # SSH proxy
 //!
 //! Where flintlock relays the stream to the guest's sshd, the simulation runs the
-//! Host's OpenSSH `/usr/sbin/sshd -i` per stream (Debian's `openssh-server`), logging
+//! Host's OpenSSH `sshd -i` per stream ([`SshProxyConfig::sshd`], by default the first in
+//! `PATH`, else Debian's `openssh-server`'s `/usr/sbin/sshd`: [`find_sshd`]), logging
 //! in **local users of the Host, with no isolation**.
 //! - The first request must be `uid`, else INVALID_ARGUMENT; the MicroVM is looked up
 //!   as for exec, with the same codes. Without sshd the call is FAILED_PRECONDITION.
@@ -123,7 +124,7 @@ use tracing::{info, warn};
 
 pub use error::{PersistError, SimHostError};
 pub use host::HostFaults;
-pub use ssh::{SSHD_MAX_SESSIONS, SshProxyConfig};
+pub use ssh::{SSHD_MAX_SESSIONS, SshProxyConfig, find_sshd};
 
 use exec::ExecService;
 use host::Host;

@@ -41,9 +41,9 @@ use super::registry::ExecTarget;
 
 /// How many sessions (terminals, commands) one SSH connection may hold at once.
 pub const SSHD_MAX_SESSIONS: usize = 10;
-/// Where Debian's openssh-server installs sshd. sshd re-executes itself by this path,
-/// so it must be absolute.
-const SSHD: &str = "/usr/sbin/sshd";
+/// Where Debian's openssh-server installs sshd: looked in after `PATH`, and the sshd a
+/// session names as missing when there is none.
+const DEBIAN_SSHD_DIR: &str = "/usr/sbin";
 /// sshd's privilege separation directory, compiled into it: it refuses to run without
 /// it, and `/run` is a tmpfs, so it can be gone after a reboot or in a fresh container.
 const PRIVSEP_DIR: &str = "/run/sshd";
@@ -63,11 +63,43 @@ pub struct SshProxyConfig {
     /// certificates the MicroVMs' sshd accepts, as its `TrustedUserCAKeys`. A
     /// certificate's principals are the local users it may log in as.
     pub user_ca_public_key: String,
+    /// The OpenSSH sshd each session runs, by an absolute path (sshd re-executes itself
+    /// by the path it was started with); `None` runs [`find_sshd`]'s, looked for as each
+    /// session starts, so one installed while the Host runs serves the next session.
+    pub sshd: Option<PathBuf>,
+}
+
+/// OpenSSH's sshd on this machine: the first `sshd` executable in an absolute directory
+/// of `PATH`, else in `/usr/sbin` (where Debian's openssh-server puts it, outside a
+/// user's `PATH`); `None` when there is none.
+pub fn find_sshd() -> Option<PathBuf> {
+    find_sshd_in(
+        std::env::var_os("PATH").as_deref(),
+        Path::new(DEBIAN_SSHD_DIR),
+    )
+}
+
+/// [`find_sshd`] in the directories of `path` (a `PATH` value), then `fallback`. A
+/// relative directory of `PATH` is skipped: sshd needs an absolute path, and one that
+/// depends on the working directory is no choice of the user's.
+fn find_sshd_in(path: Option<&std::ffi::OsStr>, fallback: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    path.into_iter()
+        .flat_map(std::env::split_paths)
+        .filter(|dir| dir.is_absolute())
+        .chain(std::iter::once(fallback.to_owned()))
+        .map(|dir| dir.join("sshd"))
+        .find(|sshd| {
+            std::fs::metadata(sshd)
+                .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+        })
 }
 
 /// What every session's sshd shares: its host key and configuration, in a directory
 /// that lives as long as the Host serves and any session runs.
 pub(super) struct SshProxy {
+    /// The configured sshd; `None` finds one for each session.
+    sshd: Option<PathBuf>,
     dir: TempDir,
     config: PathBuf,
     host_key: PathBuf,
@@ -79,6 +111,7 @@ impl SshProxy {
     /// Generates the host key and writes sshd's configuration, trusting `config`'s CA.
     pub(super) fn prepare(config: &SshProxyConfig) -> Result<Self, SimHostError> {
         // Checked here, since sshd would only log an unreadable key and refuse everyone.
+        let sshd = config.sshd.clone();
         let user_ca = PublicKey::from_openssh(config.user_ca_public_key.trim())
             .map_err(|error| SimHostError::UserCaKey(error.into()))?;
         let dir = tempfile::Builder::new()
@@ -104,6 +137,7 @@ impl SshProxy {
         let text = sshd_config(&user_ca_file).map_err(|source| setup_error(&config, source))?;
         std::fs::write(&config, text).map_err(|source| setup_error(&config, source))?;
         Ok(Self {
+            sshd,
             dir,
             config,
             host_key,
@@ -120,13 +154,17 @@ impl SshProxy {
     fn spawn(&self, workdir: &Path) -> Result<Session, RequestError> {
         // Checked first, so a Host without sshd says what to install rather than how
         // it failed to start it.
-        if !Path::new(SSHD).is_file() {
-            return Err(RequestError::SshdMissing { path: SSHD.into() });
-        }
+        let sshd = match &self.sshd {
+            Some(sshd) if sshd.is_file() => sshd.clone(),
+            Some(sshd) => return Err(RequestError::SshdMissing { path: sshd.clone() }),
+            None => find_sshd().ok_or_else(|| RequestError::SshdMissing {
+                path: Path::new(DEBIAN_SSHD_DIR).join("sshd"),
+            })?,
+        };
         create_privsep_dir()?;
         let number = self.sessions.fetch_add(1, Ordering::Relaxed);
         let log = self.dir.path().join(format!("sshd-{number}.log"));
-        let child = Command::new(SSHD)
+        let child = Command::new(&sshd)
             .arg("-i")
             .arg("-f")
             .arg(&self.config)
@@ -142,10 +180,7 @@ impl SshProxy {
             .stderr(Stdio::null())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|source| RequestError::StartSshd {
-                path: SSHD.into(),
-                source,
-            })?;
+            .map_err(|source| RequestError::StartSshd { path: sshd, source })?;
         Ok(Session { child, log })
     }
 }
@@ -496,9 +531,51 @@ mod tests {
     }
 
     #[test]
+    fn sshd_is_looked_for_in_path_then_the_fallback() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dirs = tempfile::tempdir().expect("temp dir");
+        let dir = |name: &str| {
+            let dir = dirs.path().join(name);
+            std::fs::create_dir(&dir).expect("dir");
+            dir
+        };
+        let (empty, first, second, fallback) =
+            (dir("empty"), dir("first"), dir("second"), dir("sbin"));
+        let sshd = |dir: &Path, mode: u32| {
+            let sshd = dir.join("sshd");
+            std::fs::write(&sshd, "").expect("sshd");
+            std::fs::set_permissions(&sshd, std::fs::Permissions::from_mode(mode)).expect("mode");
+            sshd
+        };
+        let path = |dirs: &[&Path]| std::env::join_paths(dirs).expect("PATH");
+
+        assert_eq!(find_sshd_in(Some(&path(&[&empty])), &fallback), None);
+        assert_eq!(find_sshd_in(None, &fallback), None);
+        let in_fallback = sshd(&fallback, 0o755);
+        assert_eq!(
+            find_sshd_in(Some(&path(&[&empty])), &fallback),
+            Some(in_fallback.clone())
+        );
+        assert_eq!(find_sshd_in(None, &fallback), Some(in_fallback));
+        // Not executable: no sshd.
+        sshd(&second, 0o644);
+        let in_path = sshd(&first, 0o755);
+        assert_eq!(
+            find_sshd_in(Some(&path(&[&empty, &second, &first])), &fallback),
+            Some(in_path)
+        );
+        // A relative directory of PATH is never taken.
+        assert_eq!(
+            find_sshd_in(Some(std::ffi::OsStr::new("first")), &empty),
+            None
+        );
+    }
+
+    #[test]
     fn a_bad_user_ca_key_is_refused_at_start() {
         let config = SshProxyConfig {
             user_ca_public_key: "not a key".to_owned(),
+            sshd: None,
         };
         assert!(matches!(
             SshProxy::prepare(&config),
