@@ -247,7 +247,8 @@ impl Ca {
 async fn only_the_front_proxy_may_say_who_a_request_is_from() {
     use battery_apiserver::auth::UserInfo;
     use battery_apiserver::http::authn::{
-        Authentication, RequestHeaderConfig, RequestHeaderNames, Trust, TrustConfig, authenticate,
+        Authentication, RequestHeaderConfig, RequestHeaderNames, Trust, TrustConfig,
+        TrustHolder as _, authenticate,
     };
 
     let dir = tempfile::tempdir().unwrap();

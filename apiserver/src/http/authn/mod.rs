@@ -32,7 +32,7 @@ pub use peer::PeerCertificates;
 pub use tokens::{TokenReviewer, bearer, clear_websocket_token};
 pub use trust::{
     CONFIG_MAP_NAME, CONFIG_MAP_NAMESPACE, RequestHeaderConfig, RequestHeaderFlags, Trust,
-    TrustConfig, TrustError, TrustKeeper, TrustSources,
+    TrustConfig, TrustError, TrustHolder, TrustKeeper, TrustSources,
 };
 pub use x509::{CaBundleError, Verifier, user_from_certificate, verifier};
 
@@ -61,17 +61,18 @@ pub struct Authentication {
     tokens: Option<TokenReviewer>,
 }
 
+impl TrustHolder for Authentication {
+    fn set_trust(&self, trust: Trust) {
+        *self.trust.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(trust);
+    }
+}
+
 impl Authentication {
     pub fn new(trust: Trust, tokens: Option<TokenReviewer>) -> Self {
         Self {
             trust: RwLock::new(Arc::new(trust)),
             tokens,
         }
-    }
-
-    /// From now on, verify against `trust`.
-    pub fn set_trust(&self, trust: Trust) {
-        *self.trust.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(trust);
     }
 
     fn trust(&self) -> Arc<Trust> {

@@ -17,7 +17,6 @@ use futures::{Stream, StreamExt as _};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::{WatchStreamExt as _, watcher};
 
-use super::Authentication;
 use super::front_proxy::{FrontProxy, RequestHeaderNames};
 use super::x509::{CaBundleError, Verifier, verifier};
 
@@ -219,9 +218,16 @@ impl ConfigMapView {
     }
 }
 
+/// What verifies against a [`Trust`], and takes a new one when its sources change: the
+/// server's authentication.
+pub trait TrustHolder: Send + Sync {
+    /// From now on, verify against `trust`.
+    fn set_trust(&self, trust: Trust);
+}
+
 impl TrustKeeper {
     /// Swaps `authentication`'s trust whenever a source changes; runs until dropped.
-    pub async fn run(mut self, authentication: Arc<Authentication>) {
+    pub async fn run(mut self, authentication: Arc<dyn TrustHolder>) {
         let mut config_maps = pin!(self.config_map_events());
         let mut tick = tokio::time::interval(FILE_CHECK_INTERVAL);
         loop {
@@ -241,11 +247,11 @@ impl TrustKeeper {
                 _ = tick.tick() => {}
             }
             let config_map = self.config_map.current.clone();
-            self.refresh(config_map.as_ref(), &authentication);
+            self.refresh(config_map.as_ref(), authentication.as_ref());
         }
     }
 
-    fn refresh(&mut self, config_map: Option<&ConfigMap>, authentication: &Authentication) {
+    fn refresh(&mut self, config_map: Option<&ConfigMap>, authentication: &dyn TrustHolder) {
         let config = match self.sources.resolve(config_map) {
             Ok(config) => keep_withdrawn(&self.config, config),
             Err(err) => {
