@@ -8,10 +8,10 @@
 
 use std::fmt;
 
+use crate::api_group::{GROUP, VERSION};
 use crate::hosts::Host;
 use crate::microvmclaims::MicroVMClaim;
 use crate::pools::Pool;
-use crate::api_group::{GROUP, VERSION};
 
 /// A Kubernetes API verb, as RBAC and discovery spell it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -5,9 +5,9 @@
 use serde_json::{Map, Value, json};
 
 use super::convert;
+use super::names::{COMPONENTS, DEFINITIONS};
 use super::paths::{Operation, PathItem, Payload};
 use super::query::{self, QueryParam};
-use super::names::{COMPONENTS, DEFINITIONS};
 use super::schemas::Components;
 
 const NAMESPACE_DESCRIPTION: &str = "object name and auth scope, such as for teams and projects";

@@ -113,11 +113,7 @@ pub(super) fn build(
         );
     }
     for (info, _) in kinds {
-        for sub in info
-            .subresources
-            .iter()
-            .filter(|sub| !is_connect(sub))
-        {
+        for sub in info.subresources.iter().filter(|sub| !is_connect(sub)) {
             let gvk = Gvk::new(sub.group, sub.version, sub.kind);
             if names.contains_key(&gvk) {
                 continue;
