@@ -32,6 +32,7 @@
 pub mod apiserver;
 mod assert;
 mod battery_access;
+mod binaries;
 pub mod channel_exec;
 pub mod control_plane;
 mod env;

@@ -19,6 +19,7 @@
 mod arrival;
 mod binds;
 mod client;
+mod configured_binds;
 mod exec;
 mod first_output;
 pub mod report;
@@ -396,7 +397,7 @@ async fn binding_phase(
     eprintln!("bench: {serial_binds} serial binds");
     rows.extend(binds::latency(&rig, &pools[0], serial_binds).await?);
     eprintln!("bench: {config_binds} rounds of per-claim configuration");
-    rows.extend(binds::with_config(&rig, &pools[2], config_binds).await?);
+    rows.extend(configured_binds::with_config(&rig, &pools[2], config_binds).await?);
     let levels: Vec<_> = levels
         .iter()
         .zip(&pools[4..7])

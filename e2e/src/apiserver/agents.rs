@@ -15,6 +15,7 @@ use battery_types::agent_identity::{AGENT_GROUP, agent_username};
 use tokio::process::Command;
 
 use super::Cluster;
+use crate::binaries::target_binary;
 use crate::pki::{Ca, Validity};
 use crate::process::Process;
 
@@ -145,7 +146,7 @@ impl Agents {
         let kubeconfig = dir.join("kubeconfig");
         cluster.write_kubeconfig(&kubeconfig, (&cert, &key));
         let listen = spec.listen.to_string();
-        let mut command = Command::new(super::target_binary("battery-agent", "battery-agent"));
+        let mut command = Command::new(target_binary("battery-agent", "battery-agent"));
         command
             .args(["--listen", &listen, "--advertise-address", &listen])
             .args(["--host-name", &spec.host])

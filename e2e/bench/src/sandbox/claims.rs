@@ -12,7 +12,9 @@ use kube::api::{Api, DynamicObject};
 use serde_json::json;
 
 use super::kubelet::{Aborting, follow};
-use super::{BASE_TIMEOUT, GROUP, NAMESPACE, PER_OBJECT_TIMEOUT, VERSION, WARM_POOL, extension};
+use super::peer::{
+    BASE_TIMEOUT, GROUP, NAMESPACE, PER_OBJECT_TIMEOUT, VERSION, WARM_POOL, extension,
+};
 use crate::binds;
 use crate::client::Client;
 

@@ -11,7 +11,7 @@ use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 
-use super::POLL;
+use super::peer::POLL;
 
 /// How long one request to etcd, or the read of its history, may take.
 const ETCD_TIMEOUT: Duration = Duration::from_secs(30);

@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::NAMESPACE;
+use super::peer::NAMESPACE;
 
 /// The Node the kubelet stand-in binds every Pod to (there is no Node object: nothing
 /// reads it).

@@ -16,17 +16,21 @@ use anyhow::{Context as _, Result, bail};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt as _;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, PostParams};
+use kube::api::{Api, ObjectMeta, PostParams};
 use serde_json::json;
 use tokio::process::Command;
 
 mod claims;
 mod etcd;
 mod kubelet;
+mod peer;
 
 use claims::{ReadyClaims, burst_binds, burst_claims, serial_binds, serial_claims};
 use etcd::{Etcd, Window};
 use kubelet::Kubelet;
+use peer::{
+    BASE_TIMEOUT, GROUP, NAMESPACE, PER_OBJECT_TIMEOUT, POLL, VERSION, WARM_POOL, extension,
+};
 
 use crate::report::{Row, Unit, millis, percentiles, quantile, rank};
 use crate::rig::{READY_TIMEOUT, Rig, ready_within};
@@ -35,14 +39,8 @@ use battery_e2e::process::Process;
 
 pub const AGENT_SANDBOX: &str = "agent-sandbox (CRD design)";
 
-/// agent-sandbox's objects' namespace: apart from ours, so the kubelet stand-in watches
-/// only its Pods.
-const NAMESPACE: &str = "agent-sandbox";
-const GROUP: &str = "extensions.agents.x-k8s.io";
-const VERSION: &str = "v1beta1";
-/// The SandboxTemplate and the SandboxWarmPool.
+/// The SandboxTemplate.
 const TEMPLATE: &str = "bench";
-const WARM_POOL: &str = "bench";
 /// Our Pool beside it, with a MicroVM for every bind.
 const POOL: &str = "beside-agent-sandbox";
 /// The controller's binary and its CRDs' directory, as `e2e/go/build` leaves them.
@@ -50,11 +48,6 @@ const CONTROLLER: &str = "agent-sandbox-controller";
 const CRDS: &str = "agent-sandbox-crds";
 /// Connections the burst's creates share, ours and agent-sandbox's alike, as `bind_many`.
 const CONNECTIONS: usize = 8;
-/// How long a burst may take to be all Ready, and the pool to fill: a base, and so much
-/// a claim or a Sandbox more (a 2-core machine runs kube-apiserver, etcd, the controller
-/// and the stand-in at once).
-const BASE_TIMEOUT: Duration = Duration::from_secs(120);
-const PER_OBJECT_TIMEOUT: Duration = Duration::from_millis(200);
 /// The controller holds refills back this long after claims take Sandboxes from the pool,
 /// its own knob for bursts: nothing refills while measured, as our Pools do not
 /// ([`Rig::create_pool`]). What a refill writes is measured apart, as the pool fills.
@@ -69,7 +62,6 @@ const IDLE: (Duration, Duration) = (Duration::from_secs(10), Duration::from_secs
 /// What kube-apiserver writes to etcd on its own, whatever its clients do: its lease
 /// renewals (its identity's, and the peer endpoints').
 const KUBE_APISERVER_OWN: [&str; 2] = ["leases", "peerserverleases"];
-const POLL: Duration = Duration::from_millis(100);
 
 /// Runs agent-sandbox on the rig's cluster and times `serial` SandboxClaims one at a time
 /// and `burst` at once, each beside as many binds of ours through the same kube-apiserver.
@@ -392,13 +384,6 @@ fn start_controller(rig: &Rig, replicas: usize) -> Process {
             replicas.max(MAX_BATCH)
         ));
     Process::spawn(command, &rig.dir().join("agent-sandbox-controller.log"))
-}
-
-/// An agent-sandbox API of `kind` in its namespace.
-fn extension(admin: &kube::Client, kind: &str, plural: &str) -> Api<DynamicObject> {
-    let resource =
-        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, VERSION, kind), plural);
-    Api::namespaced_with(admin.clone(), NAMESPACE, &resource)
 }
 
 /// Creates the SandboxTemplate and a SandboxWarmPool of `replicas`, and waits until all
