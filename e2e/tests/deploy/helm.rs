@@ -55,46 +55,24 @@ const BATTERY_SERVING_PREFIX: &str = "embedded battery serving battery's gRPC AP
 /// loaded 2-core machine.
 const WAIT: Duration = Duration::from_secs(60);
 
+/// An object's (kind, namespace, name).
+fn key_of(object: &Value) -> (String, String, String) {
+    let text = |value: &Value| value.as_str().unwrap_or_default().to_owned();
+    (
+        text(&object["kind"]),
+        text(&object["metadata"]["namespace"]),
+        text(&object["metadata"]["name"]),
+    )
+}
+
 /// The objects of `install`, as (kind, namespace, name).
 fn keys(install: &Install) -> BTreeSet<(String, String, String)> {
-    install
-        .objects
-        .iter()
-        .map(|o| {
-            (
-                o["kind"].as_str().unwrap_or_default().to_owned(),
-                o["metadata"]["namespace"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
-                o["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
-            )
-        })
-        .collect()
+    install.objects.iter().map(key_of).collect()
 }
 
 /// `objects` by (kind, namespace, name), to compare two renderings object by object.
 fn by_key(objects: &[Value]) -> BTreeMap<(String, String, String), Value> {
-    objects
-        .iter()
-        .map(|o| {
-            let key = (
-                o["kind"].as_str().unwrap_or_default().to_owned(),
-                o["metadata"]["namespace"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
-                o["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
-            );
-            (key, o.clone())
-        })
-        .collect()
+    objects.iter().map(|o| (key_of(o), o.clone())).collect()
 }
 
 /// Asserts that two renderings hold the same objects, field for field.

@@ -123,71 +123,78 @@ where
 #[cfg(test)]
 mod tests {
     use tokio::sync::Notify;
+    use tokio::task::JoinHandle;
 
     use super::*;
 
-    type Calls = Arc<Mutex<Vec<u32>>>;
-
-    /// A sender that records each change it sends, holds change 1 until `release` is
-    /// notified, and has battery refuse change 13.
-    fn sender(
-        calls: Calls,
+    /// A coalescer whose sender records each change it sends, holds change 1 until
+    /// released, and has battery refuse change 13.
+    #[derive(Clone, Default)]
+    struct Rig {
+        coalescer: Arc<Coalescer<&'static str, u32, u32, String>>,
+        calls: Arc<Mutex<Vec<u32>>>,
         release: Arc<Notify>,
-    ) -> impl Fn(u32) -> std::pin::Pin<Box<dyn Future<Output = Result<u32, String>> + Send>>
-    + Send
-    + 'static {
-        move |change| {
-            let (calls, release) = (calls.clone(), release.clone());
-            Box::pin(async move {
-                calls.lock().unwrap().push(change);
-                if change == 1 {
-                    release.notified().await;
-                }
-                if change == 13 {
-                    Err("refused".to_owned())
-                } else {
-                    Ok(change)
+    }
+
+    impl Rig {
+        fn submit(
+            &self,
+            key: &'static str,
+            change: u32,
+        ) -> impl Future<Output = Outcome<u32, String>> + use<> {
+            let (calls, release) = (self.calls.clone(), self.release.clone());
+            self.coalescer.submit(key, change, move |change| {
+                let (calls, release) = (calls.clone(), release.clone());
+                async move {
+                    calls.lock().unwrap().push(change);
+                    if change == 1 {
+                        release.notified().await;
+                    }
+                    if change == 13 {
+                        Err("refused".to_owned())
+                    } else {
+                        Ok(change)
+                    }
                 }
             })
+        }
+
+        /// Change 1 sent, and held in flight.
+        async fn first_in_flight(&self) -> JoinHandle<Outcome<u32, String>> {
+            let first = tokio::spawn(self.submit("pool", 1));
+            while self.calls.lock().unwrap().is_empty() {
+                tokio::task::yield_now().await;
+            }
+            first
+        }
+
+        /// `changes` queued behind the call in flight.
+        async fn queue(&self, changes: &[u32]) -> Vec<JoinHandle<Outcome<u32, String>>> {
+            let waiting: Vec<_> = changes
+                .iter()
+                .map(|change| tokio::spawn(self.submit("pool", *change)))
+                .collect();
+            while self.coalescer.queues.lock().unwrap()["pool"].waiting.len() < changes.len() {
+                tokio::task::yield_now().await;
+            }
+            waiting
         }
     }
 
     #[tokio::test]
     async fn a_change_alone_is_sent_at_once() {
-        let coalescer = Arc::new(Coalescer::<&str, u32, u32, String>::default());
-        let calls = Calls::default();
-        let outcome = coalescer
-            .submit("pool", 2, sender(calls.clone(), Arc::default()))
-            .await;
-        assert_eq!(outcome.unwrap(), 2);
-        assert_eq!(*calls.lock().unwrap(), [2]);
-        assert!(!coalescer.busy(&"pool"), "nothing is left queued");
+        let rig = Rig::default();
+        assert_eq!(rig.submit("pool", 2).await.unwrap(), 2);
+        assert_eq!(*rig.calls.lock().unwrap(), [2]);
+        assert!(!rig.coalescer.busy(&"pool"), "nothing is left queued");
     }
 
     #[tokio::test]
     async fn changes_arriving_while_one_is_sent_go_as_the_newest_of_them() {
-        let coalescer = Arc::new(Coalescer::<&str, u32, u32, String>::default());
-        let calls = Calls::default();
-        let release = Arc::new(Notify::new());
-        let first = tokio::spawn({
-            let (coalescer, send) = (coalescer.clone(), sender(calls.clone(), release.clone()));
-            async move { coalescer.submit("pool", 1, send).await }
-        });
-        // The first call is in flight before the others arrive.
-        while calls.lock().unwrap().is_empty() {
-            tokio::task::yield_now().await;
-        }
-        let later: Vec<_> = (2..=4)
-            .map(|change| {
-                let (coalescer, send) = (coalescer.clone(), sender(calls.clone(), release.clone()));
-                tokio::spawn(async move { coalescer.submit("pool", change, send).await })
-            })
-            .collect();
-        // Every later change is queued before the first call ends.
-        while coalescer.queues.lock().unwrap()["pool"].waiting.len() < 3 {
-            tokio::task::yield_now().await;
-        }
-        release.notify_one();
+        let rig = Rig::default();
+        let first = rig.first_in_flight().await;
+        let later = rig.queue(&[2, 3, 4]).await;
+        rig.release.notify_one();
         assert_eq!(first.await.unwrap().unwrap(), 1);
         for waiter in later {
             assert_eq!(
@@ -196,38 +203,22 @@ mod tests {
                 "answered by the call carrying 4"
             );
         }
-        assert_eq!(*calls.lock().unwrap(), [1, 4], "two calls for four changes");
-        assert!(!coalescer.busy(&"pool"));
+        assert_eq!(
+            *rig.calls.lock().unwrap(),
+            [1, 4],
+            "two calls for four changes"
+        );
+        assert!(!rig.coalescer.busy(&"pool"));
     }
 
     #[tokio::test]
     async fn a_refusal_reaches_every_change_it_carried_and_other_keys_go_their_way() {
-        let coalescer = Arc::new(Coalescer::<&str, u32, u32, String>::default());
-        let calls = Calls::default();
-        let release = Arc::new(Notify::new());
-        let first = tokio::spawn({
-            let (coalescer, send) = (coalescer.clone(), sender(calls.clone(), release.clone()));
-            async move { coalescer.submit("pool", 1, send).await }
-        });
-        while calls.lock().unwrap().is_empty() {
-            tokio::task::yield_now().await;
-        }
-        let later: Vec<_> = [12, 13]
-            .into_iter()
-            .map(|change| {
-                let (coalescer, send) = (coalescer.clone(), sender(calls.clone(), release.clone()));
-                tokio::spawn(async move { coalescer.submit("pool", change, send).await })
-            })
-            .collect();
-        while coalescer.queues.lock().unwrap()["pool"].waiting.len() < 2 {
-            tokio::task::yield_now().await;
-        }
+        let rig = Rig::default();
+        let first = rig.first_in_flight().await;
+        let later = rig.queue(&[12, 13]).await;
         // Another Pool's change is not held behind this one's call.
-        let other = coalescer
-            .submit("other", 7, sender(calls.clone(), release.clone()))
-            .await;
-        assert_eq!(other.unwrap(), 7);
-        release.notify_one();
+        assert_eq!(rig.submit("other", 7).await.unwrap(), 7);
+        rig.release.notify_one();
         assert_eq!(first.await.unwrap().unwrap(), 1);
         for waiter in later {
             assert_eq!(*waiter.await.unwrap().unwrap_err(), "refused");
