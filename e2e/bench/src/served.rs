@@ -56,31 +56,52 @@ pub async fn read(client: &Client) -> Result<Vec<Observed>> {
         bail!("/metrics: {status}");
     }
     let text = std::str::from_utf8(&body).context("/metrics is not UTF-8")?;
-    let value = |series: String| -> Result<f64> {
-        // A series nothing has observed yet is absent.
-        let Some(line) = text.lines().find(|l| l.starts_with(&series)) else {
-            return Ok(0.0);
-        };
-        line[series.len()..]
-            .trim()
-            .parse()
-            .with_context(|| format!("/metrics: {line}"))
-    };
     SERIES
         .iter()
         .chain([&FOLLOWER])
         .map(|(_, name, labels)| {
-            let labels = if labels.is_empty() {
-                String::new()
-            } else {
-                format!("{{{labels}}}")
-            };
-            Ok((
-                value(format!("{name}_sum{labels} "))?,
-                value(format!("{name}_count{labels} "))?,
-            ))
+            let labels: Vec<&str> = labels.split(',').filter(|l| !l.is_empty()).collect();
+            observed_in(text, name, &labels)
         })
         .collect()
+}
+
+/// The `(sum, count)` of the histogram `name` in the Prometheus text `text`: of every
+/// series whose labels include each of `labels` (`key="value"`), added up. A histogram
+/// nothing has observed yet is absent, and reads as nothing observed.
+pub fn observed_in(text: &str, name: &str, labels: &[&str]) -> Result<Observed> {
+    let mut total = (0.0, 0.0);
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let (rest, is_sum) = match (rest.strip_prefix("_sum"), rest.strip_prefix("_count")) {
+            (Some(rest), _) => (rest, true),
+            (_, Some(rest)) => (rest, false),
+            _ => continue,
+        };
+        let (series, value) = match rest.strip_prefix('{') {
+            Some(rest) => match rest.split_once('}') {
+                Some(split) => split,
+                None => continue,
+            },
+            None if rest.starts_with(' ') => ("", rest),
+            None => continue,
+        };
+        if !labels.iter().all(|l| series.split(',').any(|s| s == *l)) {
+            continue;
+        }
+        let value: f64 = value
+            .trim()
+            .parse()
+            .with_context(|| format!("/metrics: {line}"))?;
+        if is_sum {
+            total.0 += value;
+        } else {
+            total.1 += value;
+        }
+    }
+    Ok(total)
 }
 
 /// The mean in milliseconds of what a histogram observed between `before` and `after`,
