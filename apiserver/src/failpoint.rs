@@ -7,8 +7,18 @@ use std::sync::OnceLock;
 /// The environment variable that names the crash point.
 pub const CRASH_AT: &str = "BATTERY_APISERVER_CRASH_AT";
 
-/// Every point, in the order a bind, release or pool deletion passes them.
-pub const POINTS: &[&str] = &["bind:claimed", "release:released", "pool-delete:deleted"];
+/// Every point, in the order a bind, release or pool deletion passes them, then the
+/// metadata store's: a commit that changes a claim, after its record is in the log,
+/// after the log's sync (before anyone is answered), and a checkpoint between redb's
+/// durable commit and the log's truncation (ADR 39).
+pub const POINTS: &[&str] = &[
+    "bind:claimed",
+    "release:released",
+    "pool-delete:deleted",
+    "commit:logged",
+    "commit:synced",
+    "commit:checkpointed",
+];
 
 fn armed() -> Option<&'static str> {
     static ARMED: OnceLock<Option<String>> = OnceLock::new();

@@ -2,32 +2,41 @@
 //! the few spec fields battery has no place for — plus the one
 //! resourceVersion counter and the last battery event id seen. An embedded, transactional,
 //! crash-safe redb database on the same volume as battery's, keyed by battery's identity
-//! of each object (`<resource>/<namespace>/<name>`).
+//! of each object (`<resource>/<namespace>/<name>`), behind a log that makes its commits
+//! durable (ADR 39).
 //!
 //! Every write goes through [`MetaStore::transact`]: one redb write transaction, one
-//! resourceVersion per changed object, and the watch changes published in commit order
-//! once the commit is durable. Writes committed together share one fsync (ADR 23).
+//! resourceVersion per changed object, one record in the log, and the watch changes
+//! published in commit order once the record is durable. Writes committed together share
+//! one `fdatasync` (ADR 23); one that commits alone syncs at once, on its own thread.
 
+mod log;
+mod txn;
+
+use std::collections::VecDeque;
 use std::ops::Bound;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus_client::metrics::histogram::Histogram;
-use redb::{
-    Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
-};
-use serde::Serialize;
+use redb::{Database, Durability, ReadableDatabase, ReadableTable};
 use serde::de::DeserializeOwned;
 
-use crate::watch::{Change, ChangeType, WatchHub, WatchedObject};
+use crate::failpoint::crash_point;
+use crate::watch::{Change, WatchHub};
+use log::{Log, Record};
+use txn::{
+    BATTERY_EVENT_ID, COUNTERS, INTENTS, LOG_SEQUENCE, OBJECTS, RESOURCE_VERSION, decode, replay,
+    sync_err, tx_err,
+};
+pub use txn::{Key, StoreError, Txn};
 
-const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
-/// Where versions before ADR 0022 recorded a bind before its `ClaimVM`; only dropped now.
-const INTENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("intents");
-const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
-const RESOURCE_VERSION: &str = "resourceVersion";
-const BATTERY_EVENT_ID: &str = "batteryEventId";
+/// How long the log grows before a checkpoint makes redb durable and empties it. A
+/// checkpoint writes the pages the commits since the last one dirtied, and holds the
+/// writers meanwhile: about 10 ms on our test machine's disk (`docs/performance.md`), once
+/// in some 450 binds. The log replayed at open is this long at most.
+const CHECKPOINT_BYTES: u64 = 1 << 20;
 
 /// Bucket bounds of the write histogram, in seconds: a durable commit takes from tens
 /// of microseconds (a fast disk's cache) to tens of milliseconds.
@@ -41,64 +50,6 @@ const WATCH_WINDOW: usize = 10_000;
 /// kernel's page cache.
 const PAGE_CACHE_BYTES: usize = 32 << 20;
 
-/// A failure of the store itself (disk, corruption, encoding): always a server error.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("opening the metadata store")]
-    Open(#[source] redb::Error),
-    #[error("metadata store transaction")]
-    Transaction(#[source] redb::Error),
-    #[error("making the metadata store's commits durable")]
-    Sync(#[source] redb::Error),
-    #[error("decoding stored record {key}")]
-    Decode {
-        key: String,
-        #[source]
-        source: serde_json::Error,
-    },
-    #[error("encoding record {key}")]
-    Encode {
-        key: String,
-        #[source]
-        source: serde_json::Error,
-    },
-}
-
-fn tx_err(err: impl Into<redb::Error>) -> StoreError {
-    StoreError::Transaction(err.into())
-}
-
-/// Where an object lives: its resource (REST plural), namespace ("" for cluster
-/// scope) and name.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Key {
-    pub resource: &'static str,
-    pub namespace: String,
-    pub name: String,
-}
-
-impl Key {
-    pub fn new(resource: &'static str, namespace: Option<&str>, name: &str) -> Self {
-        Self {
-            resource,
-            namespace: namespace.unwrap_or_default().to_owned(),
-            name: name.to_owned(),
-        }
-    }
-
-    fn encode(&self) -> String {
-        format!("{}/{}/{}", self.resource, self.namespace, self.name)
-    }
-
-    /// The key prefix of a resource, or of a resource in one namespace.
-    fn prefix(resource: &str, namespace: Option<&str>) -> String {
-        match namespace {
-            Some(ns) => format!("{resource}/{ns}/"),
-            None => format!("{resource}/"),
-        }
-    }
-}
-
 /// A page of stored records.
 pub struct Page<T> {
     pub records: Vec<T>,
@@ -108,26 +59,39 @@ pub struct Page<T> {
     pub rest: usize,
 }
 
-/// What the one writer holds: the commits made and the changes not yet durable.
+/// What the one writer holds.
 #[derive(Default)]
 struct Writer {
+    /// How long the log is.
+    log_len: u64,
+}
+
+/// The commits made and the changes of those not yet durable.
+#[derive(Default)]
+struct Unsynced {
     /// How many commits were made since the store opened.
     commits: u64,
-    /// The changes of commits not yet durable, in commit order: published by the commit
-    /// that makes them durable.
-    pending: Vec<Change>,
+    /// Each commit not yet durable, with its changes, in commit order: published by the
+    /// sync that makes it durable.
+    changes: VecDeque<(u64, Vec<Change>)>,
 }
 
 /// The store, with the watch hub its commits feed.
 pub struct MetaStore {
     db: Database,
-    /// Orders commits, and publishes their changes in that order. Async, so a writer
-    /// waiting while a sync holds it parks its task, not its worker thread.
+    /// Where commits become durable; `None` in memory, where a commit is final at once.
+    log: Option<Log>,
+    /// Orders commits and their records in the log. Async, so a writer waiting while a
+    /// checkpoint holds it parks its task, not its worker thread.
     writer: tokio::sync::Mutex<Writer>,
-    /// How many commits are durable (a count of `Writer::commits`).
+    /// Held only for moments, by a writer adding its commit and a sync taking them.
+    unsynced: Mutex<Unsynced>,
+    /// How many commits are durable (a count of `Unsynced::commits`).
     durable: tokio::sync::watch::Sender<u64>,
-    /// Whether a grouped write is syncing for all that wait.
+    /// Whether a writer is syncing for all that wait.
     syncing: AtomicBool,
+    /// Whether a checkpoint is under way.
+    checkpointing: AtomicBool,
     hub: Arc<WatchHub>,
     /// How long each write takes, from its start until its commit is durable, for
     /// `/metrics` (a bind's share of the disk).
@@ -135,13 +99,26 @@ pub struct MetaStore {
 }
 
 impl MetaStore {
-    /// Opens (or creates) the store in `path`.
+    /// Opens (or creates) the store in `path`, its log beside it, and applies the log's
+    /// records that redb lacks. A store written before the log opens as it is.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let db = Database::builder()
             .set_cache_size(PAGE_CACHE_BYTES)
             .create(path)
             .map_err(|e| StoreError::Open(e.into()))?;
-        Self::with_database(db)
+        let (log, records, torn) = Log::open(&log_path(path)).map_err(StoreError::Log)?;
+        if torn > 0 {
+            tracing::warn!(
+                bytes = torn,
+                "dropped the torn tail of the metadata store's log: a commit no writer was answered for"
+            );
+        }
+        let replay = !records.is_empty() || torn > 0;
+        let store = Self::with_database(db, Some(log), records)?;
+        if replay {
+            store.checkpoint_now()?;
+        }
+        Ok(store)
     }
 
     /// A store in memory, for `dev` without a data directory and for tests.
@@ -150,26 +127,30 @@ impl MetaStore {
             .set_cache_size(PAGE_CACHE_BYTES)
             .create_with_backend(redb::backends::InMemoryBackend::new())
             .map_err(|e| StoreError::Open(e.into()))?;
-        Self::with_database(db)
+        Self::with_database(db, None, Vec::new())
     }
 
-    fn with_database(db: Database) -> Result<Self, StoreError> {
-        let tx = db.begin_write().map_err(tx_err)?;
+    /// The store on `db`, with the tables made and `records` applied to them, in one
+    /// commit that the caller's checkpoint makes durable.
+    fn with_database(
+        db: Database,
+        log: Option<Log>,
+        records: Vec<Record>,
+    ) -> Result<Self, StoreError> {
+        let mut tx = db.begin_write().map_err(tx_err)?;
+        tx.set_durability(Durability::None).map_err(tx_err)?;
         tx.open_table(OBJECTS).map_err(tx_err)?;
         tx.open_table(INTENTS).map_err(tx_err)?;
-        let rv = {
-            let counters = tx.open_table(COUNTERS).map_err(tx_err)?;
-            counters
-                .get(RESOURCE_VERSION)
-                .map_err(tx_err)?
-                .map_or(0, |v| v.value())
-        };
+        let rv = replay(&tx, records)?;
         tx.commit().map_err(tx_err)?;
         Ok(Self {
             db,
+            log,
             writer: tokio::sync::Mutex::default(),
+            unsynced: Mutex::default(),
             durable: tokio::sync::watch::Sender::new(0),
             syncing: AtomicBool::new(false),
+            checkpointing: AtomicBool::new(false),
             hub: Arc::new(WatchHub::new(WATCH_WINDOW, rv)),
             write_duration: Histogram::new(WRITE_BUCKETS.iter().copied()),
         })
@@ -300,10 +281,11 @@ impl MetaStore {
     /// changes `f` recorded are published to watchers. Nothing is committed or published
     /// if `f` fails.
     ///
-    /// The fsync is shared (ADR 23): `f` commits at once without syncing, so the next
-    /// writer need not wait for the disk, and the first of the writers waiting syncs for
-    /// all of them, on a blocking thread. Readers see the commit before it is durable: a
-    /// crash in between loses it, and its writer was answered nothing.
+    /// The commit goes to redb without syncing and to the log as one record (ADR 39),
+    /// then waits for an `fdatasync` of the log. The first writer that finds none under
+    /// way syncs, on its own thread, for every record appended so far (ADR 23): a lone
+    /// writer at once, writers at concurrency in groups. Readers see the commit before it
+    /// is durable: a crash in between loses it, and its writer was answered nothing.
     pub async fn transact<R, E>(
         self: &Arc<Self>,
         f: impl FnOnce(&mut Txn) -> Result<R, E>,
@@ -312,55 +294,94 @@ impl MetaStore {
         E: From<StoreError>,
     {
         let started = std::time::Instant::now();
-        let (out, commit) = {
+        let (out, commit, log_len) = {
             let mut writer = self.writer.lock().await;
-            let (out, changes) = self.write(&mut writer, f)?;
-            writer.pending.extend(changes);
-            (out, writer.commits)
+            let (out, commit) = self.write(&mut writer, f)?;
+            (out, commit, writer.log_len)
         };
+        if log_len >= CHECKPOINT_BYTES && !self.checkpointing.swap(true, Ordering::AcqRel) {
+            let store = self.clone();
+            tokio::task::spawn_blocking(move || {
+                if let Err(err) = store.checkpoint() {
+                    tracing::warn!(error = %err, "checkpointing the metadata store; the next write tries again");
+                }
+                store.checkpointing.store(false, Ordering::Release);
+            });
+        }
         self.durable_through(commit).await?;
         self.write_duration.observe(started.elapsed().as_secs_f64());
         Ok(out)
     }
 
-    /// Runs `f` in a write transaction and commits it without syncing; the changes it
-    /// recorded are the caller's to publish once they are durable.
+    /// Runs `f` in a write transaction, commits it without syncing and appends its
+    /// record to the log; returns the commit's number. The changes it recorded wait in
+    /// `unsynced` for the sync that makes it durable.
     fn write<R, E>(
         &self,
         writer: &mut Writer,
         f: impl FnOnce(&mut Txn) -> Result<R, E>,
-    ) -> Result<(R, Vec<Change>), E>
+    ) -> Result<(R, u64), E>
     where
         E: From<StoreError>,
     {
         let mut tx = self.db.begin_write().map_err(tx_err)?;
         tx.set_durability(Durability::None).map_err(tx_err)?;
-        let rv = {
+        let (rv, seq) = {
             let counters = tx.open_table(COUNTERS).map_err(tx_err)?;
-            counters
-                .get(RESOURCE_VERSION)
-                .map_err(tx_err)?
-                .map_or(0, |v| v.value())
+            let get = |name| -> Result<u64, StoreError> {
+                Ok(counters.get(name).map_err(tx_err)?.map_or(0, |v| v.value()))
+            };
+            (get(RESOURCE_VERSION)?, get(LOG_SEQUENCE)? + 1)
         };
         let mut txn = Txn {
             tx,
             rv,
             changes: Vec::new(),
+            ops: Vec::new(),
         };
         let out = f(&mut txn)?;
-        let Txn { tx, rv, changes } = txn;
+        let Txn {
+            tx,
+            rv,
+            changes,
+            ops,
+        } = txn;
         {
             let mut counters = tx.open_table(COUNTERS).map_err(tx_err)?;
             counters.insert(RESOURCE_VERSION, rv).map_err(tx_err)?;
+            counters.insert(LOG_SEQUENCE, seq).map_err(tx_err)?;
         }
-        tx.commit().map_err(tx_err)?;
-        writer.commits += 1;
-        Ok((out, changes))
+        if let Some(log) = &self.log {
+            let record = Record {
+                seq,
+                resource_version: rv,
+                ops,
+            }
+            .encode();
+            // Appended before redb commits, so a failed append commits nothing.
+            log.append(&record, writer.log_len)
+                .map_err(StoreError::Log)?;
+            if let Err(err) = tx.commit() {
+                log.cut(writer.log_len);
+                return Err(tx_err(err).into());
+            }
+            writer.log_len += record.len() as u64;
+            if changes_a_claim(&changes) {
+                crash_point("commit:logged");
+            }
+        } else {
+            tx.commit().map_err(tx_err)?;
+        }
+        let mut unsynced = self.lock_unsynced();
+        unsynced.commits += 1;
+        let commit = unsynced.commits;
+        unsynced.changes.push_back((commit, changes));
+        Ok((out, commit))
     }
 
     /// Waits until commit number `commit` is durable, syncing for every writer waiting
     /// when no other does.
-    async fn durable_through(self: &Arc<Self>, commit: u64) -> Result<(), StoreError> {
+    async fn durable_through(&self, commit: u64) -> Result<(), StoreError> {
         let mut durable = self.durable.subscribe();
         loop {
             if *durable.borrow_and_update() >= commit {
@@ -372,12 +393,7 @@ impl MetaStore {
                 let _ = durable.changed().await;
                 continue;
             }
-            let store = self.clone();
-            let synced = match tokio::task::spawn_blocking(move || store.sync()).await {
-                Ok(synced) => synced,
-                Err(join) => Err(sync_err(std::io::Error::other(join.to_string()))),
-            };
-            if let Err(err) = synced {
+            if let Err(err) = blocking(|| self.sync()) {
                 // Let the others try for themselves.
                 self.syncing.store(false, Ordering::Release);
                 self.durable.send_modify(|_| {});
@@ -386,111 +402,89 @@ impl MetaStore {
         }
     }
 
-    /// Makes every commit so far durable with one empty durable commit, and publishes
+    /// Makes every commit so far durable with one `fdatasync` of the log, and publishes
     /// their changes in commit order.
     fn sync(&self) -> Result<(), StoreError> {
-        let mut writer = self.writer.blocking_lock();
-        if *self.durable.borrow() < writer.commits {
-            let tx = self.db.begin_write().map_err(sync_err)?;
-            tx.commit().map_err(sync_err)?;
+        let through = self.lock_unsynced().commits;
+        if let Some(log) = &self.log
+            && through > *self.durable.borrow()
+        {
+            log.sync().map_err(StoreError::Log)?;
         }
-        // Before telling the waiters, so those this sync did not cover elect another.
+        let mut synced = Vec::new();
+        {
+            let mut unsynced = self.lock_unsynced();
+            while unsynced.changes.front().is_some_and(|(c, _)| *c <= through) {
+                synced.extend(unsynced.changes.pop_front().map(|(_, c)| c));
+            }
+        }
+        if self.log.is_some() && synced.iter().any(|changes| changes_a_claim(changes)) {
+            crash_point("commit:synced");
+        }
+        self.hub.publish(synced.into_iter().flatten());
+        // Before telling the waiters, so those this sync did not cover elect another. That
+        // one may tell them first: the count never goes back.
         self.syncing.store(false, Ordering::Release);
-        self.hub.publish(writer.pending.drain(..));
-        self.durable.send_replace(writer.commits);
+        self.durable
+            .send_modify(|durable| *durable = through.max(*durable));
+        Ok(())
+    }
+
+    fn lock_unsynced(&self) -> std::sync::MutexGuard<'_, Unsynced> {
+        self.unsynced.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Makes redb durable and empties the log, holding the writers meanwhile.
+    fn checkpoint(&self) -> Result<(), StoreError> {
+        let mut writer = self.writer.blocking_lock();
+        self.checkpoint_with(&mut writer)
+    }
+
+    /// [`MetaStore::checkpoint`] where no writer can be: at open.
+    fn checkpoint_now(&self) -> Result<(), StoreError> {
+        let mut writer = self
+            .writer
+            .try_lock()
+            .expect("no writer while the store opens");
+        self.checkpoint_with(&mut writer)
+    }
+
+    fn checkpoint_with(&self, writer: &mut Writer) -> Result<(), StoreError> {
+        let Some(log) = &self.log else {
+            return Ok(());
+        };
+        // An empty durable commit makes every commit before it durable in redb, with
+        // the sequence number of the last: from here on the log's records are redundant.
+        let tx = self.db.begin_write().map_err(sync_err)?;
+        tx.commit().map_err(sync_err)?;
+        crash_point("commit:checkpointed");
+        log.truncate().map_err(StoreError::Log)?;
+        writer.log_len = 0;
         Ok(())
     }
 }
 
-fn sync_err(err: impl Into<redb::Error>) -> StoreError {
-    StoreError::Sync(err.into())
+/// Whether a commit's changes include a claim's: the commits whose crash points the
+/// crash tests aim at, as binds are what they check (a Host's record is written at start).
+fn changes_a_claim(changes: &[Change]) -> bool {
+    changes.iter().any(|c| c.resource == "microvmclaims")
 }
 
-fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreError> {
-    serde_json::from_slice(bytes).map_err(|source| StoreError::Decode {
-        key: key.to_owned(),
-        source,
-    })
+/// The log beside the store's file at `path`.
+fn log_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".log");
+    PathBuf::from(name)
 }
 
-fn encode<T: Serialize>(key: &str, value: &T) -> Result<Vec<u8>, StoreError> {
-    serde_json::to_vec(value).map_err(|source| StoreError::Encode {
-        key: key.to_owned(),
-        source,
-    })
-}
-
-/// One write transaction of the store.
-pub struct Txn {
-    tx: WriteTransaction,
-    rv: u64,
-    changes: Vec<Change>,
-}
-
-impl Txn {
-    /// Hands out the next resourceVersion.
-    pub fn next_resource_version(&mut self) -> u64 {
-        self.rv += 1;
-        self.rv
-    }
-
-    /// The record stored under `key`, as this transaction sees it.
-    pub fn get<T: DeserializeOwned>(&self, key: &Key) -> Result<Option<T>, StoreError> {
-        let table = self.tx.open_table(OBJECTS).map_err(tx_err)?;
-        let encoded = key.encode();
-        let value = table.get(encoded.as_str()).map_err(tx_err)?;
-        value.map(|v| decode(&encoded, v.value())).transpose()
-    }
-
-    /// Stores `record` under `key`.
-    pub fn put<T: Serialize>(&mut self, key: &Key, record: &T) -> Result<(), StoreError> {
-        let encoded = key.encode();
-        let bytes = encode(&encoded, record)?;
-        let mut table = self.tx.open_table(OBJECTS).map_err(tx_err)?;
-        table
-            .insert(encoded.as_str(), bytes.as_slice())
-            .map_err(tx_err)?;
-        Ok(())
-    }
-
-    /// Removes the record under `key`.
-    pub fn delete(&mut self, key: &Key) -> Result<(), StoreError> {
-        let mut table = self.tx.open_table(OBJECTS).map_err(tx_err)?;
-        table.remove(key.encode().as_str()).map_err(tx_err)?;
-        Ok(())
-    }
-
-    /// Drops the bind intents versions before ADR 0022 recorded, once recovery has
-    /// released the leases they stood for.
-    pub fn clear_intents(&mut self) -> Result<(), StoreError> {
-        self.tx.delete_table(INTENTS).map_err(tx_err)?;
-        Ok(())
-    }
-
-    /// Remembers the last battery event applied, so a restart skips its replay.
-    pub fn set_last_battery_event_id(&mut self, id: u64) -> Result<(), StoreError> {
-        let mut table = self.tx.open_table(COUNTERS).map_err(tx_err)?;
-        table.insert(BATTERY_EVENT_ID, id).map_err(tx_err)?;
-        Ok(())
-    }
-
-    /// Queues a change for watchers, published once the transaction commits.
-    pub fn record_change(
-        &mut self,
-        key: &Key,
-        change_type: ChangeType,
-        resource_version: u64,
-        object: WatchedObject,
-    ) {
-        self.changes.push(Change {
-            resource_version,
-            resource: key.resource,
-            namespace: (!key.namespace.is_empty()).then(|| key.namespace.clone()),
-            name: key.name.clone(),
-            change_type,
-            object,
-            json_line: std::sync::OnceLock::new(),
-        });
+/// Runs `f`, which waits for the disk, at once on this thread, where the other tasks need
+/// not wait for it: on a multi-threaded runtime tokio hands this worker's other tasks to
+/// another thread meanwhile, and `f` does not wait for that thread to wake.
+fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 

@@ -1,4 +1,6 @@
 use super::*;
+use crate::watch::ChangeType;
+use redb::Database;
 
 #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 struct Rec {
@@ -165,11 +167,18 @@ async fn pages_resume_after_their_key_and_count_what_follows() {
     assert!(past.records.is_empty());
 }
 
-/// What a crash at this instant would leave: a copy of the store's file, opened.
-fn crash_copy(path: &Path, name: &str) -> MetaStore {
+/// What a kill at this instant would leave (the page cache outlives a process): a copy
+/// of the store's file and of its log.
+fn crash_files(path: &Path, name: &str) -> std::path::PathBuf {
     let copy = path.with_file_name(format!("{name}.redb"));
     std::fs::copy(path, &copy).unwrap();
-    MetaStore::open(&copy).unwrap()
+    std::fs::copy(log_path(path), log_path(&copy)).unwrap();
+    copy
+}
+
+/// [`crash_files`], opened.
+fn crash_copy(path: &Path, name: &str) -> MetaStore {
+    MetaStore::open(&crash_files(path, name)).unwrap()
 }
 
 fn put_added(tx: &mut Txn, key: &Key, n: u32) -> Result<u64, StoreError> {
@@ -185,20 +194,15 @@ async fn grouped_writes_are_durable_when_they_return_and_published_once_in_order
     let path = dir.path().join("meta.redb");
     let store = Arc::new(MetaStore::open(&path).unwrap());
     let mut rx = store.hub().subscribe(0).unwrap().receiver;
-    // A commit whose sync has not come yet is not on disk, nor told to watchers.
+    // A commit whose sync has not come yet is seen by readers, not told to watchers.
     let unsynced = key("a", "unsynced");
     {
         let mut writer = store.writer.lock().await;
-        let (_, changes) = store
+        store
             .write(&mut writer, |tx| put_added(tx, &unsynced, 0))
             .unwrap();
-        writer.pending.extend(changes);
     }
     assert_eq!(store.get::<Rec>(&unsynced).unwrap(), Some(Rec { n: 0 }));
-    assert_eq!(
-        crash_copy(&path, "before").get::<Rec>(&unsynced).unwrap(),
-        None
-    );
     assert!(rx.try_recv().is_err());
 
     let writes: Vec<_> = (1..=64)
@@ -234,4 +238,183 @@ async fn grouped_writes_are_durable_when_they_return_and_published_once_in_order
         published, rvs,
         "every change once, in resourceVersion order"
     );
+}
+
+/// Three commits, the second also recording battery event 7, in a store at `path` left
+/// open: only the log holds them (redb has no durable commit of them).
+async fn three_logged_commits(path: &Path) -> Arc<MetaStore> {
+    let store = Arc::new(MetaStore::open(path).unwrap());
+    for n in 1..=3 {
+        store
+            .transact(|tx| -> Result<(), StoreError> {
+                put_added(tx, &key("a", &format!("x{n}")), n)?;
+                if n == 2 {
+                    tx.set_last_battery_event_id(7)?;
+                }
+                Ok(())
+            })
+            .await
+            .unwrap();
+    }
+    store
+}
+
+#[tokio::test]
+async fn commits_only_in_the_log_are_replayed_and_a_torn_tail_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.redb");
+    let _store = three_logged_commits(&path).await;
+
+    let whole = crash_copy(&path, "whole");
+    for n in 1..=3 {
+        let stored = whole.get::<Rec>(&key("a", &format!("x{n}"))).unwrap();
+        assert_eq!(stored, Some(Rec { n }), "x{n} replayed from the log");
+    }
+    assert_eq!(whole.resource_version().unwrap(), 3);
+    assert_eq!(whole.last_battery_event_id().unwrap(), 7);
+
+    // The last record cut short (a write torn by the crash), or one byte of it changed.
+    type Damage = fn(&mut Vec<u8>);
+    let damages: [(&str, Damage); 2] = [
+        ("cut", |log| log.truncate(log.len() - 5)),
+        ("flipped", |log| *log.last_mut().unwrap() ^= 1),
+    ];
+    for (name, damage) in damages {
+        let copy = crash_files(&path, name);
+        let mut log = std::fs::read(log_path(&copy)).unwrap();
+        damage(&mut log);
+        std::fs::write(log_path(&copy), log).unwrap();
+        let store = Arc::new(MetaStore::open(&copy).unwrap());
+        assert_eq!(
+            store.get::<Rec>(&key("a", "x2")).unwrap(),
+            Some(Rec { n: 2 })
+        );
+        assert_eq!(store.get::<Rec>(&key("a", "x3")).unwrap(), None, "{name}");
+        assert_eq!(store.resource_version().unwrap(), 2, "{name}");
+        assert_eq!(store.last_battery_event_id().unwrap(), 7, "{name}");
+        // Open made redb durable and emptied the log, so the next record follows no
+        // torn one.
+        assert_eq!(std::fs::metadata(log_path(&copy)).unwrap().len(), 0);
+        store
+            .transact(|tx| put_added(tx, &key("a", "x4"), 4))
+            .await
+            .unwrap();
+        let again = crash_copy(&copy, &format!("{name}-again"));
+        assert_eq!(
+            again.get::<Rec>(&key("a", "x4")).unwrap(),
+            Some(Rec { n: 4 })
+        );
+        assert_eq!(again.resource_version().unwrap(), 3, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn records_a_checkpoint_covered_are_not_applied_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.redb");
+    let store = three_logged_commits(&path).await;
+    let stale_log = std::fs::read(log_path(&path)).unwrap();
+    store
+        .transact(|tx| -> Result<(), StoreError> {
+            tx.next_resource_version();
+            tx.delete(&key("a", "x1"))
+        })
+        .await
+        .unwrap();
+    let checkpointing = store.clone();
+    tokio::task::spawn_blocking(move || checkpointing.checkpoint())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(std::fs::metadata(log_path(&path)).unwrap().len(), 0);
+    // A crash after redb's durable commit, before the log was emptied: its records are
+    // older than what redb holds.
+    let copy = crash_files(&path, "checkpointed");
+    std::fs::write(log_path(&copy), &stale_log).unwrap();
+    let reopened = MetaStore::open(&copy).unwrap();
+    assert_eq!(reopened.get::<Rec>(&key("a", "x1")).unwrap(), None);
+    assert_eq!(
+        reopened.get::<Rec>(&key("a", "x3")).unwrap(),
+        Some(Rec { n: 3 })
+    );
+    assert_eq!(reopened.resource_version().unwrap(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_is_checkpointed_once_it_outgrows_its_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.redb");
+    let store = Arc::new(MetaStore::open(&path).unwrap());
+    let padding = "p".repeat(2048);
+    let writes = CHECKPOINT_BYTES / 2048 + 16;
+    for n in 0..writes {
+        let padding = padding.clone();
+        store
+            .transact(|tx| tx.put(&key("a", &format!("big{n}")), &padding))
+            .await
+            .unwrap();
+    }
+    // The checkpoint runs beside the writers, on a blocking thread.
+    let log_len = || std::fs::metadata(log_path(&path)).unwrap().len();
+    for _ in 0..1000 {
+        if log_len() < CHECKPOINT_BYTES {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(log_len() < CHECKPOINT_BYTES, "checkpointed");
+    let copy = crash_copy(&path, "copy");
+    let (all, _) = copy.list::<String>("pools", Some("a")).unwrap();
+    assert_eq!(all.len() as u64, writes);
+}
+
+/// Today's tables, as the store before ADR 39 wrote them, with no log beside them.
+#[tokio::test]
+async fn a_store_written_before_the_log_opens_with_everything_in_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("apiserver.redb");
+    {
+        let db = Database::create(&path).unwrap();
+        let tx = db.begin_write().unwrap();
+        {
+            let mut objects = tx.open_table(OBJECTS).unwrap();
+            for (name, n) in [("x", 1), ("y", 2)] {
+                let json = serde_json::to_vec(&Rec { n }).unwrap();
+                objects
+                    .insert(format!("pools/a/{name}").as_str(), json.as_slice())
+                    .unwrap();
+            }
+            tx.open_table(INTENTS)
+                .unwrap()
+                .insert("microvmclaims/a/c", b"{}".as_slice())
+                .unwrap();
+            let mut counters = tx.open_table(COUNTERS).unwrap();
+            counters.insert(RESOURCE_VERSION, 12).unwrap();
+            counters.insert(BATTERY_EVENT_ID, 42).unwrap();
+        }
+        tx.commit().unwrap();
+    }
+    assert!(!log_path(&path).exists());
+
+    let store = Arc::new(MetaStore::open(&path).unwrap());
+    assert_eq!(
+        store.list::<Rec>("pools", Some("a")).unwrap(),
+        (vec![Rec { n: 1 }, Rec { n: 2 }], 12)
+    );
+    assert_eq!(store.resource_version().unwrap(), 12);
+    assert_eq!(store.last_battery_event_id().unwrap(), 42);
+    assert!(store.hub().subscribe(12).is_ok(), "watches resume after 12");
+    let rv = store
+        .transact(|tx| -> Result<u64, StoreError> {
+            tx.clear_intents()?;
+            put_added(tx, &key("a", "z"), 3)
+        })
+        .await
+        .unwrap();
+    assert_eq!(rv, 13);
+    let copy = crash_copy(&path, "migrated");
+    assert_eq!(copy.get::<Rec>(&key("a", "x")).unwrap(), Some(Rec { n: 1 }));
+    assert_eq!(copy.get::<Rec>(&key("a", "z")).unwrap(), Some(Rec { n: 3 }));
+    assert_eq!(copy.resource_version().unwrap(), 13);
+    assert_eq!(copy.last_battery_event_id().unwrap(), 42);
 }
