@@ -36,7 +36,7 @@ impl PoolStorage {
         if let Some(deletion) = running.get(&key) {
             return deletion.clone();
         }
-        self.respecified(namespace, name);
+        let started = self.respecified.sending(namespace, name);
         let battery = self.battery.clone();
         let this = self.this.clone();
         let (task_key, namespace, name) = (key.clone(), namespace.to_owned(), name.to_owned());
@@ -48,6 +48,7 @@ impl PoolStorage {
             let Some(this) = this.upgrade() else {
                 return result;
             };
+            this.respecified.answered(&namespace, &name, started);
             this.deletions
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())

@@ -8,6 +8,7 @@ mod adopt;
 mod deletion;
 mod record;
 mod respec;
+mod respecified;
 mod storage;
 mod update;
 

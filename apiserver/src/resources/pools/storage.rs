@@ -2,7 +2,7 @@
 //! beside it (`update`, `deletion`, `adopt`), each an `impl PoolStorage` that imports
 //! this file and `record`, never `mod.rs`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::SystemTime;
 
@@ -12,6 +12,7 @@ use futures::future::{BoxFuture, Shared};
 
 use super::record::{Kept, PoolRecord, Respec, info, key};
 use super::respec;
+use super::respecified::Respecifications;
 use crate::battery::objects::{self, PoolMeta};
 use crate::battery::{BatteryClient, BatteryError, BatteryPool, Failure};
 use crate::clock::server_now;
@@ -26,9 +27,6 @@ use crate::watch::ChangeType;
 /// made with `poolmgrctl` goes unseen.
 const BIND_SETTINGS_TTL: std::time::Duration = std::time::Duration::from_secs(10);
 const BIND_SETTINGS_CAPACITY: u64 = 10_000;
-/// The changes of a Pool remembered for telling its cancelled boots: more than arrive
-/// while one boot runs.
-const RESPECIFIED_KEPT: usize = 32;
 
 pub(super) fn counts(status: &PoolStatus) -> PoolCounts {
     PoolCounts {
@@ -70,11 +68,8 @@ pub struct PoolStorage {
     bind_settings: moka::sync::Cache<Key, BindSettings>,
     /// battery's DeletePool calls in flight, one per Pool (`deletion`).
     pub(super) deletions: Mutex<HashMap<Key, Deletion>>,
-    /// When we last changed each Pool's spec in battery or deleted it, by (namespace,
-    /// name), the newest [`RESPECIFIED_KEPT`] times: battery then cancels the Pool's
-    /// MicroVMs still booting, and says so with the event it gives a failed hook, which
-    /// the follower may read after later changes.
-    pub(super) respecified: Mutex<HashMap<(String, String), VecDeque<SystemTime>>>,
+    /// When we changed each Pool's spec in battery or deleted it (`respecified.rs`).
+    pub(super) respecified: Respecifications,
     /// The UpdatePool calls in flight, one per Pool, and the changes waiting for them.
     pub(super) respecs: Arc<respec::Coalescer<Key, Respec, BatteryPool, BatteryError>>,
     /// For the tasks a deletion or an UpdatePool leaves running.
@@ -96,22 +91,10 @@ impl PoolStorage {
             metrics,
             bind_settings: crate::cache::bounded(BIND_SETTINGS_TTL, BIND_SETTINGS_CAPACITY),
             deletions: Mutex::default(),
-            respecified: Mutex::default(),
+            respecified: Respecifications::default(),
             respecs: Arc::default(),
             this: this.clone(),
         })
-    }
-
-    /// Notes that battery is about to be told a new spec for the Pool, or to delete it.
-    pub(super) fn respecified(&self, namespace: &str, name: &str) {
-        let mut respecified = self.respecified.lock().unwrap_or_else(|e| e.into_inner());
-        let times = respecified
-            .entry((namespace.to_owned(), name.to_owned()))
-            .or_default();
-        if times.len() == RESPECIFIED_KEPT {
-            times.pop_front();
-        }
-        times.push_back(SystemTime::now());
     }
 
     /// Whether battery's failed-hook event for a MicroVM of the Pool that started booting
@@ -125,11 +108,7 @@ impl PoolStorage {
         booted: SystemTime,
         failed: SystemTime,
     ) -> bool {
-        self.respecified
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&(namespace.to_owned(), name.to_owned()))
-            .is_some_and(|times| times.iter().any(|at| booted <= *at && *at <= failed))
+        self.respecified.cancelled(namespace, name, booted, failed)
     }
 
     /// Keeps the Pool's MicroVM gauges at what was just recorded of it.
@@ -238,13 +217,10 @@ impl PoolStorage {
         match change {
             ChangeType::Deleted => {
                 self.bind_settings.invalidate(&key);
-                self.respecified
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&(
-                        object.metadata.namespace.clone().unwrap_or_default(),
-                        object.metadata.name.clone().unwrap_or_default(),
-                    ));
+                self.respecified.forget(
+                    object.metadata.namespace.as_deref().unwrap_or_default(),
+                    object.metadata.name.as_deref().unwrap_or_default(),
+                );
             }
             _ => self
                 .bind_settings

@@ -159,9 +159,12 @@ impl PoolStorage {
         if current.spec == wanted && current.hosts == hosts {
             return Ok(current);
         }
-        self.respecified(&namespace, &name);
-        self.battery
+        let started = self.respecified.sending(&namespace, &name);
+        let updated = self
+            .battery
             .update_pool(&namespace, &name, &spec, hosts)
-            .await
+            .await;
+        self.respecified.answered(&namespace, &name, started);
+        updated
     }
 }
