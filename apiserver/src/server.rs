@@ -138,6 +138,8 @@ pub struct App {
     pub router: Router,
     pub tasks: JoinSet<()>,
     exec_sessions: Arc<ExecSessions>,
+    /// For the claims' activity, written once the sessions have ended.
+    claims: Arc<ClaimStorage>,
 }
 
 /// How often the cluster's OpenAPI definitions are read again (an upgraded kube-apiserver
@@ -201,6 +203,9 @@ impl App {
         };
         crate::http::serve::serve(listener, tls, self.router, shutdown).await;
         sessions.drained(EXEC_DRAIN).await;
+        // The sessions' ends are the claims' last activity: kept, so idle timeouts run on
+        // from them after the restart.
+        self.claims.save_activity().await;
     }
 }
 
@@ -351,6 +356,8 @@ pub fn build(
         tasks.spawn(follow_cluster_openapi(cluster, openapi, openapi_sender));
     }
     tasks.spawn(claims.quotas().write_status());
+    tasks.spawn(claims.clone().enforce_limits(settings.cluster.clone()));
+    let limits_claims = claims.clone();
     tasks.spawn(
         Follower {
             battery,
@@ -417,5 +424,6 @@ pub fn build(
         router,
         tasks,
         exec_sessions,
+        claims: limits_claims,
     })
 }

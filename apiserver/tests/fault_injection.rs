@@ -519,3 +519,73 @@ async fn a_kill_inside_a_commit_loses_no_acknowledged_claim_and_leaks_no_lease()
         eprintln!("{point}: acknowledged claims kept, leases consistent");
     }
 }
+
+/// The `Bound` condition's reason of the claim `name`, once it is Expired.
+async fn ended_reason(server: &Server, name: &str) -> String {
+    eventually(DEADLINE, &format!("{name} to end"), || async {
+        let claim = claims(server).get(name).await.map_err(|e| e.to_string())?;
+        let status = claim.status.unwrap_or_default();
+        if status.phase.as_ref().map(|p| p.as_str()) != Some("Expired") {
+            return Err(format!("{name} is not Expired yet"));
+        }
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Bound")
+            .map(|c| c.reason)
+            .ok_or_else(|| format!("{name} has no Bound condition"))
+    })
+    .await
+}
+
+/// Issue 42: a claim's idle timeout and maximum lifetime are kept with its record, so
+/// they end it after a crash and restart as they would have; a claim far from its limits
+/// is not ended by the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_limits_survive_a_crash_and_end_no_claim_early() {
+    let world = World::new().await;
+    let server = world.start(None).await;
+    wait_ready(&server).await;
+    let mut limited = common::pool("p", 3);
+    // Longer than the test: only the limits end these claims.
+    limited["spec"]["lease"] = json!({"heartbeatInterval": "10s", "expiryThreshold": "300s"});
+    let limited: Pool = serde_json::from_value(limited).unwrap();
+    pools(&server)
+        .create(&PostParams::default(), &limited)
+        .await
+        .unwrap();
+    wait_available(&server, "p", 3).await;
+    for (name, limits) in [
+        ("idle", json!({"idleTimeout": "6s"})),
+        ("short", json!({"maxLifetime": "8s"})),
+        ("lasting", json!({"idleTimeout": "1h", "maxLifetime": "1h"})),
+    ] {
+        let mut body = common::claim(name, "p");
+        for (field, value) in limits.as_object().unwrap() {
+            body["spec"][field] = value.clone();
+        }
+        let body: MicroVMClaim = serde_json::from_value(body).unwrap();
+        claims(&server)
+            .create(&PostParams::default(), &body)
+            .await
+            .unwrap();
+    }
+    // A crash: nothing is written on the way down.
+    drop(server);
+
+    let server = world.start(None).await;
+    wait_ready(&server).await;
+    assert_eq!(ended_reason(&server, "idle").await, "IdleTimeout");
+    assert_eq!(ended_reason(&server, "short").await, "MaxLifetimeReached");
+    let lasting = claims(&server).get("lasting").await.unwrap();
+    assert_eq!(
+        lasting
+            .status
+            .and_then(|s| s.phase)
+            .map(|p| p.as_str().to_owned())
+            .as_deref(),
+        Some("Bound"),
+        "the restart ends no claim short of its limits"
+    );
+    assert_consistent(&world, &server).await;
+}

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use battery_telemetry::error_chain;
+use battery_types::conditions::{self, ClaimBoundReason};
 use battery_types::{LeaseSettings, MicroVMClaim};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -85,8 +86,9 @@ impl Claim {
         &self.object
     }
 
-    /// Resolves once the lease is over: expired, the claim deleted, or renewal failing
-    /// until the lease's expiry passed. Renewal has stopped by then.
+    /// Resolves once the lease is over: expired, the claim deleted, ended by its idle
+    /// timeout or maximum lifetime, or renewal failing until the lease's expiry passed.
+    /// Renewal has stopped by then; a limit's end is learned at the next renewal.
     pub async fn lost(&self) -> LostReason {
         let mut lost = self.lost.clone();
         match lost.wait_for(Option::is_some).await {
@@ -161,7 +163,33 @@ impl Renewer {
             }
             Ok(_) => Ok(()),
             Err(Error::ClaimNotFound { .. }) => Err(Error::LeaseLost(LostReason::Deleted)),
+            Err(Error::LeaseLost(LostReason::Expired(message))) => {
+                Err(Error::LeaseLost(self.why_ended(message).await))
+            }
             Err(error) => Err(error),
+        }
+    }
+
+    /// Why the claim ended, once its renewal was refused as expired: the claim's `Bound`
+    /// condition says whether a limit on its life ended it. `message` (the refusal's) is
+    /// the answer when the claim cannot be read or its lease simply ran out.
+    async fn why_ended(&self, message: String) -> LostReason {
+        let Ok(claim) = self.client.claims().get(&self.name).await else {
+            return LostReason::Expired(message);
+        };
+        if claim.metadata.uid.as_deref() != Some(self.uid.as_str()) {
+            return LostReason::Deleted;
+        }
+        let conditions = claim.status.map(|s| s.conditions).unwrap_or_default();
+        let bound = conditions::find_status_condition(&conditions, conditions::BOUND);
+        match bound.map(|c| (c.reason.as_str(), c.message.clone())) {
+            Some((reason, why)) if reason == ClaimBoundReason::IdleTimeout.as_str() => {
+                LostReason::IdleTimeout(why)
+            }
+            Some((reason, why)) if reason == ClaimBoundReason::MaxLifetimeReached.as_str() => {
+                LostReason::MaxLifetimeReached(why)
+            }
+            _ => LostReason::Expired(message),
         }
     }
 }

@@ -34,6 +34,8 @@ impl Client {
             labels: BTreeMap::new(),
             deadline: DEFAULT_DEADLINE,
             on_wait: None,
+            idle_timeout: None,
+            max_lifetime: None,
         }
     }
 }
@@ -48,6 +50,8 @@ pub struct ClaimBuilder {
     labels: BTreeMap<String, String>,
     deadline: Duration,
     on_wait: Option<WaitReport>,
+    idle_timeout: Option<battery_types::Duration>,
+    max_lifetime: Option<battery_types::Duration>,
 }
 
 /// What [`ClaimBuilder::on_wait`] was given.
@@ -100,6 +104,23 @@ impl ClaimBuilder {
         self
     }
 
+    /// Ends the claim once it goes this long without an exec, a terminal, a port-forward
+    /// or a file copy (renewing is not use); without it, the Pool's default applies. No
+    /// more than the Pool's maximum, if it sets one. [`Claim::lost`] then says
+    /// [`crate::LostReason::IdleTimeout`].
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = Some(api_duration(timeout));
+        self
+    }
+
+    /// Ends the claim this long after its bind, however often it is renewed; without it,
+    /// the Pool's default applies. No more than the Pool's maximum, if it sets one.
+    /// [`Claim::lost`] then says [`crate::LostReason::MaxLifetimeReached`].
+    pub fn max_lifetime(mut self, lifetime: Duration) -> Self {
+        self.max_lifetime = Some(api_duration(lifetime));
+        self
+    }
+
     /// Calls `report` before each wait for a retry, so that a caller can show progress.
     pub fn on_wait(mut self, report: impl Fn(&Waiting) + Send + Sync + 'static) -> Self {
         self.on_wait = Some(Box::new(report));
@@ -129,6 +150,8 @@ impl ClaimBuilder {
                     name: self.pool.clone(),
                 },
                 service_account_name: holder,
+                idle_timeout: self.idle_timeout,
+                max_lifetime: self.max_lifetime,
                 ..MicroVMClaimSpec::default()
             },
             status: None,
@@ -206,6 +229,12 @@ fn random(len: usize, alphabet: &[u8]) -> String {
 fn generated_name(pool: &str) -> String {
     let prefix: String = pool.chars().take(63 - 6).collect();
     format!("{prefix}-{}", random(5, NAME_ALPHABET))
+}
+
+/// `duration` as the API takes it; one too long for it (centuries) as the longest it takes.
+fn api_duration(duration: Duration) -> battery_types::Duration {
+    battery_types::Duration::try_from(duration)
+        .unwrap_or(battery_types::Duration::from_nanos(i64::MAX))
 }
 
 #[cfg(test)]

@@ -132,6 +132,14 @@ pub enum LostReason {
     /// Renewals kept failing until the lease's expiry passed.
     #[error("renewal kept failing until the lease expired: {0}")]
     RenewalFailing(String),
+    /// The claim went unused (no exec, terminal, port-forward or file copy) for its idle
+    /// timeout, and its MicroVM went back to the Pool; the server's words.
+    #[error("the claim was idle for its idle timeout: {0}")]
+    IdleTimeout(String),
+    /// The claim reached its maximum lifetime, and its MicroVM went back to the Pool;
+    /// the server's words.
+    #[error("the claim reached its maximum lifetime: {0}")]
+    MaxLifetimeReached(String),
 }
 
 /// What to install in a guest image for `tool`.

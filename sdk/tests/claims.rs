@@ -7,6 +7,7 @@ use battery_e2e::apiserver::{ApiServer, Route};
 use battery_e2e::{eventually, kube_client};
 use battery_sdk::types::{ClaimPhase, MicroVMClaim, Pool};
 use battery_sdk::{Client, Error, LostReason};
+use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -268,6 +269,149 @@ async fn lost_reports_a_lease_that_battery_ended() {
         .await
         .expect("lost() resolves at the next renewal");
     assert!(matches!(reason, LostReason::Expired(_)), "{reason:?}");
+}
+
+mod limits_say_why_through_lost {
+    #[tokio::test]
+    async fn direct() {
+        super::limits_say_why_through_lost(super::Route::Direct).await;
+    }
+
+    #[tokio::test]
+    async fn aggregated() {
+        super::limits_say_why_through_lost(super::Route::Aggregated).await;
+    }
+}
+
+/// Issue 42: a claim's idle timeout and maximum lifetime end it though the SDK renews it
+/// all along (renewing is not use), and `lost()` says which; a claim kept busy by a
+/// running command is not idle.
+async fn limits_say_why_through_lost(route: Route) {
+    let (_server, kube, client) = start_on(route).await;
+    short_lease_pool(&kube, "limited", 3).await;
+    let idle = client
+        .claim("limited")
+        .holder(HOLDER)
+        .name("idle")
+        .idle_timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .unwrap();
+    let busy = client
+        .claim("limited")
+        .holder(HOLDER)
+        .name("busy")
+        .idle_timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .unwrap();
+    let short = client
+        .claim("limited")
+        .holder(HOLDER)
+        .name("short")
+        .max_lifetime(Duration::from_secs(6))
+        .send()
+        .await
+        .unwrap();
+    let spec = &idle.object().spec;
+    assert_eq!(
+        spec.idle_timeout.map(|d| d.to_string()).as_deref(),
+        Some("5s")
+    );
+    // `kubectl get` shows the time left where a limit applies, as it shows an age.
+    let table = claims_table(&kube).await;
+    let left = ttl_of(&table, "short");
+    assert!(left.ends_with('s') && left != "<none>", "{table}");
+
+    // Open for as long as the test holds it: the busy claim is in use meanwhile.
+    let running = busy.exec(["sleep", "600"]).await.unwrap();
+    let opened = tokio::time::Instant::now();
+    assert_eq!(idle.run(["true"]).await.unwrap().code, 0);
+
+    let reason = tokio::time::timeout(Duration::from_secs(60), idle.lost())
+        .await
+        .expect("the idle claim ends");
+    let LostReason::IdleTimeout(message) = &reason else {
+        panic!("lost() says the idle timeout ended it: {reason:?}");
+    };
+    assert!(message.contains("idle timeout (5s)"), "{message}");
+    let reason = tokio::time::timeout(Duration::from_secs(60), short.lost())
+        .await
+        .expect("the short-lived claim ends");
+    assert!(
+        matches!(&reason, LostReason::MaxLifetimeReached(m) if m.contains("maximum lifetime (6s)")),
+        "{reason:?}"
+    );
+
+    // Past its idle timeout since the command started, the busy claim holds on.
+    tokio::time::sleep_until(opened + Duration::from_secs(8)).await;
+    let claims: Api<MicroVMClaim> = Api::default_namespaced(kube.clone());
+    assert_eq!(
+        phase(&claims.get("busy").await.unwrap()),
+        Some(ClaimPhase::Bound)
+    );
+    // Once the command's session ends, it is idle, and ends too.
+    drop(running);
+    let reason = tokio::time::timeout(Duration::from_secs(60), busy.lost())
+        .await
+        .expect("the claim ends once its command's session has");
+    assert!(matches!(reason, LostReason::IdleTimeout(_)), "{reason:?}");
+    let ended = claims.get("idle").await.unwrap();
+    let bound = ended
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Bound")
+        .unwrap();
+    assert_eq!(
+        (bound.status.as_str(), bound.reason.as_str()),
+        ("False", "IdleTimeout")
+    );
+    assert_eq!(ttl_of(&claims_table(&kube).await, "idle"), "<none>");
+    if route == Route::Aggregated {
+        // `serve` records why on the claim, in the cluster, for `kubectl describe`.
+        let events: Api<Event> = Api::default_namespaced(kube.clone());
+        let uid = ended.metadata.uid.clone();
+        eventually(WITHIN, "the claim's IdleTimeout Event", async || {
+            let list = events
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            list.items
+                .into_iter()
+                .find(|e| {
+                    e.involved_object.uid == uid && e.reason.as_deref() == Some("IdleTimeout")
+                })
+                .map(drop)
+                .ok_or_else(|| "no IdleTimeout Event yet".to_owned())
+        })
+        .await;
+    }
+}
+
+/// The claims of the namespace as the server's Table, as kubectl asks for it.
+async fn claims_table(kube: &kube::Client) -> serde_json::Value {
+    let request = http::Request::get(
+        "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/default/microvmclaims",
+    )
+    .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+    .body(Vec::new())
+    .unwrap();
+    kube.request::<serde_json::Value>(request).await.unwrap()
+}
+
+/// The TTL cell of the claim `name`'s row.
+fn ttl_of(table: &serde_json::Value, name: &str) -> String {
+    let columns = table["columnDefinitions"].as_array().unwrap();
+    let at = columns.iter().position(|c| c["name"] == "TTL").unwrap();
+    let row = table["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["cells"][0] == name)
+        .unwrap_or_else(|| panic!("no row of {name}: {table}"));
+    row["cells"][at].as_str().unwrap().to_owned()
 }
 
 #[tokio::test]

@@ -62,6 +62,8 @@ pub fn pool_spec_from_battery(spec: &pb::PoolSpec, placement: Option<Placement>)
             .unwrap_or_default(),
         size: Some(spec.size),
         placement,
+        // Ours, like placement: battery has no limits on a lease's life.
+        claim_limits: None,
         replenishment: spec
             .replenishment_strategy
             .as_ref()

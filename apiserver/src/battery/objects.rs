@@ -13,8 +13,8 @@ use battery_types::conditions::{
     PoolReadyReason,
 };
 use battery_types::{
-    ClaimHost, ClaimPhase, ClaimedMicroVM, Host, MicroVMClaimStatus, Placement, Pool, PoolSpec,
-    PoolStatus,
+    ClaimHost, ClaimLimits, ClaimPhase, ClaimedMicroVM, Host, MicroVMClaimStatus, Placement, Pool,
+    PoolSpec, PoolStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, ObjectMeta};
 
@@ -25,6 +25,8 @@ use crate::clock::server_now;
 pub struct PoolMeta<'a> {
     pub metadata: ObjectMeta,
     pub placement: Option<Placement>,
+    /// The limits on its claims' lives, which battery has no field for.
+    pub claim_limits: Option<ClaimLimits>,
     /// The conditions last recorded, so an unchanged one keeps its transition time.
     pub previous: &'a [Condition],
     /// battery's refusal of the Hosts the placement last resolved to, if it refused.
@@ -36,6 +38,7 @@ pub struct PoolMeta<'a> {
 pub fn pool(meta: PoolMeta<'_>, battery: BatteryPool) -> Pool {
     let mut spec = battery.spec;
     spec.placement = meta.placement;
+    spec.claim_limits = meta.claim_limits;
     let mut status = battery.counts;
     status.conditions = pool_conditions(
         meta.previous,
@@ -264,6 +267,9 @@ pub fn bound_status(
         bound_time: Some(bound),
         lease_expires_at: lease.expires_at,
         network_interfaces: lease.network_interfaces,
+        // The limits are the bind's to fill in: they come from the claim and its Pool.
+        idle_timeout: None,
+        max_lifetime: None,
         conditions: vec![
             bound_condition(
                 ConditionStatus::True,
@@ -293,18 +299,29 @@ pub fn refresh_host_ready(
 /// A claim's status once battery no longer has its lease: phase Expired, `Bound=False`,
 /// and no `HostReady` (set only while Bound).
 pub fn expire(status: &mut MicroVMClaimStatus, generation: Option<i64>) {
+    end(
+        status,
+        generation,
+        ClaimBoundReason::LeaseExpired,
+        "the lease expired unrenewed and battery deleted the MicroVM".to_owned(),
+    );
+}
+
+/// A claim's status once it has ended for `reason` (its lease expired, or a limit on its
+/// life ended it) and its MicroVM went back to battery: Expired, `Bound` false.
+pub fn end(
+    status: &mut MicroVMClaimStatus,
+    generation: Option<i64>,
+    reason: ClaimBoundReason,
+    message: String,
+) {
     status.phase = Some(ClaimPhase::Expired);
     status
         .conditions
         .retain(|c| c.type_ != conditions::HOST_READY);
     conditions::set_status_condition(
         &mut status.conditions,
-        bound_condition(
-            ConditionStatus::False,
-            ClaimBoundReason::LeaseExpired,
-            "the lease expired unrenewed and battery deleted the MicroVM",
-            generation,
-        ),
+        bound_condition(ConditionStatus::False, reason, &message, generation),
     );
 }
 

@@ -2,7 +2,8 @@
 //! (`serve`; `dev` runs without): kube-apiserver does not run its admission chain on
 //! requests it proxies to us (`reference/aggregated-apiserver.md` §8.3), so we refuse
 //! creates in missing or terminating namespaces ourselves; battery's hook failures
-//! become Warning Events on the Pool, so `kubectl describe pool` shows them; a claim's
+//! become Warning Events on the Pool, so `kubectl describe pool` shows them (and a claim
+//! ended by its idle timeout or maximum lifetime an Event on the claim); a claim's
 //! `env` and `files` read the Secrets and ConfigMaps they name (after the requesting
 //! user's SubjectAccessReview, which is the claim storage's to make); and claims' quotas
 //! are the namespace's ResourceQuotas, read here, and their status written here.
@@ -243,23 +244,55 @@ impl Cluster {
         reason: &str,
         message: String,
     ) -> Result<(), kube::Error> {
-        let namespace = pool.namespace.clone().unwrap_or_default();
-        let name = pool.name.clone().unwrap_or_default();
+        let name = format!(
+            "{}.battery-{battery_event_id}",
+            pool.name.as_deref().unwrap_or_default()
+        );
+        self.event("Pool", pool, name, event_type, reason, message)
+            .await
+    }
+
+    /// Records an Event of `event_type` on a MicroVMClaim, named as client-go's recorder
+    /// names one (`<object>.<time in hex nanoseconds>`): each is a thing that happened once.
+    pub async fn claim_event(
+        &self,
+        claim: &ObjectMeta,
+        event_type: &str,
+        reason: &str,
+        message: String,
+    ) -> Result<(), kube::Error> {
+        let nanos = k8s_openapi::jiff::Timestamp::now().as_nanosecond();
+        let name = format!("{}.{nanos:x}", claim.name.as_deref().unwrap_or_default());
+        self.event("MicroVMClaim", claim, name, event_type, reason, message)
+            .await
+    }
+
+    /// Creates the Event `name` on the object `kind` of `meta`; one that exists is kept.
+    async fn event(
+        &self,
+        kind: &str,
+        meta: &ObjectMeta,
+        name: String,
+        event_type: &str,
+        reason: &str,
+        message: String,
+    ) -> Result<(), kube::Error> {
+        let namespace = meta.namespace.clone().unwrap_or_default();
         let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             k8s_openapi::jiff::Timestamp::now(),
         );
         let event = Event {
             metadata: ObjectMeta {
-                name: Some(format!("{name}.battery-{battery_event_id}")),
+                name: Some(name),
                 namespace: Some(namespace.clone()),
                 ..ObjectMeta::default()
             },
             involved_object: ObjectReference {
                 api_version: Some(battery_types::API_VERSION.to_owned()),
-                kind: Some("Pool".to_owned()),
-                name: Some(name),
+                kind: Some(kind.to_owned()),
+                name: meta.name.clone(),
                 namespace: Some(namespace.clone()),
-                uid: pool.uid.clone(),
+                uid: meta.uid.clone(),
                 ..ObjectReference::default()
             },
             reason: Some(reason.to_owned()),

@@ -11,7 +11,7 @@ use crate::dev::pki::DEV_USER;
 
 /// A stand-in for the kube-apiserver of the cluster served, answering only what the
 /// server asks of it: namespaces (`default` active, `dying` terminating, others missing),
-/// Event creation (recorded; a repeated name is a 409, as in Kubernetes) and
+/// ResourceQuotas (none), Event creation (recorded; a repeated name is a 409, as in Kubernetes) and
 /// SubjectAccessReviews from a written policy (each review recorded too).
 pub async fn fake_kube_apiserver() -> (kube::Client, Arc<std::sync::Mutex<Vec<Value>>>) {
     use axum::extract::{Path, State};
@@ -87,6 +87,12 @@ pub async fn fake_kube_apiserver() -> (kube::Client, Arc<std::sync::Mutex<Vec<Va
         };
         Ok(axum::Json(review))
     }
+    /// No namespace has a ResourceQuota, so claims bind unlimited.
+    async fn no_quotas() -> axum::Json<Value> {
+        axum::Json(
+            json!({"kind": "ResourceQuotaList", "apiVersion": "v1", "metadata": {}, "items": []}),
+        )
+    }
     let events: Events = Arc::default();
     let app = Router::new()
         .route(
@@ -95,6 +101,7 @@ pub async fn fake_kube_apiserver() -> (kube::Client, Arc<std::sync::Mutex<Vec<Va
         )
         .route("/api/v1/namespaces/{name}", get(namespace))
         .route("/api/v1/namespaces/{ns}/events", post(event))
+        .route("/api/v1/namespaces/{ns}/resourcequotas", get(no_quotas))
         .route(
             "/apis/authorization.k8s.io/v1/subjectaccessreviews",
             post(review),

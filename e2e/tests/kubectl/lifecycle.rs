@@ -20,6 +20,7 @@ crate::on_both_routes!(
     an_unrenewed_claim_expires_and_cannot_be_renewed,
     deleting_a_claim_releases_its_microvm,
     deleting_a_pool_waits_for_its_bound_claim,
+    a_claim_ends_at_its_maximum_lifetime_and_get_shows_the_time_left,
 );
 
 /// kubectl wait's `--timeout` for every change a test waits for: far above what any
@@ -104,7 +105,8 @@ async fn create_prints_a_bound_claim_and_get_shows_its_lease(route: Route) {
             "{}",
             what("get microvmclaims")
         );
-        assert_eq!(cells[5].0, "AGE", "{}", what("get microvmclaims"));
+        assert_eq!(cells[5], ("TTL", "<none>"), "{}", what("get microvmclaims"));
+        assert_eq!(cells[6].0, "AGE", "{}", what("get microvmclaims"));
 
         kubectl.ok(&["delete", "mvc", &name]).await;
         pool.delete().await;
@@ -258,6 +260,84 @@ async fn an_unrenewed_claim_expires_and_cannot_be_renewed(route: Route) {
         );
 
         // battery destroyed the MicroVM of the expired lease.
+        pool.await_leased(0).await;
+        kubectl.ok(&["delete", "mvc", &name]).await;
+        pool.delete().await;
+    }
+}
+
+/// Issue 42: `kubectl get` shows the time a claim has left under its limits (TTL), and a
+/// claim past its maximum lifetime ends though its lease runs on, saying why in its
+/// condition, its renewal's `410` and (where there is a cluster) an Event.
+async fn a_claim_ends_at_its_maximum_lifetime_and_get_shows_the_time_left(route: Route) {
+    let server = ApiServer::start(route).await;
+    for kubectl in server.kubectls() {
+        let pool = TestPool::create(&kubectl, "limited", LONG_LEASE).await;
+        let name = kubectl.unique("short");
+        let what = |step: &str| format!("kubectl {}: {step} {name}", kubectl.version());
+        let mut manifest = pool.claim_manifest(&name);
+        manifest["spec"]["maxLifetime"] = json!("10s");
+        let created = kubectl
+            .cmd(&["create", "-f", "-", "-o", "json"])
+            .stdin(manifest.to_string())
+            .json()
+            .await;
+        assert_eq!(
+            created["status"]["maxLifetime"],
+            "10s",
+            "{}",
+            what("create")
+        );
+        let row = claim_row(&kubectl, &name).await;
+        let ttl = &row.iter().find(|(column, _)| column == "TTL").unwrap().1;
+        assert!(
+            ttl.ends_with('s')
+                && ttl
+                    .trim_end_matches('s')
+                    .parse::<u32>()
+                    .is_ok_and(|s| s <= 10),
+            "{}: TTL is the time left, as an age: {row:?}",
+            what("get")
+        );
+
+        await_jsonpath(&kubectl, &format!("mvc/{name}"), ".status.phase", "Expired").await;
+        let claim = kubectl.json(&["get", "mvc", &name, "-o", "json"]).await;
+        assert_condition(&claim, "Bound", "False", "MaxLifetimeReached");
+        let row = claim_row(&kubectl, &name).await;
+        assert!(
+            row.contains(&("TTL".to_owned(), "<none>".to_owned())),
+            "{row:?}"
+        );
+        let stderr = kubectl
+            .fails(&[
+                "patch",
+                "microvmclaim",
+                &name,
+                "--subresource=lease",
+                "--type=merge",
+                "-p",
+                "{}",
+            ])
+            .await;
+        assert_contains_all(&stderr, &["(MaxLifetimeReached)"], &what("renew the ended"));
+        if route == Route::Aggregated {
+            let selector = format!("--field-selector=involvedObject.name={name}");
+            let events = kubectl
+                .json(&["get", "events", &selector, "-o", "json"])
+                .await;
+            let reasons: Vec<&Value> = events["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| &e["reason"])
+                .collect();
+            assert!(
+                reasons.contains(&&json!("MaxLifetimeReached")),
+                "{}: {events:#}",
+                what("events of")
+            );
+        }
+        // Its MicroVM went back to battery.
         pool.await_leased(0).await;
         kubectl.ok(&["delete", "mvc", &name]).await;
         pool.delete().await;

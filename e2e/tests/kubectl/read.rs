@@ -61,13 +61,15 @@ async fn get_prints_every_output_format(route: Route) {
             ("EXPIRES", expires_second.as_str()),
         ];
         assert_eq!(row[..5], columns, "{}", what(""));
-        assert_eq!(row[5].0, "AGE", "{}", what(""));
+        // The dev Pool limits no claim's life: no time left to show.
+        assert_eq!(row[5], ("TTL", "<none>"), "{}", what(""));
+        assert_eq!(row[6].0, "AGE", "{}", what(""));
         let printed = kubectl.ok(&["get", "mvc", &name, "-o", "wide"]).await;
         let wide = single_row(&printed);
         let wide_columns = [("MICROVM", vm), ("HOLDER", DEV_ACCOUNT)];
         assert_eq!(wide[..5], columns, "{}", what("-o wide"));
-        assert_eq!(wide[5..7], wide_columns, "{}", what("-o wide"));
-        assert_eq!(wide[7].0, "AGE", "{}", what("-o wide"));
+        assert_eq!(wide[6..8], wide_columns, "{}", what("-o wide"));
+        assert_eq!(wide[8].0, "AGE", "{}", what("-o wide"));
 
         let phase = kubectl
             .ok(&["get", "mvc", &name, "-o", "jsonpath={.status.phase}"])

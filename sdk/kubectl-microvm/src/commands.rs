@@ -45,6 +45,12 @@ impl Context {
         if let Some(name) = name {
             builder = builder.name(name);
         }
+        if let Some(timeout) = request.idle_timeout {
+            builder = builder.idle_timeout(timeout);
+        }
+        if let Some(lifetime) = request.max_lifetime {
+            builder = builder.max_lifetime(lifetime);
+        }
         let progress = Progress::binding(&request.pool);
         let bound = builder.on_wait(progress.on_wait()).send().await;
         progress.done();

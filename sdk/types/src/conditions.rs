@@ -102,6 +102,12 @@ reasons! {
         /// False: the lease ran out unrenewed and battery took the MicroVM back (phase
         /// `Expired`).
         LeaseExpired = "LeaseExpired",
+        /// False: the claim went without activity for its idle timeout, and its MicroVM
+        /// went back to battery (phase `Expired`).
+        IdleTimeout = "IdleTimeout",
+        /// False: the claim reached its maximum lifetime, however often it was renewed,
+        /// and its MicroVM went back to battery (phase `Expired`).
+        MaxLifetimeReached = "MaxLifetimeReached",
     }
 }
 

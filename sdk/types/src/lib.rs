@@ -47,6 +47,7 @@
 pub mod agent_identity;
 mod api_group;
 pub mod channel;
+mod claim_limits;
 pub mod conditions;
 mod duration;
 mod host_certificates;
@@ -61,6 +62,7 @@ pub mod validation;
 mod wire;
 
 pub use api_group::{API_VERSION, GROUP, VERSION};
+pub use claim_limits::{ClaimLimits, DurationLimit};
 pub use duration::{Duration, DurationOutOfRange, ParseDurationError};
 pub use host_certificates::{
     HostCertificateRequest, HostCertificateRequestSpec, HostCertificateRequestStatus,

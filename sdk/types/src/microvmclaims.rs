@@ -17,6 +17,8 @@ pub use config::{
     KeySelector, MAX_ENV, MAX_FILES, SourceKind,
 };
 
+use crate::claim_limits::{ClaimLimits, validate_positive};
+use crate::duration::Duration;
 use crate::string_enum::string_enum;
 use crate::validation::{FieldError, FieldPath, messages, validate_dns_subdomain_name};
 use crate::wire::{drop_null_from_enum, required_fields};
@@ -56,6 +58,20 @@ pub struct MicroVMClaimSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["path"]))]
     pub files: Vec<ClaimFile>,
+    /// How long the claim may go without an exec, a terminal, a port-forward or a file
+    /// copy before it ends (phase `Expired`, reason `IdleTimeout`), as a duration such as
+    /// `15m`; a session that stays open counts as activity for as long as it is open.
+    /// Renewing the lease is not activity. Unset, the Pool's
+    /// `claimLimits.idleTimeout.default` applies; it may not exceed the Pool's
+    /// `claimLimits.idleTimeout.max`. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<Duration>,
+    /// How long after its bind the claim ends however often it is renewed (phase
+    /// `Expired`, reason `MaxLifetimeReached`), as a duration such as `8h`. Unset, the
+    /// Pool's `claimLimits.maxLifetime.default` applies; it may not exceed the Pool's
+    /// `claimLimits.maxLifetime.max`. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_lifetime: Option<Duration>,
 }
 
 /// A reference to a Pool in the referring object's namespace.
@@ -74,8 +90,10 @@ string_enum! {
     pub enum ClaimPhase {
         /// The claim holds a MicroVM and its lease is live.
         Bound = "Bound",
-        /// The lease ran out unrenewed and battery took the MicroVM back. The claim is kept,
-        /// so its Holder can see what happened, until it is deleted.
+        /// The claim ended: its lease ran out unrenewed, or it reached its idle timeout or
+        /// maximum lifetime, and battery took the MicroVM back. The `Bound` condition's
+        /// reason says which. The claim is kept, so its Holder can see what happened,
+        /// until it is deleted.
         Expired = "Expired",
     }
 }
@@ -107,8 +125,15 @@ pub struct MicroVMClaimStatus {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["deviceId"]))]
     pub network_interfaces: Vec<NetworkInterfaceStatus>,
-    /// The claim's conditions: `Bound` (the claim holds its MicroVM; false with reason
-    /// `LeaseExpired` once it does not) and `HostReady` (the MicroVM's Host reports itself
+    /// The idle timeout that applies to the claim: its own, or its Pool's when it bound.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<Duration>,
+    /// The maximum lifetime that applies to the claim: its own, or its Pool's when it
+    /// bound. The claim ends at `boundTime` plus this.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_lifetime: Option<Duration>,
+    /// The claim's conditions: `Bound` (the claim holds its MicroVM; false once it does
+    /// not, with reason `LeaseExpired`, `IdleTimeout` or `MaxLifetimeReached`) and `HostReady` (the MicroVM's Host reports itself
     /// ready, with the Host's reason and message).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
@@ -154,7 +179,7 @@ pub struct NetworkInterfaceStatus {
 impl MicroVMClaimSpec {
     /// Checks the spec as a create must find it, with paths from `spec`: a Pool name and a
     /// ServiceAccount name, each a DNS subdomain as object names are; `env` and `files` as
-    /// a Pod's `env` and volume items are checked.
+    /// a Pod's `env` and volume items are checked; limits, when set, longer than zero.
     pub fn validate(&self) -> Vec<FieldError> {
         let path = FieldPath::new("spec");
         let mut errors =
@@ -165,7 +190,40 @@ impl MicroVMClaimSpec {
         ));
         errors.extend(config::validate_env(&self.env, &path.child("env")));
         errors.extend(config::validate_files(&self.files, &path.child("files")));
+        errors.extend(validate_positive(
+            self.idle_timeout,
+            &path.child("idleTimeout"),
+        ));
+        errors.extend(validate_positive(
+            self.max_lifetime,
+            &path.child("maxLifetime"),
+        ));
         errors
+    }
+
+    /// The idle timeout and maximum lifetime the claim gets on a Pool with `pool`'s
+    /// limits: its own, else the Pool's default (or maximum); refused, naming the claim's
+    /// field, when it asks for more than the Pool's maximum.
+    pub fn limits_on(
+        &self,
+        pool: Option<&ClaimLimits>,
+    ) -> Result<(Option<Duration>, Option<Duration>), Vec<FieldError>> {
+        let path = FieldPath::new("spec");
+        let pool = pool.cloned().unwrap_or_default();
+        let idle = pool.idle_timeout.resolve(
+            self.idle_timeout,
+            &path.child("idleTimeout"),
+            "spec.claimLimits.idleTimeout.max",
+        );
+        let lifetime = pool.max_lifetime.resolve(
+            self.max_lifetime,
+            &path.child("maxLifetime"),
+            "spec.claimLimits.maxLifetime.max",
+        );
+        match (idle, lifetime) {
+            (Ok(idle), Ok(lifetime)) => Ok((idle, lifetime)),
+            (idle, lifetime) => Err(idle.err().into_iter().chain(lifetime.err()).collect()),
+        }
     }
 
     /// Whether binding reads a Secret or a ConfigMap.
@@ -174,7 +232,7 @@ impl MicroVMClaimSpec {
     }
 
     /// Checks an update from `old` to `new`: `new` as `validate` does, and that neither the
-    /// Pool, the Holder, the env nor the files changed. Changing the Holder would hand a
+    /// Pool, the Holder, the env, the files nor the limits changed. Changing the Holder would hand a
     /// live MicroVM to someone else; changing the Pool would not move the MicroVM; the env
     /// and files were resolved, authorized and written at bind.
     pub fn validate_update(old: &Self, new: &Self) -> Vec<FieldError> {
@@ -200,6 +258,18 @@ impl MicroVMClaimSpec {
                 serde_json::to_value(&new.env).unwrap_or_default(),
                 messages::IMMUTABLE,
             ));
+        }
+        for (name, old, new) in [
+            ("idleTimeout", old.idle_timeout, new.idle_timeout),
+            ("maxLifetime", old.max_lifetime, new.max_lifetime),
+        ] {
+            if new != old {
+                errors.push(FieldError::invalid(
+                    path.child(name),
+                    new.map_or(serde_json::Value::Null, |d| d.to_string().into()),
+                    messages::IMMUTABLE,
+                ));
+            }
         }
         if new.files != old.files {
             errors.push(FieldError::invalid(

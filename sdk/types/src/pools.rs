@@ -7,6 +7,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::claim_limits::ClaimLimits;
 use crate::duration::Duration;
 use crate::string_enum::string_enum;
 use crate::template::MicroVMTemplate;
@@ -51,6 +52,11 @@ pub struct PoolSpec {
     /// lease lasts unrenewed.
     #[serde(default)]
     pub lease: LeaseSettings,
+    /// How long the Pool's claims may live: an idle timeout and a maximum lifetime, each
+    /// a default for claims that set none and a maximum no claim may exceed. Kept by the
+    /// API server (battery has no such limit), and applied to claims as they bind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_limits: Option<ClaimLimits>,
 }
 
 /// Which Hosts a Pool's MicroVMs may run on.
@@ -229,6 +235,9 @@ impl PoolSpec {
             ));
         }
         errors.extend(self.lease.validate(&path.child("lease")));
+        if let Some(limits) = &self.claim_limits {
+            errors.extend(limits.validate(&path.child("claimLimits")));
+        }
         errors.extend(self.validate_per_vm_network(&path.child("template").child("interfaces")));
         errors
     }

@@ -166,6 +166,7 @@ fn pool_spec() -> impl Strategy<Value = PoolSpec> {
                 replenishment,
                 hooks,
                 lease,
+                claim_limits: None,
             },
         )
 }

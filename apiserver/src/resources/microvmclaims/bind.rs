@@ -162,6 +162,18 @@ impl ClaimStorage {
                 .with_specific_reason("PoolDeleting"),
             ));
         }
+        // Before anything is leased: a claim asking for more than its Pool allows leaves
+        // nothing. A Pool battery lacks is ClaimVM's to refuse.
+        let pool_limits = self
+            .pools
+            .claim_limits(&namespace, &pool)
+            .await
+            .ok()
+            .flatten();
+        let (idle_timeout, max_lifetime) = claim
+            .spec
+            .limits_on(pool_limits.as_ref())
+            .map_err(|errors| BindFailure::refused(ApiError::invalid(info(), &name, &errors)))?;
         // Held until the claim is recorded Bound (or the bind fails), so quotas count it.
         let usage = self.quotas.usage_of(&self.pools, &namespace, &pool).await;
         let _reservation = match usage {
@@ -207,8 +219,9 @@ impl ClaimStorage {
             duration_seconds: settings.as_ref().and_then(lease_seconds),
             usage,
         };
+        let limits = (idle_timeout, max_lifetime);
         if let Err(failure) = self
-            .finish_bind(&mut claim, lease, secrets, resolved.files)
+            .finish_bind(&mut claim, lease, secrets, limits, resolved.files)
             .await
         {
             // Released before the create answers. If battery does not release for
@@ -230,14 +243,31 @@ impl ClaimStorage {
         claim: &mut MicroVMClaim,
         lease: crate::battery::Lease,
         mut secrets: LeaseRecord,
+        (idle_timeout, max_lifetime): (
+            Option<battery_types::Duration>,
+            Option<battery_types::Duration>,
+        ),
         files: Vec<config::FileContent>,
     ) -> Result<(), BindFailure> {
         secrets.lease = Some(bind_status(claim, self.pools.hosts(), lease)?);
+        if let Some(status) = &mut claim.status {
+            status.idle_timeout = idle_timeout;
+            status.max_lifetime = max_lifetime;
+        }
         self.config
             .write_files(claim, files)
             .await
             .map_err(BindFailure::refused)?;
-        Ok(self.commit(claim, secrets, ChangeType::Added).await?)
+        let lease = secrets.lease.clone();
+        self.commit(claim, secrets, ChangeType::Added).await?;
+        self.follow_limits(&ClaimRecord {
+            metadata: claim.metadata.clone(),
+            spec: claim.spec.clone(),
+            status: claim.status.clone().unwrap_or_default(),
+            lease,
+            ..ClaimRecord::default()
+        });
+        Ok(())
     }
 }
 

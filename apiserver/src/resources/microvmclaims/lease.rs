@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use battery_api_machinery::status::ApiError;
+use battery_types::conditions::ClaimBoundReason;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 
@@ -67,6 +68,26 @@ fn lease_expired(namespace: &str, name: &str) -> ApiError {
     ))
 }
 
+/// A renewal of a claim that has ended (410 Gone), saying why when a limit on its life
+/// ended it rather than its lease running out.
+fn ended(record: &ClaimRecord) -> ApiError {
+    let namespace = record.metadata.namespace.as_deref().unwrap_or_default();
+    let name = record.metadata.name.as_deref().unwrap_or_default();
+    let bound = battery_types::conditions::find_status_condition(
+        &record.status.conditions,
+        battery_types::conditions::BOUND,
+    );
+    match bound {
+        Some(c) if c.reason != ClaimBoundReason::LeaseExpired.as_str() && c.status == "False" => {
+            ApiError::gone(format!(
+                "microvmclaim {namespace}/{name} has ended ({}): {}; delete the claim and create a new one",
+                c.reason, c.message
+            ))
+        }
+        _ => lease_expired(namespace, name),
+    }
+}
+
 /// Only the claim's Holder may renew its lease (or exec into its MicroVM): being allowed
 /// to write `microvmclaims/lease` is not enough.
 pub fn check_holder(
@@ -123,7 +144,7 @@ impl Subresource for ClaimLeases {
             return Err(ApiError::optimistic_lock(info(), name));
         }
         let Some(lease) = record.lease.clone() else {
-            return Err(lease_expired(namespace, name));
+            return Err(ended(&record));
         };
         if dry_run {
             return Ok(as_lease(&record));

@@ -9,8 +9,10 @@
 //! from strategy: `record` (what is stored, its key, battery's request id), `storage`
 //! (the struct its verbs share), `bind`, `read` (Expired once battery lets the lease
 //! go), `follow` (battery's events, the Hosts' readiness), `table`, `lease` (the
-//! subresource, and release), `recovery`, `stored`, and `access` (the one question exec
-//! and port-forward ask); this file holds the `Storage` verbs. Each file imports those
+//! subresource, and release), `recovery`, `stored`, `access` (the one question exec
+//! and port-forward ask), `activity` (what counts as use), `limited` and `limits` (the
+//! idle timeout and maximum lifetime, and their enforcer); this file holds the `Storage`
+//! verbs. Each file imports those
 //! below it and never this one.
 
 use battery_api_machinery::status::ApiError;
@@ -24,11 +26,14 @@ use crate::api::{Deleted, ListPage, RequestContext, Storage, StoredItem};
 use crate::watch::ChangeType;
 
 mod access;
+mod activity;
 mod bind;
 mod config;
 mod exec;
 mod follow;
 mod lease;
+mod limited;
+mod limits;
 mod quota;
 mod read;
 mod record;
@@ -41,6 +46,7 @@ use lease::release;
 use read::Ask;
 use record::{ClaimRecord, LeaseRecord, RESOURCE, info, key, object};
 
+pub use activity::{ActivityHold, ClaimActivity};
 pub use config::ClaimConfig;
 pub use exec::{ClaimExec, ClaimPortForward, DEFAULT_MAX_SESSIONS, ExecSessions};
 pub use lease::ClaimLeases;
@@ -55,7 +61,8 @@ impl Storage for ClaimStorage {
     }
 
     fn table_cells(&self, claim: &MicroVMClaim) -> Vec<Value> {
-        table::ClaimRow::of(claim).cells()
+        let uid = claim.metadata.uid.as_deref().unwrap_or_default();
+        table::ClaimRow::of(claim).cells(self.time_left(uid))
     }
 
     fn selectable_fields(&self) -> &'static [&'static str] {

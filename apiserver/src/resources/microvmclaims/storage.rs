@@ -11,8 +11,10 @@ use battery_api_machinery::status::ApiError;
 use battery_types::MicroVMClaim;
 use tokio::sync::broadcast;
 
+use super::activity::{self, ClaimActivity};
 use super::config::ClaimConfig;
 use super::exec::ExecSessions;
+use super::limited::LimitedClaims;
 use super::quota::{ClaimQuotas, QuotaSource};
 use super::record::{ClaimRecord, LeaseRecord, key};
 use crate::battery::{BatteryClient, BatteryEvent};
@@ -79,6 +81,10 @@ pub struct ClaimStorage {
     /// window (see `lease_followed`).
     pub(super) following: Arc<AtomicBool>,
     pub(super) binds_in_flight: Arc<BindsInFlight>,
+    /// The claims' use, which their exec sessions keep, for idle timeouts.
+    pub(super) activity: Arc<ClaimActivity>,
+    /// The Bound claims under an idle timeout or a maximum lifetime (`limits`).
+    pub(super) limited: Arc<LimitedClaims>,
 }
 
 impl ClaimStorage {
@@ -99,7 +105,6 @@ impl ClaimStorage {
             events,
             bind_wait,
             metrics,
-            exec_sessions,
             config: Arc::new(ClaimConfig::new(
                 None,
                 None,
@@ -108,6 +113,9 @@ impl ClaimStorage {
             quotas: Arc::new(ClaimQuotas::new(store, None)),
             following: Arc::default(),
             binds_in_flight: Arc::default(),
+            activity: exec_sessions.activity(),
+            limited: Arc::default(),
+            exec_sessions,
         }
     }
 
@@ -152,11 +160,23 @@ impl ClaimStorage {
             lease_duration_seconds: secrets.duration_seconds,
             usage: secrets.usage,
         };
-        commit(&self.store, &key, claim, change, record, |_| Ok(())).await?;
+        let activity = activity::key(
+            claim.metadata.namespace.as_deref().unwrap_or_default(),
+            claim.metadata.name.as_deref().unwrap_or_default(),
+        );
+        commit(&self.store, &key, claim, change, record, |tx| {
+            if change == ChangeType::Deleted {
+                tx.delete(&activity)?;
+            }
+            Ok(())
+        })
+        .await?;
         // Released, expired or deleted: its MicroVM is no longer the Holder's to use.
         if leaseless && let Some(uid) = &claim.metadata.uid {
             self.exec_sessions.end_claim(uid);
             self.config.forget(uid);
+            self.activity.forget(uid);
+            self.limited.forget(uid);
         }
         if leaseless {
             self.quotas

@@ -168,7 +168,7 @@ impl<'a> Viewed<'a> {
             metadata: self.parts.metadata.to_owned(),
             labels: self.meta.labels.clone(),
             created: self.meta.creation_timestamp.clone(),
-            cells: row.cells(),
+            cells: row.cells(storage.time_left(&self.meta.uid)),
             fields: crate::api::Storage::selectable_fields(storage)
                 .iter()
                 .filter_map(|field| row.field(field).map(|value| (*field, value)))

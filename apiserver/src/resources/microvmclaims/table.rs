@@ -1,6 +1,8 @@
 //! A claim's Table row and selectable fields.
 
-use battery_api_machinery::table::TableColumnDefinition;
+use std::time::Duration;
+
+use battery_api_machinery::table::{TableColumnDefinition, human_duration};
 use battery_types::{ClaimPhase, MicroVMClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use serde_json::Value;
@@ -22,6 +24,16 @@ pub(super) fn columns() -> Vec<TableColumnDefinition> {
             "Expires",
             "string",
             "When the lease expires unless renewed.",
+            0,
+        ),
+        // The time left, age-like ("4m59s"), as a string for the same reason: a date in
+        // the future has no age. One word, as kubectl's own columns mostly are.
+        TableColumnDefinition::new(
+            "TTL",
+            "string",
+            "The time left until the claim reaches its idle timeout or maximum lifetime, \
+             whichever comes first; <none> where neither applies, or while only an idle \
+             timeout does and the claim is in use.",
             0,
         ),
         TableColumnDefinition::new("MicroVM", "string", "The MicroVM's uid.", 1),
@@ -61,8 +73,8 @@ impl<'a> ClaimRow<'a> {
         }
     }
 
-    /// The cells of [`columns`].
-    pub(super) fn cells(&self) -> Vec<Value> {
+    /// The cells of [`columns`], with `time_left` until the claim reaches a limit.
+    pub(super) fn cells(&self, time_left: Option<Duration>) -> Vec<Value> {
         let text = |value: Option<&str>| Value::String(value.unwrap_or_default().to_owned());
         vec![
             self.pool.into(),
@@ -71,6 +83,10 @@ impl<'a> ClaimRow<'a> {
             self.expires
                 .map(|t| t.0.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
                 .unwrap_or_default()
+                .into(),
+            // kubectl's word for a value that is not there, so every row has each column.
+            time_left
+                .map_or_else(|| "<none>".to_owned(), human_duration)
                 .into(),
             text(self.micro_vm),
             self.holder.into(),

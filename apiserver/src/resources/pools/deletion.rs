@@ -149,6 +149,7 @@ impl PoolStorage {
         let meta = PoolMeta {
             metadata: pool.metadata,
             placement: pool.spec.placement,
+            claim_limits: pool.spec.claim_limits,
             previous: &previous,
             rejected: None,
         };

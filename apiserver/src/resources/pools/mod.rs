@@ -108,6 +108,7 @@ impl Storage for PoolStorage {
         let meta = PoolMeta {
             metadata: pool.metadata,
             placement: pool.spec.placement,
+            claim_limits: pool.spec.claim_limits,
             previous: &[],
             rejected: None,
         };

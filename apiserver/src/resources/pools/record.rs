@@ -1,7 +1,7 @@
 //! What the metadata store keeps of a Pool, its key, and what is on its way to battery.
 
 use battery_api_machinery::status::ApiError;
-use battery_types::{HasResourceInfo, Placement, Pool, PoolSpec};
+use battery_types::{ClaimLimits, HasResourceInfo, Placement, Pool, PoolSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +16,9 @@ pub(super) struct PoolRecord {
     pub(super) metadata: ObjectMeta,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) placement: Option<Placement>,
+    /// The limits on its claims' lives (`spec.claimLimits`), which battery has no field for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) claim_limits: Option<ClaimLimits>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(super) conditions: Vec<Condition>,
     /// battery's refusal of the spec the Pool's Hosts last resolved to, if it refused.

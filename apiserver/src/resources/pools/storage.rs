@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::SystemTime;
 
 use battery_api_machinery::status::ApiError;
-use battery_types::{LeaseSettings, Pool, PoolSpec, PoolStatus};
+use battery_types::{ClaimLimits, LeaseSettings, Pool, PoolSpec, PoolStatus};
 use futures::future::{BoxFuture, Shared};
 
 use super::record::{Kept, PoolRecord, Respec, info, key};
@@ -37,10 +37,12 @@ pub(super) fn counts(status: &PoolStatus) -> PoolCounts {
     }
 }
 
-/// What a bind reads of its Pool: the lease settings and the size of its MicroVMs.
+/// What a bind reads of its Pool: the lease settings, the limits on its claims and the
+/// size of its MicroVMs.
 #[derive(Debug, Clone)]
 struct BindSettings {
     lease: LeaseSettings,
+    claim_limits: Option<ClaimLimits>,
     vcpu: i32,
     memory_in_mb: i32,
 }
@@ -49,6 +51,7 @@ impl BindSettings {
     fn of(spec: &PoolSpec) -> Self {
         Self {
             lease: spec.lease.clone(),
+            claim_limits: spec.claim_limits.clone(),
             vcpu: spec.template.vcpu,
             memory_in_mb: spec.template.memory_in_mb,
         }
@@ -134,6 +137,7 @@ impl PoolStorage {
         let meta = PoolMeta {
             metadata: record.metadata,
             placement: record.placement,
+            claim_limits: record.claim_limits,
             previous: &record.conditions,
             rejected: record.rejected.as_deref(),
         };
@@ -147,9 +151,11 @@ impl PoolStorage {
             .await
             .map_err(|e| e.into_api_error(info(), name))?;
         let key = key(namespace, name);
-        self.bind_settings
-            .insert(key.clone(), BindSettings::of(&pool.spec));
         let record = self.store.get::<PoolRecord>(&key)?;
+        // battery's spec, not one still pending, with the limits only our record holds.
+        let mut settings = BindSettings::of(&pool.spec);
+        settings.claim_limits = record.as_ref().and_then(|r| r.claim_limits.clone());
+        self.bind_settings.insert(key, settings);
         Ok(self.assemble(record, pool))
     }
 
@@ -160,6 +166,16 @@ impl PoolStorage {
         name: &str,
     ) -> Result<LeaseSettings, ApiError> {
         Ok(self.settings_of(namespace, name).await?.lease)
+    }
+
+    /// The limits the Pool sets on its claims' lives, read from battery only when not
+    /// seen lately (they are ours, but the read is the one `settings_of` caches).
+    pub(crate) async fn claim_limits(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ClaimLimits>, ApiError> {
+        Ok(self.settings_of(namespace, name).await?.claim_limits)
     }
 
     /// The vCPUs and memory (MiB) of the Pool's MicroVMs, for quotas on claims.
@@ -205,6 +221,7 @@ impl PoolStorage {
         let record = |pool: &Pool| PoolRecord {
             metadata: pool.metadata.clone(),
             placement: pool.spec.placement.clone(),
+            claim_limits: pool.spec.claim_limits.clone(),
             conditions: pool
                 .status
                 .as_ref()

@@ -17,7 +17,8 @@ use crate::watch::ChangeType;
 
 /// What the first half of an update wrote.
 pub(super) enum Written {
-    /// A change battery holds nothing of (labels, placement to the same Hosts): done.
+    /// A change battery holds nothing of (labels, placement to the same Hosts, claim
+    /// limits): done.
     Recorded(Pool),
     /// A spec or Hosts to tell battery.
     ToTell { pool: Pool, hosts: Vec<String> },
@@ -44,6 +45,7 @@ impl PoolStorage {
         let hosts = self.resolve_hosts(&new.spec).await?;
         let mut wanted = new.spec.clone();
         wanted.placement = None;
+        wanted.claim_limits = None;
         // A change still pending may differ from this one: battery is told this one after.
         let unchanged =
             record.pending.is_none() && battery_now.spec == wanted && battery_now.hosts == hosts;
@@ -57,6 +59,7 @@ impl PoolStorage {
         let meta = PoolMeta {
             metadata: new.metadata,
             placement: new.spec.placement,
+            claim_limits: new.spec.claim_limits,
             previous: &record.conditions,
             rejected: None,
         };
@@ -156,6 +159,7 @@ impl PoolStorage {
         let current = self.battery.pool(&namespace, &name).await?;
         let mut wanted = spec.clone();
         wanted.placement = None;
+        wanted.claim_limits = None;
         if current.spec == wanted && current.hosts == hosts {
             return Ok(current);
         }

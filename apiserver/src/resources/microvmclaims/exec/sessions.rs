@@ -1,5 +1,5 @@
-//! The live exec sessions, by claim uid: capped, counted in `/metrics`, and ended
-//! together when their claim is released or expires.
+//! The live exec sessions, by claim uid: capped, counted in `/metrics`, ended together
+//! when their claim is released or expires, and each its claim's activity while open.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,6 +9,8 @@ use battery_api_machinery::status::ApiError;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
+
+use crate::resources::microvmclaims::activity::{ActivityHold, ClaimActivity};
 
 /// Sessions open at once, across all claims, unless the server is told otherwise: each
 /// holds a few MiB at most (two bounded queues and the relay's HTTP/2 window).
@@ -27,6 +29,8 @@ pub struct ExecSessions {
     open: Gauge,
     /// Cancelled when the server shuts down: every session ends, saying so.
     shutting_down: CancellationToken,
+    /// Each open session holds its claim in use, for the claim's idle timeout.
+    activity: Arc<ClaimActivity>,
 }
 
 impl ExecSessions {
@@ -39,7 +43,13 @@ impl ExecSessions {
             next_id: AtomicU64::new(0),
             open,
             shutting_down: CancellationToken::new(),
+            activity: Arc::default(),
         }
+    }
+
+    /// The claims' activity, which the sessions keep.
+    pub fn activity(&self) -> Arc<ClaimActivity> {
+        self.activity.clone()
     }
 
     fn live(&self) -> std::sync::MutexGuard<'_, Live> {
@@ -67,7 +77,8 @@ impl ExecSessions {
         })
     }
 
-    /// Registers a session of the claim `uid`; it lives until the guard drops.
+    /// Registers a session of the claim `uid`; it lives, and holds the claim in use,
+    /// until the guard drops.
     pub fn register(self: &Arc<Self>, uid: &str, permit: OwnedSemaphorePermit) -> SessionGuard {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let token = CancellationToken::new();
@@ -82,6 +93,7 @@ impl ExecSessions {
             id,
             token,
             shutting_down: self.shutting_down.clone(),
+            _activity: self.activity.hold(uid),
             _permit: permit,
         }
     }
@@ -119,6 +131,7 @@ pub struct SessionGuard {
     id: u64,
     token: CancellationToken,
     shutting_down: CancellationToken,
+    _activity: ActivityHold,
     _permit: OwnedSemaphorePermit,
 }
 
