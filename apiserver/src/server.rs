@@ -247,9 +247,10 @@ pub fn build(
         settings.authorizer.clone(),
         relay.clone(),
     ));
-    // ResourceQuotas live in the cluster; `dev` has none.
+    // ResourceQuotas and ServiceAccount tokens live in the cluster; `dev` has none.
     if let Some(cluster) = &settings.cluster {
         claims = claims.with_quotas(cluster.clone());
+        pools.serve_tokens();
     }
     let claims = Arc::new(claims);
     let exec = Arc::new(ClaimExec {
@@ -410,8 +411,7 @@ pub fn build(
                     if n > 0 {
                         tracing::info!(leases = n, "released leases that binds left without their claims");
                     }
-                    started.store(true, Ordering::Release);
-                    return;
+                    break;
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, "releasing leases binds left without their claims; retrying");
@@ -419,6 +419,11 @@ pub fn build(
                 }
             }
         }
+        // The claims' ServiceAccount tokens, replaced and followed on again (ADR 43).
+        if let Err(err) = claims.resume_tokens().await {
+            tracing::warn!(error = %err, "resuming the claims' ServiceAccount tokens");
+        }
+        started.store(true, Ordering::Release);
     });
     Ok(App {
         router,

@@ -82,6 +82,8 @@ pub struct ApiServer {
     processes: Vec<Process>,
     /// `serve`'s arguments, to start it again ([`Self::start_serve`]).
     serve_args: Vec<std::ffi::OsString>,
+    /// `serve`'s environment ([`Options::serve_env`]), for its restarts too.
+    serve_env: &'static [(&'static str, &'static str)],
     /// How often `serve` was started again, for its logs' names.
     serve_starts: usize,
     /// The agents, when started with them.
@@ -128,6 +130,7 @@ impl ApiServer {
         Self {
             processes: vec![dev],
             serve_args: Vec::new(),
+            serve_env: &[],
             serve_starts: 0,
             agents: None,
             cluster: None,
@@ -342,7 +345,7 @@ impl ApiServer {
             .dir
             .path()
             .join(format!("server-{}.log", self.serve_starts));
-        let (serve, _) = start_serve(&self.serve_args, &log).await;
+        let (serve, _) = start_serve(&self.serve_args, self.serve_env, &log).await;
         self.processes.push(serve);
     }
 
@@ -396,11 +399,14 @@ impl ApiServer {
         command.arg("--data-dir").arg(store);
         let serve_args: Vec<std::ffi::OsString> =
             command.as_std().get_args().map(ToOwned::to_owned).collect();
-        let (serve, url) = start_serve(&serve_args, &dir.path().join("server.log")).await;
+        let serve_env = options.serve_env;
+        let (serve, url) =
+            start_serve(&serve_args, serve_env, &dir.path().join("server.log")).await;
         cluster.wait_serving().await;
         let server = Self {
             processes: vec![battery, serve],
             serve_args,
+            serve_env,
             serve_starts: 0,
             agents: None,
             kubeconfig: cluster.kubeconfig().to_owned(),
@@ -495,9 +501,14 @@ fn binary() -> &'static Path {
 
 /// Starts `battery-apiserver` with `args` (`serve ...`) logging to `log`, and returns it
 /// with its URL once it serves.
-async fn start_serve(args: &[std::ffi::OsString], log: &Path) -> (Process, String) {
+async fn start_serve(
+    args: &[std::ffi::OsString],
+    env: &[(&str, &str)],
+    log: &Path,
+) -> (Process, String) {
     let mut command = Command::new(binary());
     command.args(args);
+    command.envs(env.iter().copied());
     // mimalloc keeps what was freed for 10 ms before it returns it to the system, so
     // at a GB/s of exec the RSS holds tens of MB freed moments ago, more the faster the
     // machine: the tests' bounds on RSS are bounds on what the server still holds.

@@ -64,6 +64,8 @@ pub fn pool_spec_from_battery(spec: &pb::PoolSpec, placement: Option<Placement>)
         placement,
         // Ours, like placement: battery has no limits on a lease's life.
         claim_limits: None,
+        // Ours alone: the caller puts back what its record keeps.
+        service_account_token: None,
         replenishment: spec
             .replenishment_strategy
             .as_ref()

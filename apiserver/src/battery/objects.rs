@@ -27,6 +27,8 @@ pub struct PoolMeta<'a> {
     pub placement: Option<Placement>,
     /// The limits on its claims' lives, which battery has no field for.
     pub claim_limits: Option<ClaimLimits>,
+    /// Its claims' ServiceAccount token, which battery has no field for.
+    pub service_account_token: Option<battery_types::ServiceAccountToken>,
     /// The conditions last recorded, so an unchanged one keeps its transition time.
     pub previous: &'a [Condition],
     /// battery's refusal of the Hosts the placement last resolved to, if it refused.
@@ -39,6 +41,7 @@ pub fn pool(meta: PoolMeta<'_>, battery: BatteryPool) -> Pool {
     let mut spec = battery.spec;
     spec.placement = meta.placement;
     spec.claim_limits = meta.claim_limits;
+    spec.service_account_token = meta.service_account_token;
     let mut status = battery.counts;
     status.conditions = pool_conditions(
         meta.previous,

@@ -7,9 +7,11 @@
 //! `env` and `files` read the Secrets and ConfigMaps they name (after the requesting
 //! user's SubjectAccessReview, which is the claim storage's to make); and claims' quotas
 //! are the namespace's ResourceQuotas, read here, and their status written here.
-//! Namespaces and quotas are read from caches kept by a watch ([`informer`]).
+//! Namespaces and quotas are read from caches kept by a watch ([`informer`]). A claim's
+//! ServiceAccount token is requested, and bound to a Secret of its own, in [`tokens`].
 
 mod informer;
+pub mod tokens;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

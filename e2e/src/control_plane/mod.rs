@@ -34,13 +34,17 @@ const SERVICE_CIDR: &str = "10.0.0.0/24";
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Options {
     /// kube-controller-manager with the controllers that act on our resources: the
-    /// namespace controller, the garbage collector, the resource quota controller, and the
-    /// ServiceAccount controllers (default accounts and their tokens).
+    /// namespace controller, the garbage collector, the resource quota controller, the
+    /// ServiceAccount controllers (default accounts and their tokens), and the publisher
+    /// of `kube-root-ca.crt` (a claim's guest's `ca.crt`).
     pub controllers: bool,
     /// etcd syncs each commit to disk, as a production cluster's does: for the bench,
     /// whose figures compare with writes through kube-apiserver. Tests' clusters live
     /// minutes, and durability across a power cut buys them nothing.
     pub durable_etcd: bool,
+    /// Environment variables for `battery-apiserver serve`: test settings, such as how
+    /// soon claims' ServiceAccount tokens are replaced.
+    pub serve_env: &'static [(&'static str, &'static str)],
 }
 
 /// A running control plane, killed when dropped.
@@ -134,7 +138,8 @@ impl ControlPlane {
                 "--controllers",
                 "namespace-controller,garbage-collector-controller,resourcequota-controller,\
                  clusterrole-aggregation-controller,\
-                 serviceaccount-controller,serviceaccount-token-controller",
+                 serviceaccount-controller,serviceaccount-token-controller,\
+                 root-ca-cert-publisher",
             ]);
         self.controller_manager = Some(Process::spawn(
             command,

@@ -55,6 +55,7 @@ mod hosts;
 mod microvmclaims;
 mod pools;
 mod resource_info;
+mod service_account_token;
 pub mod strconv;
 mod string_enum;
 mod template;
@@ -80,6 +81,10 @@ pub use pools::{
 };
 pub use resource_info::{
     HasResourceInfo, RESOURCES, ResourceInfo, Scope, SubresourceInfo, Verb, resource_for_plural,
+};
+pub use service_account_token::{
+    DEFAULT_TOKEN_EXPIRATION_SECONDS, MAX_TOKEN_EXPIRATION_SECONDS, MIN_TOKEN_EXPIRATION_SECONDS,
+    SERVICE_ACCOUNT_DIR, ServiceAccountToken, TokenSettings,
 };
 pub use template::{
     Initrd, InterfaceType, Kernel, MicroVMTemplate, NetworkInterface, NetworkOverrides,

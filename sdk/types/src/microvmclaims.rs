@@ -19,6 +19,7 @@ pub use config::{
 
 use crate::claim_limits::{ClaimLimits, validate_positive};
 use crate::duration::Duration;
+use crate::service_account_token::ServiceAccountToken;
 use crate::string_enum::string_enum;
 use crate::validation::{FieldError, FieldPath, messages, validate_dns_subdomain_name};
 use crate::wire::{drop_null_from_enum, required_fields};
@@ -72,6 +73,12 @@ pub struct MicroVMClaimSpec {
     /// `claimLimits.maxLifetime.max`. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_lifetime: Option<Duration>,
+    /// A token of the Holder's ServiceAccount in the MicroVM, as its Pool's
+    /// `serviceAccountToken` gives one; set here, the claim gets one even if its Pool
+    /// gives none, and its fields win over the Pool's. The creating user must be allowed
+    /// to `create` `serviceaccounts/token` for `serviceAccountName`. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_token: Option<ServiceAccountToken>,
 }
 
 /// A reference to a Pool in the referring object's namespace.
@@ -198,6 +205,9 @@ impl MicroVMClaimSpec {
             self.max_lifetime,
             &path.child("maxLifetime"),
         ));
+        if let Some(token) = &self.service_account_token {
+            errors.extend(token.validate(&path.child("serviceAccountToken")));
+        }
         errors
     }
 
@@ -232,7 +242,7 @@ impl MicroVMClaimSpec {
     }
 
     /// Checks an update from `old` to `new`: `new` as `validate` does, and that neither the
-    /// Pool, the Holder, the env, the files nor the limits changed. Changing the Holder would hand a
+    /// Pool, the Holder, the env, the files the limits nor the token changed. Changing the Holder would hand a
     /// live MicroVM to someone else; changing the Pool would not move the MicroVM; the env
     /// and files were resolved, authorized and written at bind.
     pub fn validate_update(old: &Self, new: &Self) -> Vec<FieldError> {
@@ -275,6 +285,13 @@ impl MicroVMClaimSpec {
             errors.push(FieldError::invalid(
                 path.child("files"),
                 serde_json::to_value(&new.files).unwrap_or_default(),
+                messages::IMMUTABLE,
+            ));
+        }
+        if new.service_account_token != old.service_account_token {
+            errors.push(FieldError::invalid(
+                path.child("serviceAccountToken"),
+                serde_json::to_value(&new.service_account_token).unwrap_or_default(),
                 messages::IMMUTABLE,
             ));
         }

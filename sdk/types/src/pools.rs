@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::claim_limits::ClaimLimits;
 use crate::duration::Duration;
+use crate::service_account_token::ServiceAccountToken;
 use crate::string_enum::string_enum;
 use crate::template::MicroVMTemplate;
 use crate::validation::{FieldError, FieldPath, messages, validate_labels};
@@ -57,6 +58,13 @@ pub struct PoolSpec {
     /// API server (battery has no such limit), and applied to claims as they bind.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_limits: Option<ClaimLimits>,
+    /// A token of each claim's ServiceAccount (`serviceAccountName`) in its MicroVM, as a
+    /// Pod has one: the token, the cluster's CA and the namespace under
+    /// `/var/run/secrets/kubernetes.io/serviceaccount`, the token replaced before it
+    /// expires and invalid soon after the claim ends. Unset, only claims that ask for
+    /// one get one. Needs a cluster (not `battery-apiserver dev`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_token: Option<ServiceAccountToken>,
 }
 
 /// Which Hosts a Pool's MicroVMs may run on.
@@ -237,6 +245,9 @@ impl PoolSpec {
         errors.extend(self.lease.validate(&path.child("lease")));
         if let Some(limits) = &self.claim_limits {
             errors.extend(limits.validate(&path.child("claimLimits")));
+        }
+        if let Some(token) = &self.service_account_token {
+            errors.extend(token.validate(&path.child("serviceAccountToken")));
         }
         errors.extend(self.validate_per_vm_network(&path.child("template").child("interfaces")));
         errors

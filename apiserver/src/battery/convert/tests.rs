@@ -167,6 +167,7 @@ fn pool_spec() -> impl Strategy<Value = PoolSpec> {
                 hooks,
                 lease,
                 claim_limits: None,
+                service_account_token: None,
             },
         )
 }

@@ -10,6 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use tokio::sync::broadcast;
 
 use super::config;
+use super::identity::Minted;
 use super::lease::release;
 use super::record::{ClaimRecord, LeaseRecord, info, key, request_id};
 use super::storage::ClaimStorage;
@@ -123,9 +124,17 @@ impl ClaimStorage {
         &self,
         claim: MicroVMClaim,
         resolved: config::Resolved,
+        minted: Option<Minted>,
     ) -> Result<MicroVMClaim, ApiError> {
         let started = Instant::now();
-        let bound = self.bind_steps(claim, resolved).await;
+        let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+        let uid = claim.metadata.uid.clone().unwrap_or_default();
+        let token = minted.is_some();
+        let bound = self.bind_steps(claim, resolved, minted).await;
+        if bound.is_err() && token {
+            // No claim holds the token minted for it: it stops authenticating now.
+            self.config.end_token(namespace, uid);
+        }
         let outcome = bound
             .as_ref()
             .map_or_else(|f| f.outcome, |_| BindOutcome::Bound);
@@ -139,6 +148,7 @@ impl ClaimStorage {
         &self,
         mut claim: MicroVMClaim,
         resolved: config::Resolved,
+        minted: Option<Minted>,
     ) -> Result<MicroVMClaim, BindFailure> {
         let namespace = claim.metadata.namespace.clone().unwrap_or_default();
         let name = claim.metadata.name.clone().unwrap_or_default();
@@ -218,10 +228,11 @@ impl ClaimStorage {
             lease: None,
             duration_seconds: settings.as_ref().and_then(lease_seconds),
             usage,
+            token: None,
         };
         let limits = (idle_timeout, max_lifetime);
         if let Err(failure) = self
-            .finish_bind(&mut claim, lease, secrets, limits, resolved.files)
+            .finish_bind(&mut claim, lease, secrets, limits, resolved.files, minted)
             .await
         {
             // Released before the create answers. If battery does not release for
@@ -248,6 +259,7 @@ impl ClaimStorage {
             Option<battery_types::Duration>,
         ),
         files: Vec<config::FileContent>,
+        minted: Option<Minted>,
     ) -> Result<(), BindFailure> {
         secrets.lease = Some(bind_status(claim, self.pools.hosts(), lease)?);
         if let Some(status) = &mut claim.status {
@@ -258,6 +270,12 @@ impl ClaimStorage {
             .write_files(claim, files)
             .await
             .map_err(BindFailure::refused)?;
+        if let Some(minted) = &minted {
+            self.write_identity(claim, minted)
+                .await
+                .map_err(BindFailure::refused)?;
+            secrets.token = Some(minted.settings.clone());
+        }
         let lease = secrets.lease.clone();
         self.commit(claim, secrets, ChangeType::Added).await?;
         self.follow_limits(&ClaimRecord {
@@ -267,6 +285,14 @@ impl ClaimStorage {
             lease,
             ..ClaimRecord::default()
         });
+        if let Some(minted) = &minted {
+            self.rotate_token(
+                claim,
+                minted.settings.clone(),
+                Some(minted),
+                Timestamp::now(),
+            );
+        }
         Ok(())
     }
 }

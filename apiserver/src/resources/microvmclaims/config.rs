@@ -20,6 +20,7 @@ use moka::sync::Cache;
 use secrecy::{ExposeSecret as _, SecretSlice, SecretString};
 
 use crate::auth::{Authorizer, Decision, UserInfo};
+use crate::cluster::tokens::NO_CLUSTER_FOR_TOKENS;
 use crate::cluster::{Cluster, KeyValues};
 use crate::relay::AgentRelay;
 
@@ -34,6 +35,17 @@ pub struct FileContent {
     path: String,
     mode: i32,
     content: SecretSlice<u8>,
+}
+
+impl FileContent {
+    /// A file of `content` at `path` (absolute, as in the guest) with `mode`.
+    pub fn new(path: String, mode: i32, content: SecretSlice<u8>) -> Self {
+        Self {
+            path,
+            mode,
+            content,
+        }
+    }
 }
 
 /// What binding a claim read.
@@ -106,6 +118,83 @@ impl ClaimConfig {
             Decision::Allow => Ok(()),
             Decision::Deny(reason) => Err(ApiError::forbidden(&user.name, &request, &reason)),
         }
+    }
+
+    /// The cluster to request a claim's ServiceAccount tokens from; `dev` has none.
+    pub fn cluster_for_tokens(&self) -> Result<&Arc<Cluster>, ApiError> {
+        self.cluster
+            .as_ref()
+            .ok_or_else(|| ApiError::bad_request(NO_CLUSTER_FOR_TOKENS))
+    }
+
+    /// Whether ServiceAccount tokens can be had: only with a cluster.
+    pub fn serves_tokens(&self) -> bool {
+        self.cluster.is_some()
+    }
+
+    /// Whether `user` may have a token of `service_account` themself (`create` on its
+    /// `serviceaccounts/token`): a claim gives its guest one only then, so no one gets
+    /// through a claim a token they could not request (ADR 43).
+    pub async fn authorize_token(
+        &self,
+        user: &UserInfo,
+        namespace: &str,
+        service_account: &str,
+    ) -> Result<(), ApiError> {
+        let Some(authorizer) = &self.authorizer else {
+            return Ok(());
+        };
+        let request = RequestInfo {
+            is_resource_request: true,
+            verb: "create".to_owned(),
+            api_prefix: "api".to_owned(),
+            api_version: "v1".to_owned(),
+            namespace: namespace.to_owned(),
+            resource: "serviceaccounts".to_owned(),
+            subresource: "token".to_owned(),
+            name: service_account.to_owned(),
+            path: format!("/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token"),
+            ..RequestInfo::default()
+        };
+        match authorizer.authorize(user, &request).await? {
+            Decision::Allow => Ok(()),
+            Decision::Deny(reason) => Err(ApiError::forbidden(&user.name, &request, &reason)),
+        }
+    }
+
+    /// Deletes a claim's token binding now, which invalidates its tokens: before its
+    /// record goes, so a crash in between leaves the claim to be deleted again.
+    pub async fn delete_token(&self, namespace: &str, uid: &str) -> Result<(), ApiError> {
+        let cluster = self.cluster_for_tokens()?;
+        cluster
+            .delete_token_binding(namespace, uid)
+            .await
+            .map_err(|err| {
+                ApiError::service_unavailable(format!(
+                    "cannot delete the Secret the claim's tokens are bound to: {err}"
+                ))
+            })
+    }
+
+    /// Deletes a claim's token binding, which invalidates its tokens, retrying until the
+    /// cluster answers (a restart finds what it could not delete: `resume_tokens`).
+    pub fn end_token(&self, namespace: String, uid: String) {
+        let Some(cluster) = self.cluster.clone() else {
+            return;
+        };
+        tokio::spawn(async move {
+            let mut pause = std::time::Duration::from_millis(200);
+            loop {
+                match cluster.delete_token_binding(&namespace, &uid).await {
+                    Ok(()) => return,
+                    Err(err) => {
+                        tracing::warn!(error = %err, namespace = %namespace, claim_uid = %uid, "deleting an ended claim's token binding; retrying");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(std::time::Duration::from_secs(30));
+                    }
+                }
+            }
+        });
     }
 
     fn cluster(&self) -> Result<&Cluster, ApiError> {

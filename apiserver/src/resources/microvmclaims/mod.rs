@@ -31,6 +31,7 @@ mod bind;
 mod config;
 mod exec;
 mod follow;
+mod identity;
 mod lease;
 mod limited;
 mod limits;
@@ -41,6 +42,7 @@ mod recovery;
 mod storage;
 mod stored;
 mod table;
+mod token;
 
 use lease::release;
 use read::Ask;
@@ -74,7 +76,14 @@ impl Storage for ClaimStorage {
     }
 
     fn validate(&self, claim: &MicroVMClaim) -> Vec<FieldError> {
-        claim.spec.validate()
+        let mut errors = claim.spec.validate();
+        if claim.spec.service_account_token.is_some() && !self.config.serves_tokens() {
+            errors.push(FieldError::forbidden(
+                "spec.serviceAccountToken",
+                crate::cluster::tokens::NO_CLUSTER_FOR_TOKENS,
+            ));
+        }
+        errors
     }
 
     fn validate_update(&self, old: &MicroVMClaim, new: &MicroVMClaim) -> Vec<FieldError> {
@@ -136,10 +145,11 @@ impl Storage for ClaimStorage {
         claim.status = None;
         // As the requesting user and before anything is leased: a refusal leaves nothing.
         let resolved = self.config.resolve(&ctx.user, &claim).await?;
+        let minted = self.mint_token(&ctx.user, &claim).await?;
         let this = self.clone();
         // Detached, so a client that disconnects mid-bind (kube-apiserver gives up after
         // 60 s) leaves no bind half done: it completes and the claim exists.
-        tokio::spawn(async move { this.bind(claim, resolved).await })
+        tokio::spawn(async move { this.bind(claim, resolved, minted).await })
             .await
             .map_err(ApiError::internal)?
     }
@@ -179,6 +189,13 @@ impl Storage for ClaimStorage {
             .store
             .get::<ClaimRecord>(&key)?
             .ok_or_else(|| ApiError::not_found(info(), &name))?;
+        if record.token.is_some()
+            && let Some(uid) = &record.metadata.uid
+        {
+            // Its tokens stop authenticating before anything else goes: a failure here
+            // leaves the claim whole, to be deleted again.
+            self.config.delete_token(&namespace, uid).await?;
+        }
         if let Some(lease) = &record.lease {
             // Before the release, whose deleting the MicroVM would end them less clearly.
             if let Some(uid) = &record.metadata.uid {

@@ -1,6 +1,8 @@
 //! What the metadata store keeps of a claim, its key, and battery's `request_id` for it.
 
-use battery_types::{HasResourceInfo, MicroVMClaim, MicroVMClaimSpec, MicroVMClaimStatus};
+use battery_types::{
+    HasResourceInfo, MicroVMClaim, MicroVMClaimSpec, MicroVMClaimStatus, TokenSettings,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +28,10 @@ pub(super) struct ClaimRecord {
     /// What its MicroVM uses, for quotas (recorded where quotas apply).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) usage: Option<Usage>,
+    /// The ServiceAccount token its guest got at bind (ADR 43): kept so it is replaced
+    /// after a restart, and its binding Secret deleted when the claim ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) token: Option<TokenSettings>,
 }
 
 /// What a claim's record keeps of its lease beside the status.
@@ -34,6 +40,7 @@ pub(super) struct LeaseRecord {
     pub(super) lease: Option<LeaseId>,
     pub(super) duration_seconds: Option<i32>,
     pub(super) usage: Option<Usage>,
+    pub(super) token: Option<TokenSettings>,
 }
 
 impl ClaimRecord {
@@ -60,6 +67,7 @@ impl ClaimRecord {
             lease: self.lease.clone(),
             duration_seconds: self.lease_duration_seconds,
             usage: self.usage,
+            token: self.token.clone(),
         }
     }
 }

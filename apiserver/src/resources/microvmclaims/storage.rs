@@ -17,6 +17,7 @@ use super::exec::ExecSessions;
 use super::limited::LimitedClaims;
 use super::quota::{ClaimQuotas, QuotaSource};
 use super::record::{ClaimRecord, LeaseRecord, key};
+use super::token::Rotations;
 use crate::battery::{BatteryClient, BatteryEvent};
 use crate::meta_store::MetaStore;
 use crate::metrics::Metrics;
@@ -85,6 +86,8 @@ pub struct ClaimStorage {
     pub(super) activity: Arc<ClaimActivity>,
     /// The Bound claims under an idle timeout or a maximum lifetime (`limits`).
     pub(super) limited: Arc<LimitedClaims>,
+    /// The token rotations of the Bound claims whose guests have a ServiceAccount token.
+    pub(super) rotations: Arc<Rotations>,
 }
 
 impl ClaimStorage {
@@ -115,6 +118,7 @@ impl ClaimStorage {
             binds_in_flight: Arc::default(),
             activity: exec_sessions.activity(),
             limited: Arc::default(),
+            rotations: Arc::default(),
             exec_sessions,
         }
     }
@@ -152,6 +156,7 @@ impl ClaimStorage {
             claim.metadata.name.as_deref().unwrap_or_default(),
         );
         let leaseless = secrets.lease.is_none();
+        let had_token = secrets.token.is_some();
         let record = |claim: &MicroVMClaim| ClaimRecord {
             metadata: claim.metadata.clone(),
             spec: claim.spec.clone(),
@@ -159,6 +164,7 @@ impl ClaimStorage {
             lease: secrets.lease,
             lease_duration_seconds: secrets.duration_seconds,
             usage: secrets.usage,
+            token: secrets.token,
         };
         let activity = activity::key(
             claim.metadata.namespace.as_deref().unwrap_or_default(),
@@ -177,6 +183,12 @@ impl ClaimStorage {
             self.config.forget(uid);
             self.activity.forget(uid);
             self.limited.forget(uid);
+            // Its token stops authenticating once its binding Secret is gone.
+            self.rotations.end(uid);
+            if had_token {
+                let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+                self.config.end_token(namespace, uid.clone());
+            }
         }
         if leaseless {
             self.quotas

@@ -150,6 +150,7 @@ impl PoolStorage {
             metadata: pool.metadata,
             placement: pool.spec.placement,
             claim_limits: pool.spec.claim_limits,
+            service_account_token: pool.spec.service_account_token,
             previous: &previous,
             rejected: None,
         };

@@ -56,7 +56,17 @@ impl Storage for PoolStorage {
     }
 
     fn validate(&self, pool: &Pool) -> Vec<FieldError> {
-        pool.spec.validate()
+        let mut errors = pool.spec.validate();
+        let serves_tokens = self
+            .serves_tokens
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if pool.spec.service_account_token.is_some() && !serves_tokens {
+            errors.push(FieldError::forbidden(
+                "spec.serviceAccountToken",
+                crate::cluster::tokens::NO_CLUSTER_FOR_TOKENS,
+            ));
+        }
+        errors
     }
 
     async fn get(&self, ctx: &RequestContext, name: &str) -> Result<Pool, ApiError> {
@@ -109,6 +119,7 @@ impl Storage for PoolStorage {
             metadata: pool.metadata,
             placement: pool.spec.placement,
             claim_limits: pool.spec.claim_limits,
+            service_account_token: pool.spec.service_account_token,
             previous: &[],
             rejected: None,
         };

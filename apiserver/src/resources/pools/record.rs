@@ -19,6 +19,10 @@ pub(super) struct PoolRecord {
     /// The limits on its claims' lives (`spec.claimLimits`), which battery has no field for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) claim_limits: Option<ClaimLimits>,
+    /// Its claims' ServiceAccount token (`spec.serviceAccountToken`), which battery has no
+    /// field for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) service_account_token: Option<battery_types::ServiceAccountToken>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(super) conditions: Vec<Condition>,
     /// battery's refusal of the spec the Pool's Hosts last resolved to, if it refused.

@@ -77,6 +77,8 @@ pub struct PoolStorage {
     pub(super) respecs: Arc<respec::Coalescer<Key, Respec, BatteryPool, BatteryError>>,
     /// For the tasks a deletion or an UpdatePool leaves running.
     pub(super) this: Weak<PoolStorage>,
+    /// Whether claims' ServiceAccount tokens can be had: only with a cluster (not `dev`).
+    pub(super) serves_tokens: std::sync::atomic::AtomicBool,
 }
 
 impl PoolStorage {
@@ -97,7 +99,15 @@ impl PoolStorage {
             respecified: Respecifications::default(),
             respecs: Arc::default(),
             this: this.clone(),
+            serves_tokens: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Accepts Pools that give their claims' guests a ServiceAccount token: the server
+    /// has a cluster to request them from.
+    pub fn serve_tokens(&self) {
+        self.serves_tokens
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether battery's failed-hook event for a MicroVM of the Pool that started booting
@@ -138,10 +148,24 @@ impl PoolStorage {
             metadata: record.metadata,
             placement: record.placement,
             claim_limits: record.claim_limits,
+            service_account_token: record.service_account_token,
             previous: &record.conditions,
             rejected: record.rejected.as_deref(),
         };
         objects::pool(meta, pool)
+    }
+
+    /// The token the Pool gives its claims' guests (`spec.serviceAccountToken`): ours
+    /// alone, so read from its record, not from battery.
+    pub(crate) fn service_account_token(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<battery_types::ServiceAccountToken>, ApiError> {
+        Ok(self
+            .store
+            .get::<PoolRecord>(&key(namespace, name))?
+            .and_then(|record| record.service_account_token))
     }
 
     pub(crate) async fn read(&self, namespace: &str, name: &str) -> Result<Pool, ApiError> {
@@ -222,6 +246,7 @@ impl PoolStorage {
             metadata: pool.metadata.clone(),
             placement: pool.spec.placement.clone(),
             claim_limits: pool.spec.claim_limits.clone(),
+            service_account_token: pool.spec.service_account_token.clone(),
             conditions: pool
                 .status
                 .as_ref()

@@ -18,7 +18,7 @@ use crate::watch::ChangeType;
 /// What the first half of an update wrote.
 pub(super) enum Written {
     /// A change battery holds nothing of (labels, placement to the same Hosts, claim
-    /// limits): done.
+    /// limits, the claims' token): done.
     Recorded(Pool),
     /// A spec or Hosts to tell battery.
     ToTell { pool: Pool, hosts: Vec<String> },
@@ -46,6 +46,7 @@ impl PoolStorage {
         let mut wanted = new.spec.clone();
         wanted.placement = None;
         wanted.claim_limits = None;
+        wanted.service_account_token = None;
         // A change still pending may differ from this one: battery is told this one after.
         let unchanged =
             record.pending.is_none() && battery_now.spec == wanted && battery_now.hosts == hosts;
@@ -60,6 +61,7 @@ impl PoolStorage {
             metadata: new.metadata,
             placement: new.spec.placement,
             claim_limits: new.spec.claim_limits,
+            service_account_token: new.spec.service_account_token,
             previous: &record.conditions,
             rejected: None,
         };
@@ -160,6 +162,7 @@ impl PoolStorage {
         let mut wanted = spec.clone();
         wanted.placement = None;
         wanted.claim_limits = None;
+        wanted.service_account_token = None;
         if current.spec == wanted && current.hosts == hosts {
             return Ok(current);
         }

@@ -29,6 +29,18 @@ const NOT_FOUND_EXIT_CODE: i32 = 127;
 /// user gives is ever in argv, and the content arrives on stdin only.
 const EXTRACT: [&str; 6] = ["tar", "-x", "-p", "-m", "-f", "-"];
 
+/// The ServiceAccount directory's files from the archive on stdin, each renamed over the
+/// one there (rename is atomic). Relative to the session's `/`, as the archive's paths
+/// are; fixed, so nothing a user gives is ever in argv.
+fn replace_script() -> String {
+    let dir = battery_types::SERVICE_ACCOUNT_DIR.trim_start_matches('/');
+    format!(
+        "set -e; d={dir}; s=\"$d/..staging\"; mkdir -p \"$d\"; rm -rf \"$s\"; \
+         mkdir -m 0755 \"$s\"; tar -x -p -m -f - -C \"$s\"; \
+         for f in \"$s\"/*; do mv -f \"$f\" \"$d/\"; done; rmdir \"$s\""
+    )
+}
+
 /// A claim's files as one archive, zeroed when dropped.
 type Archive = SecretBox<Vec<u8>>;
 
@@ -45,40 +57,66 @@ impl ClaimConfig {
         }
         let namespace = claim.metadata.namespace.clone().unwrap_or_default();
         let name = claim.metadata.name.clone().unwrap_or_default();
-        let status = claim.status.clone().unwrap_or_default();
         let paths: Vec<_> = files.iter().map(|file| file.path.as_str()).collect();
         let what = match paths.as_slice() {
             [path] => format!("file {path}"),
             paths => format!("files {}", paths.join(", ")),
         };
-        let failed = |why: String| {
-            ApiError::new(
-                Reason::InternalError,
-                format!(
-                    "cannot write {what} into the MicroVM of microvmclaim {namespace}/{name}; \
-                     the MicroVM was released: {why}"
-                ),
-            )
-        };
+        self.write(claim, files, EXTRACT.map(str::to_owned).into())
+            .await
+            .map_err(|why| {
+                ApiError::new(
+                    Reason::InternalError,
+                    format!(
+                        "cannot write {what} into the MicroVM of microvmclaim {namespace}/{name}; \
+                         the MicroVM was released: {why}"
+                    ),
+                )
+            })
+    }
+
+    /// Writes `files` (bare names) into the guest's ServiceAccount directory, each
+    /// replacing the one there at once: extracted beside it, then renamed over it, so a
+    /// reader sees the old token or the new one, never part of one (ADR 43).
+    pub async fn write_service_account(
+        &self,
+        claim: &MicroVMClaim,
+        files: Vec<FileContent>,
+    ) -> Result<(), String> {
+        let script = replace_script();
+        self.write(claim, files, vec!["sh".to_owned(), "-c".to_owned(), script])
+            .await
+    }
+
+    /// One agent session that runs `command` with `files` as a tar archive on stdin.
+    async fn write(
+        &self,
+        claim: &MicroVMClaim,
+        files: Vec<FileContent>,
+        command: Vec<String>,
+    ) -> Result<(), String> {
+        let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let status = claim.status.clone().unwrap_or_default();
         let (Some(host), Some(microvm)) = (&status.host, &status.micro_vm) else {
-            return Err(failed("the bind names no Host or MicroVM".to_owned()));
+            return Err("the bind names no Host or MicroVM".to_owned());
         };
         let Some(address) = &host.agent_address else {
-            return Err(failed(format!(
+            return Err(format!(
                 "its Host {} has no exec agent registered",
                 host.node_name
-            )));
+            ));
         };
-        let archive = archive(&files).map_err(|err| failed(format!("archiving them: {err}")))?;
+        let archive = archive(&files).map_err(|err| format!("archiving them: {err}"))?;
         drop(files);
         let open = ExecOpen {
             claim: ClaimRef {
-                namespace: namespace.clone(),
-                name: name.clone(),
+                namespace,
+                name,
                 uid: claim.metadata.uid.clone().unwrap_or_default(),
             },
             microvm_uid: microvm.uid.clone(),
-            command: EXTRACT.map(str::to_owned).into(),
+            command,
             env: HashMap::new(),
             // The archive's paths are relative to `/`, so a Host that roots sessions
             // elsewhere (the simulated Hosts root them in the MicroVM's directory) keeps
@@ -95,7 +133,6 @@ impl ClaimConfig {
         )
         .await
         .unwrap_or_else(|_| Err(format!("it took over {}s", WRITE_TIMEOUT.as_secs())))
-        .map_err(failed)
     }
 
     /// The session: the archive on stdin, then the exit status.
@@ -272,5 +309,44 @@ mod tests {
             let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
             assert_eq!(mode, file.mode.unsigned_abs(), "{}", file.path);
         }
+    }
+
+    /// The ServiceAccount directory's script, with the machine's own sh and tar, as a
+    /// guest runs it: each file replaced by a rename, so one opened before still reads
+    /// whole what it was, and nothing staged is left behind.
+    #[test]
+    fn the_service_account_files_replace_the_old_ones_by_a_rename() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root
+            .path()
+            .join(battery_types::SERVICE_ACCOUNT_DIR.trim_start_matches('/'));
+        let run = |files: &[FileContent]| {
+            let archive = archive(files).unwrap();
+            let mut sh = std::process::Command::new("sh")
+                .args(["-c", &replace_script()])
+                .current_dir(root.path())
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            std::io::Write::write_all(&mut sh.stdin.take().unwrap(), archive.expose_secret())
+                .unwrap();
+            assert!(sh.wait().unwrap().success());
+        };
+        run(&[
+            file("token", 0o644, b"first"),
+            file("namespace", 0o644, b"ns"),
+        ]);
+        let mut held = std::fs::File::open(dir.join("token")).unwrap();
+        run(&[file("token", 0o644, b"second")]);
+        let mut old = String::new();
+        held.read_to_string(&mut old).unwrap();
+        assert_eq!(old, "first");
+        assert_eq!(std::fs::read(dir.join("token")).unwrap(), b"second");
+        assert_eq!(std::fs::read(dir.join("namespace")).unwrap(), b"ns");
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
     }
 }

@@ -1,0 +1,279 @@
+//! The claim's ServiceAccount inside its guest (issue 42; ADR 43): what a Pod gets, a
+//! token of `serviceAccountName` from TokenRequest, the cluster's CA and the namespace,
+//! under `/var/run/secrets/kubernetes.io/serviceaccount`.
+//!
+//! At create, before anything is leased: the requester must be allowed to request that
+//! token themself, the claim's binding Secret is created and the token requested. At
+//! bind the files are written, and a task replaces the token before it expires, each
+//! time renamed over the old one. When the claim ends its binding Secret is deleted, and
+//! with it every token bound to it stops authenticating.
+
+use std::time::Duration;
+
+use battery_api_machinery::status::{ApiError, Reason};
+use battery_types::validation::{FieldError, FieldPath};
+use battery_types::{MicroVMClaim, ServiceAccountToken, TokenSettings};
+use k8s_openapi::jiff::Timestamp;
+use secrecy::ExposeSecret as _;
+
+use super::config::FileContent;
+use super::record::{ClaimRecord, RESOURCE, info, key, object};
+use super::storage::ClaimStorage;
+use super::token;
+use crate::auth::UserInfo;
+use crate::cluster::tokens::IssuedToken;
+
+/// The files' mode: a Pod's ServiceAccount volume's (`defaultMode: 0644`).
+const MODE: i32 = 0o644;
+/// The longest pause between two tries at replacing a token that could not be.
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(30);
+/// Between the first replacements of the claims' tokens after a start, so a server with
+/// many claims does not ask for all at once.
+const RESUME_SPREAD: Duration = Duration::from_millis(50);
+
+/// What a create made for its claim's token before anything was leased.
+pub(super) struct Minted {
+    pub(super) settings: TokenSettings,
+    ca: Vec<u8>,
+    issued: IssuedToken,
+}
+
+impl ClaimStorage {
+    /// The token `claim`'s guest gets, if its Pool or it asks for one: authorized as
+    /// `user` (a `403` naming the ServiceAccount), its binding Secret created, the token
+    /// requested. A failure deletes the binding, so it leaves nothing.
+    pub(super) async fn mint_token(
+        &self,
+        user: &UserInfo,
+        claim: &MicroVMClaim,
+    ) -> Result<Option<Minted>, ApiError> {
+        let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+        let name = claim.metadata.name.as_deref().unwrap_or_default();
+        let uid = claim.metadata.uid.as_deref().unwrap_or_default();
+        let pool = self
+            .pools
+            .service_account_token(namespace, &claim.spec.pool_ref.name)?;
+        let Some(settings) =
+            ServiceAccountToken::resolve(pool.as_ref(), claim.spec.service_account_token.as_ref())
+        else {
+            return Ok(None);
+        };
+        let cluster = self.config.cluster_for_tokens()?.clone();
+        let account = claim.spec.service_account_name.as_str();
+        self.config
+            .authorize_token(user, namespace, account)
+            .await?;
+        let binding = cluster
+            .create_token_binding(&claim.metadata)
+            .await
+            .map_err(|err| unavailable("create the Secret its token is bound to", &err))?;
+        let minted = async {
+            let ca = cluster
+                .root_ca(namespace)
+                .await
+                .map_err(|err| unavailable("read the cluster's CA", &err))?
+                .ok_or_else(|| {
+                    ApiError::service_unavailable(format!(
+                        "namespace {namespace} has no ConfigMap kube-root-ca.crt with the \
+                         cluster's CA (kube-controller-manager's root-ca-cert-publisher \
+                         publishes it), which a MicroVM's ServiceAccount needs"
+                    ))
+                })?;
+            let issued = cluster
+                .request_token(namespace, account, &settings, &binding)
+                .await
+                .map_err(|err| match err {
+                    kube::Error::Api(status) if status.code == 404 => {
+                        let at = FieldPath::new("spec").child("serviceAccountName");
+                        let error = FieldError::invalid(
+                            at,
+                            account,
+                            format!("ServiceAccount {namespace}/{account} not found"),
+                        );
+                        ApiError::invalid(info(), name, &[error])
+                    }
+                    err => unavailable("request its ServiceAccount's token", &err),
+                })?;
+            Ok(Minted {
+                settings: settings.clone(),
+                ca,
+                issued,
+            })
+        }
+        .await;
+        if minted.is_err() {
+            self.config.end_token(namespace.to_owned(), uid.to_owned());
+        }
+        minted.map(Some)
+    }
+
+    /// Writes a minted token, the CA and the namespace into the bound claim's guest.
+    pub(super) async fn write_identity(
+        &self,
+        claim: &MicroVMClaim,
+        minted: &Minted,
+    ) -> Result<(), ApiError> {
+        let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+        let files = vec![
+            FileContent::new("ca.crt".to_owned(), MODE, minted.ca.clone().into()),
+            FileContent::new(
+                "namespace".to_owned(),
+                MODE,
+                namespace.clone().into_bytes().into(),
+            ),
+            token_file(&minted.issued),
+        ];
+        self.config
+            .write_service_account(claim, files)
+            .await
+            .map_err(|why| {
+                let name = claim.metadata.name.as_deref().unwrap_or_default();
+                ApiError::new(
+                    Reason::InternalError,
+                    format!(
+                        "cannot write the ServiceAccount token into the MicroVM of \
+                         microvmclaim {namespace}/{name}; the MicroVM was released: {why}"
+                    ),
+                )
+            })
+    }
+
+    /// Replaces the bound claim's token before it expires, from `minted` (just written)
+    /// or, without it, at once, until the claim ends.
+    pub(super) fn rotate_token(
+        &self,
+        claim: &MicroVMClaim,
+        settings: TokenSettings,
+        minted: Option<&Minted>,
+        first: Timestamp,
+    ) {
+        let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let uid = claim.metadata.uid.clone().unwrap_or_default();
+        let next = minted.map_or(first, |m| {
+            token::refresh_time(m.issued.expires, m.issued.lifetime_seconds)
+        });
+        let this = self.clone();
+        let rotation_uid = uid.clone();
+        let task = tokio::spawn(async move {
+            this.rotation(&namespace, &name, &rotation_uid, &settings, next)
+                .await;
+        });
+        self.rotations.insert(&uid, task.abort_handle());
+    }
+
+    async fn rotation(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        settings: &TokenSettings,
+        mut next: Timestamp,
+    ) {
+        let mut pause = Duration::from_millis(500);
+        loop {
+            let wait = next.duration_since(Timestamp::now());
+            if let Ok(wait) = Duration::try_from(wait) {
+                tokio::time::sleep(wait).await;
+            }
+            match self.replace_token(namespace, name, uid, settings).await {
+                Ok(Some(issued)) => {
+                    pause = Duration::from_millis(500);
+                    next = token::refresh_time(issued.expires, issued.lifetime_seconds);
+                    tracing::debug!(claim = %format!("{namespace}/{name}"), expires = %issued.expires, "replaced a claim's ServiceAccount token");
+                }
+                Ok(None) => return,
+                Err(why) => {
+                    tracing::warn!(claim = %format!("{namespace}/{name}"), error = %why, "replacing a claim's ServiceAccount token; retrying");
+                    next = Timestamp::now()
+                        .checked_add(pause)
+                        .unwrap_or_else(|_| Timestamp::now());
+                    pause = (pause * 2).min(MAX_RETRY_PAUSE);
+                }
+            }
+        }
+    }
+
+    /// Requests a new token and renames it over the guest's; `None` once the claim ended
+    /// or its binding is gone (its tokens no longer authenticate: nothing to replace).
+    async fn replace_token(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        settings: &TokenSettings,
+    ) -> Result<Option<IssuedToken>, String> {
+        let record = self
+            .store
+            .get::<ClaimRecord>(&key(namespace, name))
+            .map_err(|err| err.to_string())?
+            .filter(|r| r.lease.is_some() && r.metadata.uid.as_deref() == Some(uid));
+        let Some(record) = record else {
+            return Ok(None);
+        };
+        let cluster = self
+            .config
+            .cluster_for_tokens()
+            .map_err(|err| err.message().to_owned())?;
+        let Some(binding) = cluster
+            .token_binding(namespace, uid)
+            .await
+            .map_err(|err| err.to_string())?
+        else {
+            tracing::warn!(claim = %format!("{namespace}/{name}"), "the Secret a claim's tokens are bound to was deleted: its guest's token no longer authenticates and is not replaced");
+            return Ok(None);
+        };
+        let claim = object(record);
+        let issued = cluster
+            .request_token(
+                namespace,
+                &claim.spec.service_account_name,
+                settings,
+                &binding,
+            )
+            .await
+            .map_err(|err| format!("requesting the token: {err}"))?;
+        self.config
+            .write_service_account(&claim, vec![token_file(&issued)])
+            .await?;
+        Ok(Some(issued))
+    }
+
+    /// At start: the token of every Bound claim that has one is replaced at once (when
+    /// its old one is due is not kept) and followed on; the binding of every ended claim
+    /// that had one is deleted again, in case the server stopped before it was.
+    pub async fn resume_tokens(&self) -> Result<(), ApiError> {
+        if !self.config.serves_tokens() {
+            return Ok(());
+        }
+        let (records, _) = self.store.list::<ClaimRecord>(RESOURCE, None)?;
+        let mut first = Timestamp::now();
+        for record in records {
+            let Some(settings) = record.token.clone() else {
+                continue;
+            };
+            if record.lease.is_some() {
+                self.rotate_token(&object(record), settings, None, first);
+                first = first.checked_add(RESUME_SPREAD).unwrap_or(first);
+            } else {
+                self.config.end_token(
+                    record.metadata.namespace.clone().unwrap_or_default(),
+                    record.metadata.uid.clone().unwrap_or_default(),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The token's file, its copy zeroed when dropped.
+fn token_file(issued: &IssuedToken) -> FileContent {
+    let token = issued.token.expose_secret().as_bytes().to_vec();
+    FileContent::new("token".to_owned(), MODE, token.into())
+}
+
+/// The cluster did not do what a claim's token needs: ours to retry, not the user's fault
+/// (a 403 here is the API server's own RBAC, which the message shows).
+fn unavailable(what: &str, err: &kube::Error) -> ApiError {
+    ApiError::service_unavailable(format!("cannot {what} in the cluster: {err}"))
+}
