@@ -491,6 +491,28 @@ impl ApiServer {
     pub fn scratch(&self) -> &Path {
         self.dir.path()
     }
+
+    /// Every log file of the run (`serve`'s, battery's, the agents', the control
+    /// plane's), for tests that check what never reaches a log.
+    pub fn logs(&self) -> Vec<PathBuf> {
+        fn under(dir: &Path, found: &mut Vec<PathBuf>) {
+            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    under(&path, found);
+                } else if path.extension().is_some_and(|e| e == "log") {
+                    found.push(path);
+                }
+            }
+        }
+        let mut logs = Vec::new();
+        under(self.dir.path(), &mut logs);
+        assert!(
+            logs.iter().any(|p| p.ends_with("server.log")),
+            "no server.log among {logs:?}"
+        );
+        logs
+    }
 }
 
 /// The `battery-apiserver` binary of this build (see [`target_binary`]).

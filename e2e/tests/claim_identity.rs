@@ -8,7 +8,6 @@
 //! MicroVM's directory, so the files are read relative to the working directory `/`.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::time::Duration;
 
 use battery_e2e::apiserver::{ApiServer, Route, front};
@@ -95,18 +94,6 @@ async fn review(client: &kube::Client, token: &str, audiences: &[&str]) -> Token
 async fn leased(server: &ApiServer) -> BTreeSet<String> {
     let leases = server.battery_leases().await;
     leases.into_iter().map(|lease| lease.vm_uid).collect()
-}
-
-/// Every file under `dir`, recursively.
-fn files_under(dir: &Path, found: &mut Vec<std::path::PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            files_under(&path, found);
-        } else {
-            found.push(path);
-        }
-    }
 }
 
 #[tokio::test]
@@ -240,13 +227,7 @@ async fn the_guests_token_is_the_holders_is_replaced_and_is_refused_once_the_cla
     assert!(yaml.contains(AUDIENCE), "{yaml}");
     let events: Api<Event> = Api::all(client.clone());
     let events = serde_json::to_string(&events.list(&Default::default()).await.unwrap()).unwrap();
-    let mut logs = Vec::new();
-    files_under(server.scratch(), &mut logs);
-    let logs: Vec<_> = logs
-        .into_iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .collect();
-    assert!(logs.iter().any(|p| p.ends_with("server.log")), "{logs:?}");
+    let logs = server.logs();
     for token in [&first, &second, &lapsed] {
         assert!(!yaml.contains(token.as_str()), "{yaml}");
         assert!(!events.contains(token.as_str()), "{events}");

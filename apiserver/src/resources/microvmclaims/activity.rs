@@ -76,16 +76,7 @@ impl ClaimActivity {
 
     /// Holds the claim `uid` busy until the hold drops.
     pub fn hold(self: &Arc<Self>, uid: &str) -> ActivityHold {
-        let now = Timestamp::now();
-        let mut claims = self.claims();
-        let entry = claims.entry(uid.to_owned()).or_insert(Entry {
-            holds: 0,
-            last: now,
-            unsaved: true,
-        });
-        entry.holds += 1;
-        entry.last = now;
-        entry.unsaved = true;
+        self.used(uid, 1);
         ActivityHold {
             activity: self.clone(),
             uid: uid.to_owned(),
@@ -94,6 +85,11 @@ impl ClaimActivity {
 
     /// Records a use of the claim `uid` that is over at once.
     pub fn touch(&self, uid: &str) {
+        self.used(uid, 0);
+    }
+
+    /// Records a use of the claim `uid` now, which takes `holds` more holds of it.
+    fn used(&self, uid: &str, holds: usize) {
         let now = Timestamp::now();
         let mut claims = self.claims();
         let entry = claims.entry(uid.to_owned()).or_insert(Entry {
@@ -101,6 +97,7 @@ impl ClaimActivity {
             last: now,
             unsaved: true,
         });
+        entry.holds += holds;
         entry.last = now;
         entry.unsaved = true;
     }
