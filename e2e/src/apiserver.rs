@@ -264,6 +264,33 @@ impl ApiServer {
             .peak_rss_bytes()
     }
 
+    /// Runs `command` in the claim `namespace/claim` as the kubectl user, in `/`, with
+    /// the session's own `env` (`NAME=value`); returns its stdout and its Status.
+    pub async fn exec_in_root(
+        &self,
+        namespace: &str,
+        claim: &str,
+        command: &[&str],
+        env: &[&str],
+    ) -> (String, serde_json::Value) {
+        use crate::channel_exec;
+        let mut query = format!("{}&workingDir=%2F", channel_exec::query(command, false));
+        for pair in env {
+            query.push_str(&format!("&env={}", pair.replace('=', "%3D")));
+        }
+        let path = format!("{}?{query}", channel_exec::exec_path(namespace, claim));
+        let session = self
+            .exec_client(None)
+            .open(&path, "v5.channel.k8s.io")
+            .await
+            .unwrap();
+        let outcome = session.finish().await;
+        (
+            String::from_utf8_lossy(&outcome.stdout).into_owned(),
+            outcome.status,
+        )
+    }
+
     /// A hand-written exec client ([`channel_exec`](crate::channel_exec)) for the
     /// kubectl user, or for the user of `identity` (certificate and key of a client CA
     /// the cluster accepts: [`Self::client_certificate`]).

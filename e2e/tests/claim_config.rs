@@ -11,7 +11,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use battery_e2e::apiserver::{ApiServer, front};
-use battery_e2e::channel_exec;
 use battery_e2e::https::{Client, Identity};
 use battery_e2e::kube_client;
 use battery_types::{ClaimPhase, MicroVMClaim};
@@ -47,21 +46,7 @@ async fn leased(server: &ApiServer) -> BTreeSet<String> {
 /// Runs `command` in the claim as the kubectl user, in `/`, with the session's own
 /// `env`; returns stdout and the Status.
 async fn run(server: &ApiServer, claim: &str, command: &[&str], env: &[&str]) -> (String, Value) {
-    let mut query = format!("{}&workingDir=%2F", channel_exec::query(command, false));
-    for pair in env {
-        query.push_str(&format!("&env={}", pair.replace('=', "%3D")));
-    }
-    let path = format!("{}?{query}", channel_exec::exec_path(NAMESPACE, claim));
-    let session = server
-        .exec_client(None)
-        .open(&path, "v5.channel.k8s.io")
-        .await
-        .unwrap();
-    let outcome = session.finish().await;
-    (
-        String::from_utf8_lossy(&outcome.stdout).into_owned(),
-        outcome.status,
-    )
+    server.exec_in_root(NAMESPACE, claim, command, env).await
 }
 
 #[tokio::test]

@@ -11,7 +11,6 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use battery_e2e::apiserver::{ApiServer, Route, front};
-use battery_e2e::channel_exec;
 use battery_e2e::control_plane::Options;
 use battery_e2e::https::{Client, Identity};
 use battery_e2e::{eventually, kube_client};
@@ -51,18 +50,7 @@ fn claim_json(name: &str, token: Option<Value>) -> Value {
 
 /// Runs `command` in the claim as the kubectl user, in `/`; returns stdout and the Status.
 async fn run(server: &ApiServer, claim: &str, command: &[&str]) -> (String, Value) {
-    let query = format!("{}&workingDir=%2F", channel_exec::query(command, false));
-    let path = format!("{}?{query}", channel_exec::exec_path(NAMESPACE, claim));
-    let session = server
-        .exec_client(None)
-        .open(&path, "v5.channel.k8s.io")
-        .await
-        .unwrap();
-    let outcome = session.finish().await;
-    (
-        String::from_utf8_lossy(&outcome.stdout).into_owned(),
-        outcome.status,
-    )
+    server.exec_in_root(NAMESPACE, claim, command, &[]).await
 }
 
 /// The guest's file `name` in its ServiceAccount directory.
