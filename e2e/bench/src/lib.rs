@@ -10,7 +10,8 @@
 //!
 //! Three phases, each on fresh processes so nothing one leaves behind weighs on the other:
 //! binding (serial latency beside raw `ClaimVM`, throughput, burst, open-loop arrival
-//! rates, time to first output, exec, terminals and ports, and agent-sandbox on the same kube-apiserver); the
+//! rates, the metadata store's durable commit beside the disk's floor, time to first
+//! output, exec, terminals and ports, and agent-sandbox on the same kube-apiserver); the
 //! check of our SLOs (`docs/slo.md`, alone with `--phase slo`, which exits 1 on a miss);
 //! then scale (lists, watches, memory). What users meet is measured through kube-apiserver
 //! beside what `serve` does alone. Every scenario binds on a Pool of its own, sized so it
@@ -19,6 +20,7 @@
 mod arrival;
 mod binds;
 mod client;
+mod commit;
 mod configured_binds;
 mod exec;
 mod first_output;
@@ -113,9 +115,11 @@ pub enum Phase {
     /// (the binding phase runs them on the bind latency scenario's Pool, with thousands of
     /// leases).
     Exec,
-    /// The open-loop arrival rates and time to first output alone, as when profiling a
-    /// bind at low rates.
+    /// The open-loop arrival rates, the durable commit beside the disk's floor and time
+    /// to first output alone, as when profiling a bind at low rates.
     Arrival,
+    /// The metadata store's durable commit beside the disk's floor alone: no rig.
+    Commit,
     /// The check of our SLOs (docs/slo.md) alone: exits 1 if any is missed.
     Slo,
 }
@@ -138,6 +142,8 @@ struct Sizes {
     arrival: [arrival::Rate; 4],
     /// Time to first output: serial claims, then a burst at once.
     first_output: (usize, usize),
+    /// Lone durable commits of the metadata store, and as many appends beside them.
+    commits: usize,
     /// agent-sandbox's SandboxClaims beside our binds: serial, then a burst at once.
     agent_sandbox: (usize, usize),
     exec_rounds: usize,
@@ -162,6 +168,7 @@ impl Sizes {
             arrival::Rate::new(1000.0, 5_000),
         ],
         first_output: (100, 100),
+        commits: 2000,
         agent_sandbox: (100, 300),
         exec_rounds: 20,
         exec_bytes: 256_000_000,
@@ -197,6 +204,7 @@ impl Sizes {
             arrival::Rate::new(1000.0, 200),
         ],
         first_output: (3, 10),
+        commits: 20,
         agent_sandbox: (3, 10),
         exec_rounds: 3,
         exec_bytes: 1_000_000,
@@ -281,6 +289,10 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
         rig.stop().await;
         return Ok(report(args, binary, rows));
     }
+    if args.phase == Phase::Commit {
+        rows.extend(commit::run(sizes.commits).await?);
+        return Ok(report(args, binary, rows));
+    }
     if args.phase == Phase::Arrival {
         eprintln!("bench: open-loop arrivals and time to first output");
         let rig = Rig::start(binary, &serve_args, &battery_args).await?;
@@ -293,6 +305,8 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
             pools.push(rig.create_pool(name, rate.microvms()).await?);
         }
         rows.extend(arrival::run(&rig, &sizes.arrival, &pools).await?);
+        eprintln!("bench: the durable commit beside the disk's floor");
+        rows.extend(commit::run(sizes.commits).await?);
         rows.extend(first_output::run(&rig, &first.name, serial, burst).await?);
         rig.stop().await;
         return Ok(report(args, binary, rows));
@@ -408,6 +422,8 @@ async fn binding_phase(
     rows.extend(binds::burst(&rig, &pools[1], sizes.burst).await?);
     eprintln!("bench: open-loop arrivals");
     rows.extend(arrival::run(&rig, &sizes.arrival, &pools[7..]).await?);
+    eprintln!("bench: the durable commit beside the disk's floor");
+    rows.extend(commit::run(sizes.commits).await?);
     eprintln!("bench: time to first output");
     let (serial, burst) = sizes.first_output;
     rows.extend(first_output::run(&rig, &pools[3].name, serial, burst).await?);
@@ -438,6 +454,7 @@ fn report(args: &Args, binary: &Path, mut rows: Vec<report::Row>) -> Report {
                 Phase::Scale => ", scale phase only",
                 Phase::Exec => ", exec, terminals and ports alone",
                 Phase::Arrival => ", arrivals and first output alone",
+                Phase::Commit => ", the durable commit alone",
                 Phase::Slo => ", the SLO check alone",
             }
         ),
@@ -449,9 +466,10 @@ fn report(args: &Args, binary: &Path, mut rows: Vec<report::Row>) -> Report {
 }
 
 /// The scenarios in the order, which the table keeps.
-const ORDER: [&str; 12] = [
+const ORDER: [&str; 13] = [
     slo::SLO,
     arrival::ARRIVAL,
+    commit::COMMIT,
     first_output::FIRST_OUTPUT,
     binds::LATENCY,
     sandbox::AGENT_SANDBOX,
