@@ -17,6 +17,10 @@
 //! mix slows it, which flatters us). Its binds' and creates' time is split from `serve`'s
 //! and kube-apiserver's own histograms: kube-apiserver's part, `serve`'s, battery's
 //! `ClaimVM`, the durable write; and kube-apiserver's handling and etcd's create.
+//!
+//! Last at each rate, as many binds straight to `serve` as the first pass paced, each
+//! sent when the one before is answered: a lone bind should cost what a streamed one
+//! does.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -56,15 +60,23 @@ impl Rate {
             .max(1.0) as usize
     }
 
-    /// How many MicroVMs the rate's binds and raw ClaimVMs take, in both passes.
+    /// Binds straight to `serve` back to back after the passes, as many as the first
+    /// pass paced, for the paced ones' reference.
+    fn streamed(self) -> usize {
+        self.arrivals().div_ceil(KINDS.len())
+    }
+
+    /// How many MicroVMs the rate's binds and raw ClaimVMs take, in both passes and the
+    /// streamed binds.
     pub fn microvms(self) -> i32 {
-        [&KINDS[..], &QUIET_KINDS]
+        let passes: usize = [&KINDS[..], &QUIET_KINDS]
             .iter()
             .map(|kinds| {
                 kinds.iter().filter(|kind| kind.takes_a_microvm()).count()
                     * self.arrivals().div_ceil(kinds.len())
             })
-            .sum::<usize>() as i32
+            .sum();
+        (passes + self.streamed()) as i32
     }
 
     fn label(self) -> String {
@@ -154,6 +166,7 @@ pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row
         );
         let before = served::read(&senders.direct).await?;
         let took = arrive(&senders, *rate, &pool.name, &KINDS, "arrival").await?;
+        let paced_direct = samples_of(&KINDS, &took, Kind::BindDirect).to_vec();
         let after = served::read(&senders.direct).await?;
         rows.extend(rate_rows(*rate, &took));
         rows.extend(split_rows(*rate, &before, &after));
@@ -170,6 +183,9 @@ pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row
         );
         rows.extend(quiet_rows(*rate, &took));
         rows.extend(quiet_split_rows(*rate, &took, &before, &after));
+
+        let streamed = streamed(&senders.direct, *rate, &pool.name).await?;
+        rows.push(streamed_row(*rate, &paced_direct, &streamed));
     }
     Ok(rows)
 }
@@ -341,6 +357,11 @@ fn quantile_rows(label: &str, kinds: &[Kind], took: &[Vec<Duration>]) -> Vec<Row
     rows
 }
 
+/// `kind`'s times in `took`, which is in `kinds`' order.
+fn samples_of<'a>(kinds: &[Kind], took: &'a [Vec<Duration>], kind: Kind) -> &'a [Duration] {
+    &took[kinds.iter().position(|k| *k == kind).expect("a kind")]
+}
+
 /// `ours` against `reference` at quantile `p`, `took` in `kinds`' order.
 fn ratio_row(
     label: &str,
@@ -349,7 +370,7 @@ fn ratio_row(
     (ours, reference): (Kind, Kind),
     p: f64,
 ) -> Row {
-    let of = |kind: Kind| &took[kinds.iter().position(|k| *k == kind).expect("a kind")];
+    let of = |kind| samples_of(kinds, took, kind);
     Row::new(
         ARRIVAL,
         format!(
@@ -376,6 +397,32 @@ fn rate_rows(rate: Rate, took: &[Vec<Duration>]) -> Vec<Row> {
     rows.push(ratio((Kind::BindThroughKube, Kind::ConfigMapGet), 0.5).at_most(2.0));
     rows.push(ratio((Kind::BindDirect, Kind::RawClaimVm), 0.5).at_most(1.5));
     rows
+}
+
+/// `rate`'s count of binds straight to `serve`, each sent when the one before it is
+/// answered (issue 41's streamed claims).
+async fn streamed(client: &Client, rate: Rate, pool: &str) -> Result<Vec<Duration>> {
+    let mut took = Vec::with_capacity(rate.streamed());
+    for i in 0..rate.streamed() {
+        let name = format!("streamed-{}-{i}", rate.per_second);
+        took.push(bind(client, &name, pool).await?.0);
+    }
+    Ok(took)
+}
+
+/// A lone bind straight to `serve`, paced at `rate`, against one streamed back to back:
+/// at most 1.2x at p50 (issue 41).
+fn streamed_row(rate: Rate, paced: &[Duration], streamed: &[Duration]) -> Row {
+    Row::new(
+        ARRIVAL,
+        format!(
+            "{}: bind straight to serve, paced / back to back p50",
+            rate.label()
+        ),
+        millis(quantile(paced, 0.5)) / millis(quantile(streamed, 0.5)),
+        Unit::Times,
+    )
+    .at_most(1.2)
 }
 
 /// The quiet comparison's quantiles and its targets: a bind through kube-apiserver at
