@@ -36,6 +36,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         cluster,
         data_dir,
         bind_wait,
+        guest_api_server,
         limits,
         agent_relay,
         max_exec_sessions,
@@ -74,6 +75,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             agent_relay,
             max_exec_sessions,
             agent_signer,
+            guest_api_server,
         },
     )?;
     let listener = TcpListener::bind(listen)

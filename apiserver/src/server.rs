@@ -37,7 +37,7 @@ use crate::resources::hosts::certificate::{AgentSigner, HostCertificates};
 use crate::resources::hosts::{HostDirectory, HostStatusWriter, HostStorage};
 use crate::resources::microvmclaims::{
     ClaimConfig, ClaimExec, ClaimLeases, ClaimPortForward, ClaimStorage, DEFAULT_MAX_SESSIONS,
-    ExecSessions,
+    ExecSessions, GuestApiServer,
 };
 use crate::resources::pools::PoolStorage;
 
@@ -68,6 +68,8 @@ pub struct Settings {
     /// The CA that signs exec agents' serving certificates at `hosts/<name>/certificate`;
     /// `None` answers that subresource 503.
     pub agent_signer: Option<Arc<AgentSigner>>,
+    /// Where claims' guests with a ServiceAccount token are told kube-apiserver is.
+    pub guest_api_server: Option<GuestApiServer>,
 }
 
 impl Default for Settings {
@@ -81,6 +83,7 @@ impl Default for Settings {
             agent_relay: None,
             max_exec_sessions: DEFAULT_MAX_SESSIONS,
             agent_signer: None,
+            guest_api_server: None,
         }
     }
 }
@@ -242,11 +245,14 @@ pub fn build(
         metrics.clone(),
         exec_sessions.clone(),
     )
-    .with_config(ClaimConfig::new(
-        settings.cluster.clone(),
-        settings.authorizer.clone(),
-        relay.clone(),
-    ));
+    .with_config(
+        ClaimConfig::new(
+            settings.cluster.clone(),
+            settings.authorizer.clone(),
+            relay.clone(),
+        )
+        .with_guest_api_server(settings.guest_api_server.clone()),
+    );
     // ResourceQuotas and ServiceAccount tokens live in the cluster; `dev` has none.
     if let Some(cluster) = &settings.cluster {
         claims = claims.with_quotas(cluster.clone());

@@ -16,7 +16,7 @@ use battery_e2e::https::{Client, Identity};
 use battery_e2e::{eventually, kube_client};
 use battery_types::{ClaimPhase, MicroVMClaim, Pool};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenReviewStatus};
-use k8s_openapi::api::core::v1::{ConfigMap, Event, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Service, ServiceAccount};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
@@ -34,6 +34,9 @@ const DIR: &str = "var/run/secrets/kubernetes.io/serviceaccount";
 const REFRESH_AFTER: &str = "3";
 /// Generous, for a debug build on a loaded 2-core machine.
 const DEADLINE: Duration = Duration::from_secs(90);
+/// Where `serve` tells guests kube-apiserver is: here the `kubernetes` Service's
+/// ClusterIP and port, what a Pod of this cluster is told (nothing routes to it here).
+const GUEST_API_SERVER: &str = "10.0.0.1:443";
 
 fn claim_json(name: &str, token: Option<Value>) -> Value {
     let mut claim = json!({
@@ -88,10 +91,13 @@ async fn leased(server: &ApiServer) -> BTreeSet<String> {
 async fn the_guests_token_is_the_holders_is_replaced_and_is_refused_once_the_claim_ends() {
     let server = ApiServer::aggregated_with_agents_and(Options {
         controllers: true,
-        serve_env: &[(
-            "BATTERY_APISERVER_TOKEN_REFRESH_AFTER_SECONDS",
-            REFRESH_AFTER,
-        )],
+        serve_env: &[
+            (
+                "BATTERY_APISERVER_TOKEN_REFRESH_AFTER_SECONDS",
+                REFRESH_AFTER,
+            ),
+            ("BATTERY_APISERVER_GUEST_API_SERVER", GUEST_API_SERVER),
+        ],
         ..Options::default()
     })
     .await;
@@ -187,6 +193,23 @@ async fn the_guests_token_is_the_holders_is_replaced_and_is_refused_once_the_cla
     // For its audience only: kube-apiserver's own refuses it.
     let elsewhere = review(&client, &first, &[]).await;
     assert_ne!(elsewhere.authenticated, Some(true), "{elsewhere:?}");
+    // Its sessions are told where kube-apiserver is, as a Pod is: here what a Pod of
+    // this cluster is told, the `kubernetes` Service.
+    let services: Api<Service> = Api::namespaced(client.clone(), NAMESPACE);
+    let kubernetes = services.get("kubernetes").await.unwrap().spec.unwrap();
+    let port = kubernetes.ports.unwrap_or_default()[0].port;
+    assert_eq!(
+        format!("{}:{port}", kubernetes.cluster_ip.unwrap_or_default()),
+        GUEST_API_SERVER
+    );
+    let told = [
+        "printenv",
+        "KUBERNETES_SERVICE_HOST",
+        "KUBERNETES_SERVICE_PORT",
+    ];
+    let (stdout, status) = run(&server, "agent", &told).await;
+    assert_eq!(status["status"], "Success", "{status}");
+    assert_eq!(stdout, "10.0.0.1\n443\n");
 
     // A claim left to expire (never renewed) ends the same way as one deleted.
     let claim: MicroVMClaim = serde_json::from_value(claim_json("lapsed", None)).unwrap();
@@ -206,28 +229,6 @@ async fn the_guests_token_is_the_holders_is_replaced_and_is_refused_once_the_cla
     .await;
     let reviewed = review(&client, &second, &[AUDIENCE]).await;
     assert_eq!(reviewed.authenticated, Some(true), "{reviewed:?}");
-
-    // Nothing of either token in a claim, an Event or a log.
-    let kubectl = server.kubectls().next().expect("a kubectl");
-    let yaml = kubectl
-        .ok(&["get", "microvmclaims,pools", "-o", "yaml", "-n", NAMESPACE])
-        .await;
-    assert!(yaml.contains(AUDIENCE), "{yaml}");
-    let events: Api<Event> = Api::all(client.clone());
-    let events = serde_json::to_string(&events.list(&Default::default()).await.unwrap()).unwrap();
-    let logs = server.logs();
-    for token in [&first, &second, &lapsed] {
-        assert!(!yaml.contains(token.as_str()), "{yaml}");
-        assert!(!events.contains(token.as_str()), "{events}");
-        for log in &logs {
-            let text = String::from_utf8_lossy(&std::fs::read(log).unwrap()).into_owned();
-            assert!(
-                !text.contains(token.as_str()),
-                "{} holds a token",
-                log.display()
-            );
-        }
-    }
 
     // Deleted: its binding Secret goes first, and with it the tokens.
     claims
@@ -264,6 +265,67 @@ async fn the_guests_token_is_the_holders_is_replaced_and_is_refused_once_the_cla
         },
     )
     .await;
+
+    // A token that cannot be replaced (its ServiceAccount is gone) is told on the claim,
+    // with what to do, once the tries have failed a few times in a row.
+    let claim: MicroVMClaim = serde_json::from_value(claim_json("orphan", None)).unwrap();
+    let orphan = claims.create(&PostParams::default(), &claim).await.unwrap();
+    let orphaned = guest_file(&server, "orphan", "token").await;
+    accounts
+        .delete(WORKER, &DeleteParams::default())
+        .await
+        .unwrap();
+    let events: Api<Event> = Api::namespaced(client.clone(), NAMESPACE);
+    let failing = eventually(
+        DEADLINE,
+        "the claim's TokenRotationFailing Event",
+        async || {
+            let list = events
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            list.items
+                .into_iter()
+                .find(|e| {
+                    e.involved_object.uid == orphan.metadata.uid
+                        && e.reason.as_deref() == Some("TokenRotationFailing")
+                })
+                .ok_or_else(|| "no TokenRotationFailing Event yet".to_owned())
+        },
+    )
+    .await;
+    assert_eq!(failing.type_.as_deref(), Some("Warning"));
+    let message = failing.message.unwrap_or_default();
+    assert!(
+        message.contains(&format!("requesting a token of ServiceAccount {WORKER}"))
+            && message.contains(&format!(
+                "kubectl get serviceaccount {WORKER} -n {NAMESPACE}"
+            ))
+            && message.contains("the token in the MicroVM expires at"),
+        "{message}"
+    );
+
+    // Nothing of any token in a claim, an Event or a log.
+    let kubectl = server.kubectls().next().expect("a kubectl");
+    let yaml = kubectl
+        .ok(&["get", "microvmclaims,pools", "-o", "yaml", "-n", NAMESPACE])
+        .await;
+    assert!(yaml.contains(AUDIENCE), "{yaml}");
+    let events: Api<Event> = Api::all(client.clone());
+    let events = serde_json::to_string(&events.list(&Default::default()).await.unwrap()).unwrap();
+    let logs = server.logs();
+    for token in [&first, &second, &lapsed, &orphaned] {
+        assert!(!yaml.contains(token.as_str()), "{yaml}");
+        assert!(!events.contains(token.as_str()), "{events}");
+        for log in &logs {
+            let text = String::from_utf8_lossy(&std::fs::read(log).unwrap()).into_owned();
+            assert!(
+                !text.contains(token.as_str()),
+                "{} holds a token",
+                log.display()
+            );
+        }
+    }
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::parse::{certificate_lifetime, positive_rate};
+use crate::resources::microvmclaims::GuestApiServer;
 
 /// Options of `serve`.
 #[derive(Debug, Args)]
@@ -178,6 +179,17 @@ pub struct ServeArgs {
     /// in-cluster config is used when this is not given.
     #[arg(long, env = "BATTERY_APISERVER_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+
+    /// Where claims' guests reach kube-apiserver, HOST:PORT: a guest with a ServiceAccount
+    /// token gets it as KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT, as a Pod does,
+    /// so kubectl and client-go in it find the cluster. Without it they get neither: the
+    /// reference Host keeps guests off the Service network, where a Pod's address is.
+    #[arg(
+        long,
+        env = "BATTERY_APISERVER_GUEST_API_SERVER",
+        value_name = "HOST:PORT"
+    )]
+    pub guest_api_server: Option<GuestApiServer>,
 
     /// How long creating a claim waits for a MicroVM when the pool has none available,
     /// before answering 429.

@@ -17,6 +17,7 @@ use crate::http::serve::{self, TlsError, TlsFiles};
 use crate::relay::AgentRelayTls;
 use crate::resources::hosts::certificate::AgentSigner;
 use crate::resources::hosts::ssh_certificate::SshUserCa;
+use crate::resources::microvmclaims::GuestApiServer;
 
 /// What `serve` runs with.
 pub struct ServeConfig {
@@ -32,6 +33,7 @@ pub struct ServeConfig {
     pub cluster: Option<kube::Client>,
     pub data_dir: Option<PathBuf>,
     pub bind_wait: Duration,
+    pub guest_api_server: Option<GuestApiServer>,
     pub limits: Limits,
     pub agent_relay: Option<AgentRelayTls>,
     pub max_exec_sessions: usize,
@@ -95,6 +97,7 @@ impl ServeArgs {
             cluster,
             data_dir: self.data_dir,
             bind_wait: self.bind_wait,
+            guest_api_server: self.guest_api_server,
             limits: Limits {
                 max_watches: self.max_watches,
                 creates: self.creates_per_second.map(|per_second| CreateRate {

@@ -234,3 +234,17 @@ fn the_embedded_battery_serves_tls_unless_plaintext_is_asked_for() {
     let err = battery(&["--insecure", "--client-ca-file", "ca"]).unwrap_err();
     assert!(err.to_string().contains("cannot be used with"), "{err}");
 }
+
+#[test]
+fn the_guests_api_server_is_host_and_port() {
+    assert_eq!(serve_with(&[]).unwrap().guest_api_server, None);
+    let args = serve_with(&["--guest-api-server", "[fd00::1]:6443"]).unwrap();
+    let api = args.guest_api_server.unwrap();
+    assert_eq!((api.host.as_str(), api.port), ("fd00::1", 6443));
+    let err = serve_with(&["--guest-api-server", "https://api.example.com"]).unwrap_err();
+    let err = err.to_string();
+    assert!(
+        err.contains("--guest-api-server") && err.contains("give HOST:PORT"),
+        "{err}"
+    );
+}

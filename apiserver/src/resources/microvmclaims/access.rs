@@ -118,7 +118,8 @@ impl ClaimStorage {
                     host.node_name
                 ))
             })?;
-        let env = self.config.env(&object(record.clone())).await?;
+        let token = record.token.is_some();
+        let env = self.config.env(&object(record.clone()), token).await?;
         Ok(Target {
             followed,
             env,

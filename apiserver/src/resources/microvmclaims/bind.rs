@@ -231,6 +231,7 @@ impl ClaimStorage {
             token: None,
         };
         let limits = (idle_timeout, max_lifetime);
+        let token = minted.is_some();
         if let Err(failure) = self
             .finish_bind(&mut claim, lease, secrets, limits, resolved.files, minted)
             .await
@@ -243,7 +244,7 @@ impl ClaimStorage {
             }
             return Err(failure);
         }
-        self.config.remember(&uid, resolved.env);
+        self.config.remember(&uid, resolved.env, token);
         Ok(claim)
     }
 

@@ -24,6 +24,9 @@ use crate::cluster::tokens::NO_CLUSTER_FOR_TOKENS;
 use crate::cluster::{Cluster, KeyValues};
 use crate::relay::AgentRelay;
 
+pub use api_server::GuestApiServer;
+use api_server::{SERVICE_HOST, SERVICE_PORT};
+
 /// Claims whose env is kept; past it the least used are dropped and read again at their
 /// next exec.
 const ENV_ENTRIES: u64 = 16 * 1024;
@@ -63,6 +66,9 @@ pub struct ClaimConfig {
     authorizer: Option<Arc<dyn Authorizer>>,
     relay: Arc<AgentRelay>,
     env: Cache<String, Arc<ClaimEnv>>,
+    /// Where guests with a ServiceAccount token are told kube-apiserver is; `None`, they
+    /// are told nothing.
+    api_server: Option<GuestApiServer>,
 }
 
 /// The objects a spec refers to, read: `None` for one that does not exist.
@@ -79,7 +85,16 @@ impl ClaimConfig {
             authorizer,
             relay,
             env: Cache::new(ENV_ENTRIES),
+            api_server: None,
         }
+    }
+
+    /// Tells the guests of claims with a ServiceAccount token where kube-apiserver is, as
+    /// a Pod is told (ADR 45).
+    #[must_use]
+    pub fn with_guest_api_server(mut self, api_server: Option<GuestApiServer>) -> Self {
+        self.api_server = api_server;
+        self
     }
 
     /// Resolves every reference of `claim` as `user`: authorized first (a `403` naming
@@ -226,9 +241,26 @@ impl ClaimConfig {
         Ok(fetched)
     }
 
-    /// Keeps a bound claim's env for its exec sessions.
-    pub fn remember(&self, uid: &str, env: ClaimEnv) {
-        self.env.insert(uid.to_owned(), Arc::new(env));
+    /// Keeps a bound claim's env for its exec sessions; `token`: its guest has a
+    /// ServiceAccount token.
+    pub fn remember(&self, uid: &str, env: ClaimEnv, token: bool) {
+        self.env
+            .insert(uid.to_owned(), Arc::new(self.for_sessions(env, token)));
+    }
+
+    /// `env` as the sessions of a claim get it: with `token` and a `--guest-api-server`,
+    /// `KUBERNETES_SERVICE_HOST` and `KUBERNETES_SERVICE_PORT` under the claim's own, as
+    /// a container's env wins over the kubelet's Service variables.
+    fn for_sessions(&self, mut env: ClaimEnv, token: bool) -> ClaimEnv {
+        if let (true, Some(api)) = (token, &self.api_server) {
+            for (name, value) in [
+                (SERVICE_HOST, api.host.clone()),
+                (SERVICE_PORT, api.port.to_string()),
+            ] {
+                env.entry(name.to_owned()).or_insert_with(|| value.into());
+            }
+        }
+        env
     }
 
     /// Drops a claim's env: it was released, expired or deleted.
@@ -236,8 +268,9 @@ impl ClaimConfig {
         self.env.invalidate(uid);
     }
 
-    /// A bound claim's env, read again (with the server's own client) if it is not kept.
-    pub async fn env(&self, claim: &MicroVMClaim) -> Result<Arc<ClaimEnv>, ApiError> {
+    /// A bound claim's env, read again (with the server's own client) if it is not kept;
+    /// `token`: its guest has a ServiceAccount token.
+    pub async fn env(&self, claim: &MicroVMClaim, token: bool) -> Result<Arc<ClaimEnv>, ApiError> {
         let uid = claim.metadata.uid.clone().unwrap_or_default();
         if let Some(env) = self.env.get(&uid) {
             return Ok(env);
@@ -246,7 +279,7 @@ impl ClaimConfig {
         let fetched = self
             .fetch(namespace, references(&claim.spec, false))
             .await?;
-        let env = Arc::new(assemble(claim, &fetched, false)?.env);
+        let env = Arc::new(self.for_sessions(assemble(claim, &fetched, false)?.env, token));
         self.env.insert(uid, env.clone());
         Ok(env)
     }
@@ -399,6 +432,7 @@ fn assemble(claim: &MicroVMClaim, fetched: &Fetched, files: bool) -> Result<Reso
     }
 }
 
+mod api_server;
 #[cfg(test)]
 mod tests;
 mod write;

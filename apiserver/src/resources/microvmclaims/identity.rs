@@ -13,18 +13,21 @@ use std::time::Duration;
 use battery_api_machinery::status::{ApiError, Reason};
 use battery_types::validation::{FieldError, FieldPath};
 use battery_types::{MicroVMClaim, ServiceAccountToken, TokenSettings};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use secrecy::ExposeSecret as _;
 
 use super::config::FileContent;
 use super::record::{ClaimRecord, RESOURCE, info, key, object};
 use super::storage::ClaimStorage;
-use super::token;
+use super::token::{self, RotationFailure};
 use crate::auth::UserInfo;
 use crate::cluster::tokens::IssuedToken;
 
 /// The files' mode: a Pod's ServiceAccount volume's (`defaultMode: 0644`).
 const MODE: i32 = 0o644;
+/// The pause after a first try at replacing a token fails, doubled at each failure after.
+const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// The longest pause between two tries at replacing a token that could not be.
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(30);
 /// Between the first replacements of the claims' tokens after a start, so a server with
@@ -153,24 +156,29 @@ impl ClaimStorage {
         let next = minted.map_or(first, |m| {
             token::refresh_time(m.issued.expires, m.issued.lifetime_seconds)
         });
+        // After a restart, when the guest's token expires is not known.
+        let expires = minted.map(|m| m.issued.expires);
         let this = self.clone();
         let rotation_uid = uid.clone();
         let task = tokio::spawn(async move {
-            this.rotation(&namespace, &name, &rotation_uid, &settings, next)
-                .await;
+            let claim = (namespace.as_str(), name.as_str(), rotation_uid.as_str());
+            this.rotation(claim, &settings, next, expires).await;
         });
         self.rotations.insert(&uid, task.abort_handle());
     }
 
+    /// The claim's (namespace, name, uid) token replaced from `next` on; the guest's
+    /// present token `expires` then, if known. Failures are retried with backoff, and a
+    /// streak of them is told on the claim as an Event (and its end, once told).
     async fn rotation(
         &self,
-        namespace: &str,
-        name: &str,
-        uid: &str,
+        (namespace, name, uid): (&str, &str, &str),
         settings: &TokenSettings,
         mut next: Timestamp,
+        mut expires: Option<Timestamp>,
     ) {
-        let mut pause = Duration::from_millis(500);
+        let mut pause = FIRST_RETRY_PAUSE;
+        let mut failures = 0;
         loop {
             let wait = next.duration_since(Timestamp::now());
             if let Ok(wait) = Duration::try_from(wait) {
@@ -178,19 +186,63 @@ impl ClaimStorage {
             }
             match self.replace_token(namespace, name, uid, settings).await {
                 Ok(Some(issued)) => {
-                    pause = Duration::from_millis(500);
+                    if failures >= token::FAILURES_BEFORE_EVENT {
+                        let message = format!(
+                            "replaced the ServiceAccount token in the MicroVM after {failures} \
+                             failed tries"
+                        );
+                        self.token_event((namespace, name, uid), "Normal", token::ROTATED, message)
+                            .await;
+                    }
+                    failures = 0;
+                    pause = FIRST_RETRY_PAUSE;
                     next = token::refresh_time(issued.expires, issued.lifetime_seconds);
+                    expires = Some(issued.expires);
                     tracing::debug!(claim = %format!("{namespace}/{name}"), expires = %issued.expires, "replaced a claim's ServiceAccount token");
                 }
                 Ok(None) => return,
-                Err(why) => {
-                    tracing::warn!(claim = %format!("{namespace}/{name}"), error = %why, "replacing a claim's ServiceAccount token; retrying");
+                Err(failure) => {
+                    failures += 1;
+                    tracing::warn!(claim = %format!("{namespace}/{name}"), error = %failure, failures, "replacing a claim's ServiceAccount token; retrying");
+                    if failures == token::FAILURES_BEFORE_EVENT {
+                        let message =
+                            token::failing_message(namespace, &failure, failures, expires);
+                        let reason = token::ROTATION_FAILING;
+                        self.token_event((namespace, name, uid), "Warning", reason, message)
+                            .await;
+                    }
                     next = Timestamp::now()
                         .checked_add(pause)
                         .unwrap_or_else(|_| Timestamp::now());
                     pause = (pause * 2).min(MAX_RETRY_PAUSE);
                 }
             }
+        }
+    }
+
+    /// An Event on the claim (namespace, name, uid) about its token; one that cannot be
+    /// recorded is logged, and the rotation goes on.
+    async fn token_event(
+        &self,
+        (namespace, name, uid): (&str, &str, &str),
+        event_type: &str,
+        reason: &str,
+        message: String,
+    ) {
+        let Ok(cluster) = self.config.cluster_for_tokens() else {
+            return;
+        };
+        let claim = ObjectMeta {
+            namespace: Some(namespace.to_owned()),
+            name: Some(name.to_owned()),
+            uid: Some(uid.to_owned()),
+            ..ObjectMeta::default()
+        };
+        if let Err(err) = cluster
+            .claim_event(&claim, event_type, reason, message)
+            .await
+        {
+            tracing::warn!(error = %err, reason, "recording a MicroVMClaim Event");
         }
     }
 
@@ -202,40 +254,45 @@ impl ClaimStorage {
         name: &str,
         uid: &str,
         settings: &TokenSettings,
-    ) -> Result<Option<IssuedToken>, String> {
+    ) -> Result<Option<IssuedToken>, RotationFailure> {
         let record = self
             .store
             .get::<ClaimRecord>(&key(namespace, name))
-            .map_err(|err| err.to_string())?
+            .map_err(|err| RotationFailure::Record(err.to_string()))?
             .filter(|r| r.lease.is_some() && r.metadata.uid.as_deref() == Some(uid));
         let Some(record) = record else {
             return Ok(None);
         };
+        let claim = object(record);
+        let account = &claim.spec.service_account_name;
+        let refused = |why: String| RotationFailure::Request {
+            account: account.clone(),
+            why,
+        };
         let cluster = self
             .config
             .cluster_for_tokens()
-            .map_err(|err| err.message().to_owned())?;
+            .map_err(|err| refused(err.message().to_owned()))?;
         let Some(binding) = cluster
             .token_binding(namespace, uid)
             .await
-            .map_err(|err| err.to_string())?
+            .map_err(|err| refused(kube_said(&err)))?
         else {
             tracing::warn!(claim = %format!("{namespace}/{name}"), "the Secret a claim's tokens are bound to was deleted: its guest's token no longer authenticates and is not replaced");
             return Ok(None);
         };
-        let claim = object(record);
         let issued = cluster
-            .request_token(
-                namespace,
-                &claim.spec.service_account_name,
-                settings,
-                &binding,
-            )
+            .request_token(namespace, account, settings, &binding)
             .await
-            .map_err(|err| format!("requesting the token: {err}"))?;
+            .map_err(|err| refused(kube_said(&err)))?;
         self.config
             .write_service_account(&claim, vec![token_file(&issued)])
-            .await?;
+            .await
+            .map_err(|why| {
+                // The guest's words, which a guest could make carry what it was sent.
+                let written = issued.token.expose_secret();
+                RotationFailure::Write(token::without(&why, written))
+            })?;
         Ok(Some(issued))
     }
 
@@ -270,6 +327,14 @@ impl ClaimStorage {
 fn token_file(issued: &IssuedToken) -> FileContent {
     let token = issued.token.expose_secret().as_bytes().to_vec();
     FileContent::new("token".to_owned(), MODE, token.into())
+}
+
+/// What kube-apiserver said of a failed call: its Status's message, else the error.
+fn kube_said(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) => status.message.clone(),
+        other => other.to_string(),
+    }
 }
 
 /// The cluster did not do what a claim's token needs: ours to retry, not the user's fault

@@ -49,7 +49,7 @@ use read::Ask;
 use record::{ClaimRecord, LeaseRecord, RESOURCE, info, key, object};
 
 pub use activity::{ActivityHold, ClaimActivity};
-pub use config::ClaimConfig;
+pub use config::{ClaimConfig, GuestApiServer};
 pub use exec::{ClaimExec, ClaimPortForward, DEFAULT_MAX_SESSIONS, ExecSessions};
 pub use lease::ClaimLeases;
 pub use quota::{ClaimQuotas, QuotaSource};

@@ -1,5 +1,6 @@
 //! What the claims' ServiceAccount tokens share below the storage (ADR 43): when a token
-//! is replaced, and the rotation task of each claim that has one.
+//! is replaced, the rotation task of each claim that has one, and what the claim's Event
+//! says when replacing keeps failing.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -50,6 +51,84 @@ fn secs(duration: Duration) -> i64 {
     i64::try_from(duration.as_secs()).unwrap_or(i64::MAX)
 }
 
+/// Tries in a row that fail to replace a claim's token before its claim gets a Warning
+/// Event: one failure is retried within a second, so only a lasting cause is told.
+pub(super) const FAILURES_BEFORE_EVENT: u32 = 3;
+/// The reason of the Warning Event on a claim whose token cannot be replaced.
+pub(super) const ROTATION_FAILING: &str = "TokenRotationFailing";
+/// The reason of the Normal Event on such a claim once its token is replaced again.
+pub(super) const ROTATED: &str = "TokenRotated";
+/// The most of a cause an Event carries.
+const CAUSE_CHARS: usize = 512;
+
+/// Why a claim's token could not be replaced, by the step that failed, so that the
+/// claim's Event says what to do. Causes are kube-apiserver's or the guest's words; the
+/// guest's never carry the token being written (`without`).
+#[derive(Debug)]
+pub(super) enum RotationFailure {
+    /// The claim's record could not be read: the server's own trouble.
+    Record(String),
+    /// The cluster refused the token, or could not be asked.
+    Request { account: String, why: String },
+    /// The token could not be written into the guest.
+    Write(String),
+}
+
+impl std::fmt::Display for RotationFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Record(why) => write!(f, "reading the claim's record: {why}"),
+            Self::Request { account, why } => {
+                write!(f, "requesting a token of ServiceAccount {account}: {why}")
+            }
+            Self::Write(why) => write!(f, "writing it into the MicroVM: {why}"),
+        }
+    }
+}
+
+/// `text` with every copy of `secret` taken out, for a cause the guest wrote.
+pub(super) fn without(text: &str, secret: &str) -> String {
+    if secret.is_empty() {
+        return text.to_owned();
+    }
+    text.replace(secret, "[REDACTED]")
+}
+
+/// What the Warning Event says of a claim in `namespace` whose token `tries` tries in a
+/// row failed to replace, the last for `failure`; `expires` is when the token in the
+/// guest expires, if known (sooner, if its ServiceAccount is gone).
+pub(super) fn failing_message(
+    namespace: &str,
+    failure: &RotationFailure,
+    tries: u32,
+    expires: Option<Timestamp>,
+) -> String {
+    let mut cause = failure.to_string();
+    if let Some((cut, _)) = cause.char_indices().nth(CAUSE_CHARS) {
+        cause.truncate(cut);
+        cause.push('…');
+    }
+    let until = expires.map_or_else(
+        || "the token in the MicroVM expires within its expirationSeconds".to_owned(),
+        |at| format!("the token in the MicroVM expires at {at}"),
+    );
+    let fix = match failure {
+        RotationFailure::Record(_) => "see the API server's log".to_owned(),
+        RotationFailure::Request { account, .. } => format!(
+            "check that ServiceAccount {account} exists (`kubectl get serviceaccount {account} \
+             -n {namespace}`) and that the API server may request its tokens"
+        ),
+        RotationFailure::Write(_) => "check the claim's HostReady condition, and that the \
+             guest can write /var/run/secrets/kubernetes.io/serviceaccount"
+            .to_owned(),
+    };
+    format!(
+        "cannot replace the ServiceAccount token in the MicroVM ({tries} tries in a row): \
+         {cause}; {until}. The server keeps trying: {fix}, or release the claim and claim \
+         again"
+    )
+}
+
 /// The rotation task of each claim that has a token, by claim uid.
 #[derive(Default)]
 pub(super) struct Rotations(Mutex<HashMap<String, tokio::task::AbortHandle>>);
@@ -83,6 +162,33 @@ mod tests {
 
     fn at(second: i64) -> Timestamp {
         Timestamp::from_second(second).unwrap()
+    }
+
+    #[test]
+    fn the_failing_event_says_what_failed_when_the_token_stops_and_what_to_do() {
+        let gone = RotationFailure::Request {
+            account: "runner".to_owned(),
+            why: "serviceaccounts \"runner\" not found".to_owned(),
+        };
+        assert_eq!(
+            failing_message("ci", &gone, 3, Some(at(1_800_000_000))),
+            "cannot replace the ServiceAccount token in the MicroVM (3 tries in a row): \
+             requesting a token of ServiceAccount runner: serviceaccounts \"runner\" not \
+             found; the token in the MicroVM expires at 2027-01-15T08:00:00Z. The \
+             server keeps trying: check that ServiceAccount runner exists (`kubectl get \
+             serviceaccount runner -n ci`) and that the API server may request its tokens, \
+             or release the claim and claim again"
+        );
+        // A guest's words never carry the token being written, and a long cause is cut.
+        let said = format!("tar: {} {}", "eyJ.secret", "x".repeat(2000));
+        let write = RotationFailure::Write(without(&said, "eyJ.secret"));
+        let message = failing_message("ci", &write, 3, None);
+        assert!(!message.contains("eyJ.secret"), "{message}");
+        assert!(
+            message.contains("[REDACTED]") && message.len() < 1024,
+            "{message}"
+        );
+        assert!(message.contains("HostReady") && message.contains("within its expirationSeconds"));
     }
 
     #[test]

@@ -257,15 +257,15 @@ async fn resolving_asks_for_the_requesting_user_before_reading_anything() {
 
     // At an exec after a restart: read again with the server's client, no review.
     policy.asked.lock().unwrap().clear();
-    let env = config.env(&allowed).await.unwrap();
+    let env = config.env(&allowed, false).await.unwrap();
     assert_eq!(exposed(&env), [("TOKEN".to_owned(), "s3cr3t".to_owned())]);
     assert!(policy.asked.lock().unwrap().is_empty());
     // Kept since: no second read.
-    config.env(&allowed).await.unwrap();
+    config.env(&allowed, false).await.unwrap();
     assert_eq!(reads.lock().unwrap().len(), 1);
     // Forgotten on release: read again.
     config.forget("u-1");
-    config.env(&allowed).await.unwrap();
+    config.env(&allowed, false).await.unwrap();
     assert_eq!(reads.lock().unwrap().len(), 2);
 }
 
@@ -288,4 +288,44 @@ async fn without_a_cluster_references_are_refused_and_literals_work() {
         "{}",
         error.message()
     );
+}
+
+#[tokio::test]
+async fn a_guest_with_a_token_is_told_where_the_api_server_is_under_its_own_env() {
+    let api = "api.example.com:6443".parse().unwrap();
+    let config = ClaimConfig::new(None, None, Arc::new(AgentRelay::new(None)))
+        .with_guest_api_server(Some(api));
+    let own = |pairs: &[(&str, &str)]| -> ClaimEnv {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).into()))
+            .collect()
+    };
+    let literal = claim(spec(json!([]), json!([])));
+    config.remember("u-1", own(&[("KUBERNETES_SERVICE_PORT", "443")]), true);
+    assert_eq!(
+        exposed(&config.env(&literal, true).await.unwrap()),
+        [
+            (
+                "KUBERNETES_SERVICE_HOST".to_owned(),
+                "api.example.com".to_owned()
+            ),
+            ("KUBERNETES_SERVICE_PORT".to_owned(), "443".to_owned()),
+        ],
+        "the claim's own value wins"
+    );
+    // Read again after a restart: the same.
+    config.forget("u-1");
+    let env = config.env(&literal, true).await.unwrap();
+    assert_eq!(env.len(), 2);
+    // Without a token, nothing: the guest has nothing to authenticate with.
+    config.forget("u-1");
+    config.remember("u-1", own(&[("A", "1")]), false);
+    assert_eq!(
+        exposed(&config.env(&literal, false).await.unwrap()),
+        [("A".to_owned(), "1".to_owned())]
+    );
+    // Without the flag, nothing either.
+    let untold = ClaimConfig::new(None, None, Arc::new(AgentRelay::new(None)));
+    assert!(untold.env(&literal, true).await.unwrap().is_empty());
 }
