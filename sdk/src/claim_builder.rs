@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use battery_types::{MicroVMClaim, MicroVMClaimSpec, Pool, PoolRef};
+use battery_types::{MicroVMClaim, MicroVMClaimSpec, Pool, PoolRef, ServiceAccountToken};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 use tokio::time::Instant;
@@ -36,6 +36,7 @@ impl Client {
             on_wait: None,
             idle_timeout: None,
             max_lifetime: None,
+            service_account_token: None,
         }
     }
 }
@@ -52,6 +53,7 @@ pub struct ClaimBuilder {
     on_wait: Option<WaitReport>,
     idle_timeout: Option<battery_types::Duration>,
     max_lifetime: Option<battery_types::Duration>,
+    service_account_token: Option<ServiceAccountToken>,
 }
 
 /// What [`ClaimBuilder::on_wait`] was given.
@@ -121,6 +123,38 @@ impl ClaimBuilder {
         self
     }
 
+    /// Gives the MicroVM what a Pod gets from its ServiceAccount: a token of the Holder's
+    /// ServiceAccount, the cluster's CA and the namespace under
+    /// `/var/run/secrets/kubernetes.io/serviceaccount`, the token replaced before it
+    /// expires (`spec.serviceAccountToken`). Its Pool's settings apply, else the cluster's
+    /// own audiences and an hour. The creating user must be allowed to `create`
+    /// `serviceaccounts/token` for the Holder (else a `403`); `battery-apiserver dev`,
+    /// which has no cluster, refuses it (a `422`).
+    pub fn service_account_token(mut self) -> Self {
+        self.service_account_token
+            .get_or_insert_with(ServiceAccountToken::default);
+        self
+    }
+
+    /// The audience of the MicroVM's token, such as `sts.amazonaws.com` for a cloud's
+    /// OIDC federation, over its Pool's; implies [`Self::service_account_token`].
+    pub fn token_audience(mut self, audience: impl Into<String>) -> Self {
+        self.service_account_token
+            .get_or_insert_with(ServiceAccountToken::default)
+            .audience = Some(audience.into());
+        self
+    }
+
+    /// How long each of the MicroVM's tokens is valid, over its Pool's: at least 10
+    /// minutes, in whole seconds (rounded up); implies [`Self::service_account_token`].
+    pub fn token_expiration(mut self, lifetime: Duration) -> Self {
+        let seconds = lifetime.as_secs() + u64::from(lifetime.subsec_nanos() > 0);
+        self.service_account_token
+            .get_or_insert_with(ServiceAccountToken::default)
+            .expiration_seconds = Some(i64::try_from(seconds).unwrap_or(i64::MAX));
+        self
+    }
+
     /// Calls `report` before each wait for a retry, so that a caller can show progress.
     pub fn on_wait(mut self, report: impl Fn(&Waiting) + Send + Sync + 'static) -> Self {
         self.on_wait = Some(Box::new(report));
@@ -152,6 +186,7 @@ impl ClaimBuilder {
                 service_account_name: holder,
                 idle_timeout: self.idle_timeout,
                 max_lifetime: self.max_lifetime,
+                service_account_token: self.service_account_token,
                 ..MicroVMClaimSpec::default()
             },
             status: None,

@@ -130,6 +130,19 @@ pub struct ClaimRequest {
     /// without it, the Pool's default.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub max_lifetime: Option<Duration>,
+    /// Put a token of the Holder's ServiceAccount in the MicroVM, as a Pod has one
+    /// (/var/run/secrets/kubernetes.io/serviceaccount); the Pool's settings apply unless
+    /// --token-audience or --token-expiration say otherwise.
+    #[arg(long)]
+    pub service_account_token: bool,
+    /// The audience of the MicroVM's token, such as sts.amazonaws.com; implies
+    /// --service-account-token.
+    #[arg(long, value_name = "AUDIENCE")]
+    pub token_audience: Option<String>,
+    /// How long each of the MicroVM's tokens is valid, at least 10m, such as 1h; implies
+    /// --service-account-token.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub token_expiration: Option<Duration>,
 }
 
 #[derive(Debug, Args)]
@@ -528,6 +541,44 @@ mod tests {
         let bad = port_forward_of(&["c", "80", "8080:0"]).unwrap_err();
         assert_eq!(bad.kind(), clap::error::ErrorKind::ValueValidation);
         assert!(port_forward_of(&["c", "80", "--address", "example.com"]).is_err());
+    }
+
+    #[test]
+    fn claim_and_run_ask_for_a_service_account_token() {
+        let request = |args: &[&str]| {
+            let cli = Cli::try_parse_from(["kubectl-microvm"].iter().chain(args)).unwrap();
+            match cli.command {
+                Command::Claim(claim) => claim.request,
+                Command::Run(run) => run.request,
+                other => panic!("{other:?}"),
+            }
+        };
+        let plain = request(&["claim", "dev"]);
+        assert!(!plain.service_account_token);
+        assert_eq!((plain.token_audience, plain.token_expiration), (None, None));
+        assert!(request(&["claim", "dev", "--service-account-token"]).service_account_token);
+        let given = request(&[
+            "run",
+            "dev",
+            "--token-audience",
+            "sts.amazonaws.com",
+            "--token-expiration",
+            "1h",
+            "--",
+            "true",
+        ]);
+        assert_eq!(given.token_audience.as_deref(), Some("sts.amazonaws.com"));
+        assert_eq!(given.token_expiration, Some(Duration::from_secs(3600)));
+        assert!(
+            Cli::try_parse_from([
+                "kubectl-microvm",
+                "claim",
+                "dev",
+                "--token-expiration",
+                "soon"
+            ])
+            .is_err()
+        );
     }
 
     #[test]

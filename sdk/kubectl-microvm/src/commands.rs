@@ -51,6 +51,15 @@ impl Context {
         if let Some(lifetime) = request.max_lifetime {
             builder = builder.max_lifetime(lifetime);
         }
+        if request.service_account_token {
+            builder = builder.service_account_token();
+        }
+        if let Some(audience) = &request.token_audience {
+            builder = builder.token_audience(audience);
+        }
+        if let Some(lifetime) = request.token_expiration {
+            builder = builder.token_expiration(lifetime);
+        }
         let progress = Progress::binding(&request.pool);
         let bound = builder.on_wait(progress.on_wait()).send().await;
         progress.done();

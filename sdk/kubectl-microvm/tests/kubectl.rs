@@ -210,6 +210,25 @@ async fn bad_input_gets_one_line_with_the_fix() {
     );
     let elsewhere = microvm(&kubectl, &["run", "dev", "-n", "other", "--", "true"]).await;
     assert!(one_line(&elsewhere).contains("--holder"), "{elsewhere}");
+    // The token flags reach the claim's spec, which dev, having no cluster, refuses.
+    let token = [
+        "claim",
+        "dev",
+        "--token-audience",
+        "vault",
+        "--token-expiration",
+        "1h",
+    ];
+    let no_cluster = microvm(&kubectl, &token).await;
+    assert!(
+        one_line(&no_cluster).contains(
+            "spec.serviceAccountToken: Forbidden: this API server has no cluster to request \
+             ServiceAccount tokens from"
+        ) && no_cluster
+            .stderr
+            .contains("needs battery-apiserver serve in a cluster"),
+        "{no_cluster}"
+    );
     // A usage error is clap's, with its exit code 2.
     let usage = microvm(&kubectl, &["exec", "c"]).await;
     assert_eq!(usage.code, Some(2), "{usage}");
