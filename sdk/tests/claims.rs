@@ -12,7 +12,10 @@ use kube::api::{Api, PostParams};
 use serde_json::json;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-/// The example, run as a test runs it; its `main` is the example's entry, not ours.
+#[path = "../examples/agent.rs"]
+#[allow(dead_code)]
+mod agent_example;
+/// The examples, run as a test runs them; their `main` is the example's entry, not ours.
 #[path = "../examples/run.rs"]
 #[allow(dead_code)]
 mod example;
@@ -573,6 +576,49 @@ async fn the_example_runs_a_command() {
     assert_eq!(code, 3);
 }
 
+/// The agent platforms page's example: its claim is under the limits it asks for, and
+/// its command's code is its own; asking `dev` for a token is refused saying why.
+#[tokio::test]
+async fn the_agent_example_runs_a_command_under_limits() {
+    let (server, kube, _) = start().await;
+    let kubeconfig = server.kubeconfig().display().to_string();
+    let args = ["--kubeconfig", &kubeconfig, "dev", "sh", "-c", "exit 5"];
+    let code = agent_example::run(args.map(str::to_owned).to_vec())
+        .await
+        .unwrap();
+    assert_eq!(code, 5);
+    let claims: Api<MicroVMClaim> = Api::default_namespaced(kube);
+    assert!(
+        claims
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    let args = [
+        "--kubeconfig",
+        &kubeconfig,
+        "--token",
+        "vault",
+        "dev",
+        "true",
+    ];
+    let refused = agent_example::run(args.map(str::to_owned).to_vec())
+        .await
+        .unwrap_err();
+    let chain = std::iter::successors(Some(refused.as_ref() as &dyn std::error::Error), |e| {
+        e.source()
+    })
+    .map(ToString::to_string)
+    .collect::<Vec<_>>()
+    .join(": ");
+    assert!(
+        chain.contains("no cluster to request ServiceAccount tokens"),
+        "{chain}"
+    );
+}
+
 #[tokio::test]
 async fn the_holder_defaults_to_the_clients_own_service_account() {
     let server = ApiServer::start(Route::Direct).await;
@@ -590,5 +636,62 @@ async fn the_holder_defaults_to_the_clients_own_service_account() {
     assert!(
         matches!(elsewhere, Some(Error::HolderUnknown)),
         "not a ServiceAccount of that namespace: {elsewhere:?}"
+    );
+}
+
+/// Issue 42: the builder asks for the claim's ServiceAccount token with the audience and
+/// lifetime given (rounded up to whole seconds), which `dev`, having no cluster, refuses
+/// saying so; a lifetime under the API's 10 minutes is refused naming the field.
+#[tokio::test]
+async fn the_builder_asks_for_a_service_account_token() {
+    let (_server, kube, client) = start().await;
+    let refused = client
+        .claim("dev")
+        .holder(HOLDER)
+        .token_audience("vault")
+        .token_expiration(Duration::from_millis(599_500))
+        .send()
+        .await
+        .err()
+        .expect("dev has no cluster to request tokens from");
+    let Error::Api(kube::Error::Api(status)) = &refused else {
+        panic!("{refused:?}");
+    };
+    assert_eq!(status.code, 422, "{status:?}");
+    assert!(
+        status.message.contains(
+            "spec.serviceAccountToken: Forbidden: this API server has no cluster to request \
+             ServiceAccount tokens from"
+        ) && !status.message.contains("expirationSeconds"),
+        "{status:?}"
+    );
+    let refused = client
+        .claim("dev")
+        .holder(HOLDER)
+        .service_account_token()
+        .token_expiration(Duration::from_secs(599))
+        .send()
+        .await
+        .err()
+        .expect("too short a lifetime");
+    let Error::Api(kube::Error::Api(status)) = &refused else {
+        panic!("{refused:?}");
+    };
+    assert!(
+        status.message.contains(
+            "spec.serviceAccountToken.expirationSeconds: Invalid value: 599: may not specify \
+             a duration less than 10 minutes"
+        ),
+        "{status:?}"
+    );
+    // Nothing was left behind.
+    let claims: Api<MicroVMClaim> = Api::default_namespaced(kube);
+    assert!(
+        claims
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
     );
 }
