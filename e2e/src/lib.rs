@@ -69,6 +69,32 @@ pub async fn kube_client(kubeconfig: &std::path::Path) -> kube::Client {
     kube::Client::try_from(config).expect("a kube client")
 }
 
+/// The Event `reason` on the object of `uid` in `namespace`, waited for up to `within`:
+/// what a server recorded for `kubectl describe`.
+pub async fn kube_event(
+    client: &kube::Client,
+    namespace: &str,
+    uid: Option<&str>,
+    reason: &str,
+    within: std::time::Duration,
+) -> k8s_openapi::api::core::v1::Event {
+    let events: kube::Api<k8s_openapi::api::core::v1::Event> =
+        kube::Api::namespaced(client.clone(), namespace);
+    eventually(within, &format!("the {reason} Event"), async || {
+        let list = events
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .into_iter()
+            .find(|e| {
+                e.involved_object.uid.as_deref() == uid && e.reason.as_deref() == Some(reason)
+            })
+            .ok_or_else(|| format!("no {reason} Event yet"))
+    })
+    .await
+}
+
 /// flintlock's types (the MicroVM template).
 pub use battery_proto::flintlock::types as fl;
 /// The generated battery API, re-exported for the tests.

@@ -13,7 +13,7 @@ use std::time::Duration;
 use battery_e2e::apiserver::{ApiServer, Route, front};
 use battery_e2e::control_plane::Options;
 use battery_e2e::https::{Client, Identity};
-use battery_e2e::{eventually, kube_client};
+use battery_e2e::{eventually, kube_client, kube_event};
 use battery_types::{ClaimPhase, MicroVMClaim, Pool};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenReviewStatus};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Service, ServiceAccount};
@@ -275,25 +275,8 @@ async fn the_guests_token_is_the_holders_is_replaced_and_is_refused_once_the_cla
         .delete(WORKER, &DeleteParams::default())
         .await
         .unwrap();
-    let events: Api<Event> = Api::namespaced(client.clone(), NAMESPACE);
-    let failing = eventually(
-        DEADLINE,
-        "the claim's TokenRotationFailing Event",
-        async || {
-            let list = events
-                .list(&Default::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            list.items
-                .into_iter()
-                .find(|e| {
-                    e.involved_object.uid == orphan.metadata.uid
-                        && e.reason.as_deref() == Some("TokenRotationFailing")
-                })
-                .ok_or_else(|| "no TokenRotationFailing Event yet".to_owned())
-        },
-    )
-    .await;
+    let uid = orphan.metadata.uid.as_deref();
+    let failing = kube_event(&client, NAMESPACE, uid, "TokenRotationFailing", DEADLINE).await;
     assert_eq!(failing.type_.as_deref(), Some("Warning"));
     let message = failing.message.unwrap_or_default();
     assert!(

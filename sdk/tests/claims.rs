@@ -4,10 +4,9 @@
 use std::time::Duration;
 
 use battery_e2e::apiserver::{ApiServer, Route};
-use battery_e2e::{eventually, kube_client};
+use battery_e2e::{eventually, kube_client, kube_event};
 use battery_sdk::types::{ClaimPhase, MicroVMClaim, Pool};
 use battery_sdk::{Client, Error, LostReason};
-use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -374,22 +373,8 @@ async fn limits_say_why_through_lost(route: Route) {
     assert_eq!(ttl_of(&claims_table(&kube).await, "idle"), "<none>");
     if route == Route::Aggregated {
         // `serve` records why on the claim, in the cluster, for `kubectl describe`.
-        let events: Api<Event> = Api::default_namespaced(kube.clone());
-        let uid = ended.metadata.uid.clone();
-        eventually(WITHIN, "the claim's IdleTimeout Event", async || {
-            let list = events
-                .list(&Default::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            list.items
-                .into_iter()
-                .find(|e| {
-                    e.involved_object.uid == uid && e.reason.as_deref() == Some("IdleTimeout")
-                })
-                .map(drop)
-                .ok_or_else(|| "no IdleTimeout Event yet".to_owned())
-        })
-        .await;
+        let uid = ended.metadata.uid.as_deref();
+        kube_event(&kube, "default", uid, "IdleTimeout", WITHIN).await;
     }
 }
 
@@ -565,58 +550,29 @@ async fn errors_name_the_missing_pool() {
     );
 }
 
+/// The examples, as the SDK's page and the agent platforms page show them: each exits
+/// with its command's code and leaves no claim behind (the agent's claim binds under the
+/// limits it asks for).
 #[tokio::test]
-async fn the_example_runs_a_command() {
-    let server = ApiServer::start(Route::Direct).await;
-    let kubeconfig = server.kubeconfig().display().to_string();
-    let args = ["--kubeconfig", &kubeconfig, "dev", "sh", "-c", "exit 3"];
-    let code = example::run(args.map(str::to_owned).to_vec())
-        .await
-        .unwrap();
-    assert_eq!(code, 3);
-}
-
-/// The agent platforms page's example: its claim is under the limits it asks for, and
-/// its command's code is its own; asking `dev` for a token is refused saying why.
-#[tokio::test]
-async fn the_agent_example_runs_a_command_under_limits() {
+async fn the_examples_run_a_command() {
     let (server, kube, _) = start().await;
     let kubeconfig = server.kubeconfig().display().to_string();
-    let args = ["--kubeconfig", &kubeconfig, "dev", "sh", "-c", "exit 5"];
-    let code = agent_example::run(args.map(str::to_owned).to_vec())
-        .await
-        .unwrap();
-    assert_eq!(code, 5);
-    let claims: Api<MicroVMClaim> = Api::default_namespaced(kube);
-    assert!(
-        claims
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty()
-    );
-    let args = [
-        "--kubeconfig",
-        &kubeconfig,
-        "--token",
-        "vault",
-        "dev",
-        "true",
-    ];
-    let refused = agent_example::run(args.map(str::to_owned).to_vec())
-        .await
-        .unwrap_err();
-    let chain = std::iter::successors(Some(refused.as_ref() as &dyn std::error::Error), |e| {
-        e.source()
-    })
-    .map(ToString::to_string)
-    .collect::<Vec<_>>()
-    .join(": ");
-    assert!(
-        chain.contains("no cluster to request ServiceAccount tokens"),
-        "{chain}"
-    );
+    let args = |code: i32| {
+        let exit = format!("exit {code}");
+        ["--kubeconfig", &kubeconfig, "dev", "sh", "-c", &exit]
+            .map(str::to_owned)
+            .to_vec()
+    };
+    assert_eq!(example::run(args(3)).await.unwrap(), 3);
+    assert_eq!(agent_example::run(args(5)).await.unwrap(), 5);
+    assert_no_claims(&kube).await;
+}
+
+/// The namespace has no claim: nothing was left behind.
+async fn assert_no_claims(kube: &kube::Client) {
+    let claims: Api<MicroVMClaim> = Api::default_namespaced(kube.clone());
+    let left = claims.list(&Default::default()).await.unwrap().items;
+    assert!(left.is_empty(), "{left:?}");
 }
 
 #[tokio::test]
@@ -645,18 +601,22 @@ async fn the_holder_defaults_to_the_clients_own_service_account() {
 #[tokio::test]
 async fn the_builder_asks_for_a_service_account_token() {
     let (_server, kube, client) = start().await;
-    let refused = client
-        .claim("dev")
+    let refusal = async |builder: battery_sdk::ClaimBuilder| match builder
         .holder(HOLDER)
-        .token_audience("vault")
-        .token_expiration(Duration::from_millis(599_500))
         .send()
         .await
         .err()
-        .expect("dev has no cluster to request tokens from");
-    let Error::Api(kube::Error::Api(status)) = &refused else {
-        panic!("{refused:?}");
+    {
+        Some(Error::Api(kube::Error::Api(status))) => status,
+        other => panic!("dev has no cluster to request tokens from: {other:?}"),
     };
+    let status = refusal(
+        client
+            .claim("dev")
+            .token_audience("vault")
+            .token_expiration(Duration::from_millis(599_500)),
+    )
+    .await;
     assert_eq!(status.code, 422, "{status:?}");
     assert!(
         status.message.contains(
@@ -665,18 +625,8 @@ async fn the_builder_asks_for_a_service_account_token() {
         ) && !status.message.contains("expirationSeconds"),
         "{status:?}"
     );
-    let refused = client
-        .claim("dev")
-        .holder(HOLDER)
-        .service_account_token()
-        .token_expiration(Duration::from_secs(599))
-        .send()
-        .await
-        .err()
-        .expect("too short a lifetime");
-    let Error::Api(kube::Error::Api(status)) = &refused else {
-        panic!("{refused:?}");
-    };
+    let short = client.claim("dev").service_account_token();
+    let status = refusal(short.token_expiration(Duration::from_secs(599))).await;
     assert!(
         status.message.contains(
             "spec.serviceAccountToken.expirationSeconds: Invalid value: 599: may not specify \
@@ -684,14 +634,5 @@ async fn the_builder_asks_for_a_service_account_token() {
         ),
         "{status:?}"
     );
-    // Nothing was left behind.
-    let claims: Api<MicroVMClaim> = Api::default_namespaced(kube);
-    assert!(
-        claims
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty()
-    );
+    assert_no_claims(&kube).await;
 }
