@@ -197,6 +197,8 @@ fn values_reach_the_objects_they_are_for() {
         "--set",
         "apiserver.extraArgs={--bind-wait=10s,--max-watches=2000}",
         "--set",
+        "apiserver.guestApiServer=[fd00::1]:6443",
+        "--set",
         "apiserver.persistence.size=20Gi",
         "--set",
         "apiserver.persistence.storageClassName=fast",
@@ -293,6 +295,8 @@ fn values_reach_the_objects_they_are_for() {
     // serve's own flags parse (serve_args_in), with the extra ones.
     assert_eq!(args.bind_wait, Duration::from_secs(10));
     assert_eq!(args.max_watches, 2000);
+    let guest_api = args.guest_api_server.as_ref().expect("--guest-api-server");
+    assert_eq!((guest_api.host.as_str(), guest_api.port), ("fd00::1", 6443));
     let memory = apiserver
         .resources
         .as_ref()
@@ -449,6 +453,10 @@ fn values_outside_the_schema_are_refused_naming_them() {
         (
             &["--set", "apiserver.extraArgs={bind-wait}"],
             "at '/apiserver/extraArgs/0'",
+        ),
+        (
+            &["--set", "apiserver.guestApiServer=https://api.example.com"],
+            "at '/apiserver/guestApiServer'",
         ),
     ];
     let refused = REFUSED
