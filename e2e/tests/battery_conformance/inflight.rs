@@ -22,9 +22,9 @@ async fn scaling_and_editing_a_filling_pool_cancels_its_vms_in_flight() {
         .size(2)
         .create_commands(&[FOREVER])
         .quarantine();
-    let pool = suite.create_pool(v1.clone().build()).await;
-    let mut log = suite.subscribe(Some(&pool)).await;
-    let first = suite.wait_in_flight(&mut log, &pool).await;
+    // Both in flight before the update: one still to start would start under whichever
+    // reconciler runs then, and a loaded machine decides which.
+    let (pool, mut log, first) = suite.create_booting(v1.clone().build(), 2).await;
 
     // Scaled up while its VMs boot: the reconciler is replaced, and the VMs the old one
     // was bringing up fail under the old spec's policy (QUARANTINE), not the new one's.
