@@ -143,6 +143,16 @@ pub struct Cli {
     #[arg(long, env = "BATTERY_AGENT_MAX_SESSIONS", default_value = "512")]
     pub max_sessions: std::num::NonZeroUsize,
 
+    /// Where the agent keeps its table of background processes, so a restarted agent
+    /// still lists them (one that was running is reported lost). One per Host: two
+    /// agents must not share it.
+    #[arg(
+        long,
+        env = "BATTERY_AGENT_STATE_DIR",
+        default_value = "/var/lib/battery-agent"
+    )]
+    pub state_dir: PathBuf,
+
     /// How often the readiness report is sent when nothing changed: the heartbeat. The
     /// API server takes a Host whose report is older than four intervals as not ready.
     #[arg(
@@ -193,6 +203,8 @@ pub struct Config {
     pub registration: Option<Registration>,
     /// Exec sessions relayed at once.
     pub max_sessions: std::num::NonZeroUsize,
+    /// Where the process table is kept.
+    pub state_dir: PathBuf,
 }
 
 /// Where the relay's serving certificate comes from.
@@ -302,6 +314,7 @@ impl Cli {
             flintlock,
             registration,
             max_sessions: self.max_sessions,
+            state_dir: self.state_dir,
         })
     }
 

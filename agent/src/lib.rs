@@ -14,6 +14,7 @@ mod exec_reply;
 pub mod flintlock;
 mod forward;
 pub mod logging;
+pub mod processes;
 pub mod readiness;
 pub mod register;
 pub mod relay;
@@ -85,6 +86,8 @@ pub enum AgentError {
     Serve(#[source] tonic::transport::Error),
     #[error("making the Kubernetes client (--kubeconfig)")]
     Kube(#[source] anyhow::Error),
+    #[error("loading the process table (--state-dir)")]
+    Processes(#[source] processes::LoadError),
 }
 
 /// A built agent, not yet listening.
@@ -125,8 +128,15 @@ pub fn build_with(
     let flintlock = Flintlock::new(config.flintlock).map_err(AgentError::FlintlockTls)?;
     let tls = tls_acceptor(&config.client_ca, serving)?;
     let registration = config.registration.map(|r| (r, flintlock.clone()));
-    let relay = RelayServer::new(RelayService::new(flintlock, config.max_sessions, ssh))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let processes = processes::Processes::load(flintlock.clone(), &config.state_dir)
+        .map_err(AgentError::Processes)?;
+    let relay = RelayServer::new(RelayService::new(
+        flintlock,
+        config.max_sessions,
+        ssh,
+        processes,
+    ))
+    .max_decoding_message_size(MAX_MESSAGE_BYTES);
     let router = Server::builder()
         .initial_stream_window_size(STREAM_WINDOW_BYTES)
         .add_service(relay);

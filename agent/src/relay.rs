@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use battery_proto::agent::v1alpha1::relay_server::Relay;
 use battery_proto::agent::v1alpha1::{
-    ClaimRef, ExecOpen, ExecRequest, PortForwardRequest, exec_request, exec_response, exit_status,
+    self as pb, ClaimRef, ExecOpen, ExecRequest, ListProcessesRequest, PortForwardRequest,
+    StartProcessRequest, StopProcessRequest, exec_request, exec_response, exit_status,
     port_forward_request,
 };
 use battery_proto::microvmexec::services::api::v1alpha1::exec_command_request::Payload as FlintlockRequest;
@@ -36,6 +37,7 @@ use tracing::{Instrument as _, debug, info, info_span, warn};
 use crate::exec_reply::{Reply, exit, output};
 use crate::flintlock::Flintlock;
 use crate::forward;
+use crate::processes::Processes;
 use crate::ssh::{self, Logins, OpenError, Opened, SshIdentity};
 
 /// stdin messages queued towards flintlockd before the agent stops reading the client.
@@ -54,14 +56,22 @@ pub struct RelayService {
     sessions: Arc<Semaphore>,
     /// The SSH connections to guests that terminals and forwarded ports are channels on.
     logins: Logins,
+    /// The Host's background processes.
+    processes: Processes,
 }
 
 impl RelayService {
-    pub fn new(flintlock: Flintlock, max_sessions: NonZeroUsize, ssh: Arc<SshIdentity>) -> Self {
+    pub fn new(
+        flintlock: Flintlock,
+        max_sessions: NonZeroUsize,
+        ssh: Arc<SshIdentity>,
+        processes: Processes,
+    ) -> Self {
         Self {
             logins: Logins::new(flintlock.clone(), ssh),
             flintlock,
             sessions: Arc::new(Semaphore::new(max_sessions.get())),
+            processes,
         }
     }
 }
@@ -216,6 +226,70 @@ impl Relay for RelayService {
             .instrument(span),
         );
         Ok(Response::new(ReceiverStream::new(stream)))
+    }
+
+    async fn start_process(
+        &self,
+        request: Request<StartProcessRequest>,
+    ) -> Result<Response<pb::Process>, Status> {
+        self.processes
+            .start(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn list_processes(
+        &self,
+        request: Request<ListProcessesRequest>,
+    ) -> Result<Response<pb::ProcessList>, Status> {
+        let items = self.processes.list(&request.into_inner().namespace);
+        Ok(Response::new(pb::ProcessList { items }))
+    }
+
+    type AttachProcessStream = ReceiverStream<Reply>;
+
+    async fn attach_process(
+        &self,
+        request: Request<Streaming<ExecRequest>>,
+    ) -> Result<Response<Self::AttachProcessStream>, Status> {
+        let permit = self.admit()?;
+        let mut inbound = request.into_inner();
+        let Some(ExecRequest {
+            payload: Some(exec_request::Payload::Attach(open)),
+        }) = first_message(&mut inbound).await?
+        else {
+            return Err(Status::invalid_argument(
+                "the first message of an attach must be `attach`",
+            ));
+        };
+        let stream = self.processes.attach(open, inbound, permit)?;
+        Ok(Response::new(stream))
+    }
+
+    async fn stop_process(
+        &self,
+        request: Request<StopProcessRequest>,
+    ) -> Result<Response<pb::Process>, Status> {
+        self.processes
+            .stop(request.into_inner(), false)
+            .map(Response::new)
+    }
+
+    async fn delete_process(
+        &self,
+        request: Request<StopProcessRequest>,
+    ) -> Result<Response<pb::Process>, Status> {
+        self.processes
+            .stop(request.into_inner(), true)
+            .map(Response::new)
+    }
+
+    async fn forget_claim_processes(
+        &self,
+        request: Request<ClaimRef>,
+    ) -> Result<Response<pb::ForgetClaimProcessesResponse>, Status> {
+        self.processes.forget_claim(&request.into_inner().uid);
+        Ok(Response::new(pb::ForgetClaimProcessesResponse {}))
     }
 }
 
@@ -484,7 +558,7 @@ async fn forward_stdin(
                     "a resize sent, but `open` asked for no terminal",
                 ));
             }
-            Some(exec_request::Payload::Open(_)) => {
+            Some(exec_request::Payload::Open(_) | exec_request::Payload::Attach(_)) => {
                 return StdinEnd::Invalid(Status::invalid_argument(
                     "only the first message of an exec session may be `open`",
                 ));

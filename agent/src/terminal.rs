@@ -159,9 +159,9 @@ async fn first_size(
 /// Refuses what a session may not send after `open`.
 fn check(payload: &exec_request::Payload) -> Result<(), Status> {
     match payload {
-        exec_request::Payload::Open(_) => Err(Status::invalid_argument(
-            "only the first message of an exec session may be `open`",
-        )),
+        exec_request::Payload::Open(_) | exec_request::Payload::Attach(_) => Err(
+            Status::invalid_argument("only the first message of an exec session may be `open`"),
+        ),
         _ => Ok(()),
     }
 }
@@ -177,7 +177,7 @@ async fn apply(
         exec_request::Payload::Resize(TerminalSize { width, height }) => {
             to_guest.window_change(width, height, 0, 0).await
         }
-        exec_request::Payload::Open(_) => Ok(()),
+        exec_request::Payload::Open(_) | exec_request::Payload::Attach(_) => Ok(()),
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use battery_agent::Cli;
 use battery_agent::certificate::ServingCertificate;
 use battery_agent::ssh::SshIdentity;
-use battery_agent::testing::Ca;
+use battery_agent::testing::{Ca, Signed};
 use battery_apiserver::resources::hosts::ssh_certificate::SshUserCa;
 use battery_embedded::simhost::testing::create_microvm;
 use battery_embedded::simhost::{
@@ -20,8 +20,10 @@ use battery_embedded::simhost::{
 use battery_proto::Bytes;
 use battery_proto::agent::v1alpha1::relay_client::RelayClient;
 use battery_proto::agent::v1alpha1::{
-    ClaimRef, ExecOpen, ExecRequest, ExecResponse, PortForwardOpen, PortForwardRequest, StdinEof,
-    TerminalSize, exec_request, exec_response, exit_status, port_forward_request,
+    AttachOpen, ClaimRef, ExecOpen, ExecRequest, ExecResponse, ListProcessesRequest,
+    PortForwardOpen, PortForwardRequest, Process, ProcessRef, ProcessState, StartProcessRequest,
+    StdinEof, StopProcessRequest, TerminalSize, exec_request, exec_response, exit_status,
+    port_forward_request,
 };
 use battery_telemetry::eventually;
 use clap::Parser as _;
@@ -92,28 +94,14 @@ impl Fixture {
 
         let ca = Ca::new("relay CA");
         let serving = ca.loopback_server();
-        let write = |name: &str, pem: &str| {
-            let path = dir.path().join(name);
-            std::fs::write(&path, pem).expect("write PEM");
-            path.display().to_string()
-        };
-        let cli = Cli::try_parse_from(
-            [
-                "battery-agent".to_owned(),
-                "--tls-cert-file".to_owned(),
-                write("agent.crt", &serving.cert),
-                "--tls-private-key-file".to_owned(),
-                write("agent.key", &serving.key),
-                "--client-ca-file".to_owned(),
-                write("client-ca.crt", &ca.pem),
-                "--flintlock-address".to_owned(),
-                host.address().to_string(),
-                "--flintlock-insecure".to_owned(),
-            ]
-            .into_iter()
-            .chain(flags.iter().map(|flag| (*flag).to_owned())),
-        )
-        .expect("flags parse");
+        let cli = agent_cli(
+            dir.path(),
+            &host,
+            &ca,
+            &serving,
+            &dir.path().join("agent-state"),
+            flags,
+        );
         let config = cli.into_config().expect("valid config");
         let agent = match terminals {
             Some((_, ssh)) => {
@@ -182,6 +170,42 @@ impl Fixture {
             ..ExecOpen::default()
         }
     }
+}
+
+/// The flags of an agent relaying to `host`, serving `serving` and trusting clients of
+/// `ca`, its process table in `state_dir`, and `flags`; its PEM files written to `dir`.
+fn agent_cli(
+    dir: &Path,
+    host: &SimulatedHost,
+    ca: &Ca,
+    serving: &Signed,
+    state_dir: &Path,
+    flags: &[&str],
+) -> Cli {
+    let write = |name: &str, pem: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, pem).expect("write PEM");
+        path.display().to_string()
+    };
+    Cli::try_parse_from(
+        [
+            "battery-agent".to_owned(),
+            "--tls-cert-file".to_owned(),
+            write("agent.crt", &serving.cert),
+            "--tls-private-key-file".to_owned(),
+            write("agent.key", &serving.key),
+            "--client-ca-file".to_owned(),
+            write("client-ca.crt", &ca.pem),
+            "--flintlock-address".to_owned(),
+            host.address().to_string(),
+            "--flintlock-insecure".to_owned(),
+            "--state-dir".to_owned(),
+            state_dir.display().to_string(),
+        ]
+        .into_iter()
+        .chain(flags.iter().map(|flag| (*flag).to_owned())),
+    )
+    .expect("flags parse")
 }
 
 fn request(payload: exec_request::Payload) -> ExecRequest {
@@ -831,4 +855,324 @@ async fn a_terminal_whose_client_goes_away_hangs_up_its_command() {
     // The shared connection stays; only this session's channel closes, and with it
     // the terminal, whose hangup ends the command.
     dropping_it_ends(session, pid).await;
+}
+
+// Background processes (ADR 44).
+
+fn process_ref(name: &str) -> ProcessRef {
+    ProcessRef {
+        namespace: "team-a".into(),
+        name: name.into(),
+    }
+}
+
+impl Fixture {
+    fn start_process(&self, name: &str, command: &[&str], stdin: bool) -> StartProcessRequest {
+        StartProcessRequest {
+            process: Some(process_ref(name)),
+            claim: self.open(&[]).claim,
+            microvm_uid: self.microvm_uid.clone(),
+            object: format!("{{\"name\":\"{name}\"}}"),
+            command: command.iter().map(|arg| (*arg).to_owned()).collect(),
+            stdin,
+            ..StartProcessRequest::default()
+        }
+    }
+}
+
+/// The process `name` as the agent lists it.
+async fn listed(client: &mut RelayClient<Channel>, name: &str) -> Option<Process> {
+    let list = client
+        .list_processes(ListProcessesRequest {
+            namespace: "team-a".into(),
+        })
+        .await
+        .expect("listed")
+        .into_inner();
+    list.items
+        .into_iter()
+        .find(|process| process.process.as_ref().is_some_and(|p| p.name == name))
+}
+
+/// Attaches to the process `name`, with stdin when `stdin` is given.
+async fn attach(client: &mut RelayClient<Channel>, name: &str, stdin: bool) -> Session {
+    let (requests, rx) = mpsc::channel(1);
+    let open = exec_request::Payload::Attach(AttachOpen {
+        process: Some(process_ref(name)),
+        stdin,
+        stdout: true,
+        stderr: true,
+    });
+    requests.send(request(open)).await.expect("queued");
+    let responses = client
+        .attach_process(ReceiverStream::new(rx))
+        .await
+        .expect("attached")
+        .into_inner();
+    Session {
+        requests,
+        responses,
+    }
+}
+
+impl Session {
+    /// Reads stdout until it holds `text`.
+    async fn stdout_until(&mut self, text: &str) -> Vec<u8> {
+        let mut seen = Vec::new();
+        while !String::from_utf8_lossy(&seen).contains(text) {
+            match self.next().await {
+                Some(exec_response::Payload::Stdout(bytes)) => seen.extend(bytes),
+                Some(exec_response::Payload::Stderr(_)) => {}
+                other => panic!("{other:?} before {text:?} on stdout"),
+            }
+        }
+        seen
+    }
+}
+
+#[tokio::test]
+async fn a_background_process_runs_on_without_its_client_and_is_attached_from_its_start() {
+    let fixture = Fixture::start().await;
+    let mut client = fixture.trusted_client().await;
+    // Paced by stdin, not by time: it waits for a line an attach sends.
+    let script = "echo early; echo warning >&2; read line; echo \"got $line\"; exit 3";
+    let started = client
+        .start_process(fixture.start_process("p", &["sh", "-c", script], true))
+        .await
+        .expect("started")
+        .into_inner();
+    assert_eq!(started.state(), ProcessState::Running);
+    assert_eq!(started.object, "{\"name\":\"p\"}");
+    drop(client);
+
+    let mut client = fixture.trusted_client().await;
+    let listed_one = listed(&mut client, "p").await.expect("listed");
+    assert_eq!(listed_one.state(), ProcessState::Running);
+    assert_eq!(listed_one.claim.expect("claim").uid, "c-1");
+    let mut watching = attach(&mut client, "p", false).await;
+    watching.stdout_until("early\n").await;
+    drop(watching);
+
+    // A later attach gets the earlier output again, then writes the line it waits for.
+    let writing = attach(&mut client, "p", true).await;
+    writing
+        .requests
+        .send(request(exec_request::Payload::Stdin(Bytes::from_static(
+            b"hi\n",
+        ))))
+        .await
+        .expect("sent");
+    let output = writing.collect().await;
+    assert_eq!(output.stdout, b"early\ngot hi\n");
+    assert_eq!(output.stderr, b"warning\n");
+    assert_eq!(output.exit, Some(exit_status::Outcome::Code(3)));
+    let ended = listed(&mut client, "p").await.expect("still listed");
+    assert_eq!(ended.state(), ProcessState::Exited);
+    assert_eq!(ended.exit_code, 3);
+    assert!(ended.end_time >= ended.start_time);
+
+    // Ended, it is still attached to: its output, then its exit.
+    let again = attach(&mut client, "p", false).await.collect().await;
+    assert_eq!(again.stdout, b"early\ngot hi\n");
+    assert_eq!(again.exit, Some(exit_status::Outcome::Code(3)));
+    let refused = client
+        .start_process(fixture.start_process("p", &["true"], false))
+        .await
+        .expect_err("the name is taken");
+    assert_eq!(refused.code(), Code::AlreadyExists);
+}
+
+#[tokio::test]
+async fn a_stopped_process_records_the_signal_that_ended_it_and_a_delete_forgets_it() {
+    let fixture = Fixture::start().await;
+    let mut client = fixture.trusted_client().await;
+    client
+        .start_process(fixture.start_process("sleeper", &["sleep", "600"], false))
+        .await
+        .expect("started");
+    // It ignores SIGTERM, so only SIGKILL ends it once its grace period (none) passed.
+    let stubborn = "trap '' TERM; echo ready; while :; do sleep 1; done";
+    client
+        .start_process(fixture.start_process("stubborn", &["sh", "-c", stubborn], false))
+        .await
+        .expect("started");
+    attach(&mut client, "stubborn", false)
+        .await
+        .stdout_until("ready\n")
+        .await;
+
+    let stop = |name: &str, grace_period_seconds| StopProcessRequest {
+        process: Some(process_ref(name)),
+        grace_period_seconds,
+    };
+    client
+        .stop_process(stop("sleeper", 30))
+        .await
+        .expect("stopping");
+    client
+        .stop_process(stop("stubborn", 0))
+        .await
+        .expect("stopping");
+    for (name, code, signal) in [("sleeper", 143, "SIGTERM"), ("stubborn", 137, "SIGKILL")] {
+        let output = attach(&mut client, name, false).await.collect().await;
+        assert_eq!(
+            output.exit,
+            Some(exit_status::Outcome::Code(code)),
+            "{name}"
+        );
+        let ended = listed(&mut client, name).await.expect("still listed");
+        assert_eq!(
+            (ended.exit_code, ended.signal.as_str()),
+            (code, signal),
+            "{name}"
+        );
+    }
+
+    client
+        .start_process(fixture.start_process("doomed", &["sleep", "600"], false))
+        .await
+        .expect("started");
+    let deleting = client
+        .delete_process(stop("doomed", 30))
+        .await
+        .expect("deleting")
+        .into_inner();
+    assert!(deleting.deletion_time >= deleting.start_time);
+    eventually(DEADLINE, "the deleted process is forgotten", async || {
+        listed(&mut client.clone(), "doomed").await.is_none()
+    })
+    .await;
+    client
+        .delete_process(stop("sleeper", 30))
+        .await
+        .expect("deleted");
+    assert!(
+        listed(&mut client, "sleeper").await.is_none(),
+        "an ended one goes at once"
+    );
+    let missing = client
+        .stop_process(stop("sleeper", 30))
+        .await
+        .expect_err("gone");
+    assert_eq!(missing.code(), Code::NotFound);
+}
+
+#[tokio::test]
+async fn a_claims_end_ends_and_forgets_its_processes() {
+    let fixture = Fixture::start().await;
+    let mut client = fixture.trusted_client().await;
+    client
+        .start_process(fixture.start_process(
+            "pid",
+            &["sh", "-c", "echo $$; exec sleep 600"],
+            false,
+        ))
+        .await
+        .expect("started");
+    let seen = attach(&mut client, "pid", false)
+        .await
+        .stdout_until("\n")
+        .await;
+    let pid = String::from_utf8(seen).expect("utf-8");
+    assert!(!process_gone(pid.trim()), "it runs");
+    client
+        .forget_claim_processes(fixture.open(&[]).claim.expect("claim"))
+        .await
+        .expect("forgotten");
+    assert!(listed(&mut client, "pid").await.is_none());
+    eventually(DEADLINE, "the claim's process is gone", async || {
+        process_gone(pid.trim())
+    })
+    .await;
+}
+
+/// An agent built from `cli` and served on a runtime of its own, on a thread of its own,
+/// until `stop` is sent or dropped: then the runtime is dropped, which ends every task of
+/// the agent as the end of its process would.
+fn agent_on_its_own_runtime(
+    cli: Cli,
+) -> (SocketAddr, oneshot::Sender<()>, std::thread::JoinHandle<()>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("non-blocking");
+    let address = listener.local_addr().expect("address");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+        runtime.block_on(async move {
+            let agent = battery_agent::build(cli.into_config().expect("valid")).expect("builds");
+            let listener = TcpListener::from_std(listener).expect("a tokio listener");
+            // Not a graceful shutdown: the agent is cut off where it is.
+            tokio::select! {
+                _ = agent.serve(listener, std::future::pending()) => {}
+                _ = stopped => {}
+            }
+        });
+    });
+    (address, stop, thread)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_agent_reports_what_was_running_as_lost_and_keeps_what_ended() {
+    let mut fixture = Fixture::start().await;
+    let state = fixture._dir.path().join("restarted");
+    let serving = fixture.ca.loopback_server();
+    // Both on the same state directory, as a restarted agent on its Host.
+    let [first, second] = [(); 2].map(|()| {
+        agent_cli(
+            fixture._dir.path(),
+            &fixture.host,
+            &fixture.ca,
+            &serving,
+            &state,
+            &[],
+        )
+    });
+    let (address, stop, thread) = agent_on_its_own_runtime(first);
+    fixture.agent = address;
+    let mut client = fixture.trusted_client().await;
+    let pid = "echo $$; exec sleep 600";
+    client
+        .start_process(fixture.start_process("running", &["sh", "-c", pid], false))
+        .await
+        .expect("started");
+    client
+        .start_process(fixture.start_process("done", &["sh", "-c", "exit 7"], false))
+        .await
+        .expect("started");
+    let seen = attach(&mut client, "running", false)
+        .await
+        .stdout_until("\n")
+        .await;
+    let pid = String::from_utf8(seen).expect("utf-8");
+    let done = attach(&mut client, "done", false).await.collect().await;
+    assert_eq!(done.exit, Some(exit_status::Outcome::Code(7)));
+    drop(client);
+
+    stop.send(()).expect("the agent serves");
+    tokio::task::spawn_blocking(move || thread.join().expect("the agent's thread"))
+        .await
+        .expect("joined");
+    eventually(DEADLINE, "its command ended with the agent", async || {
+        process_gone(pid.trim())
+    })
+    .await;
+
+    let (address, _stop, _thread) = agent_on_its_own_runtime(second);
+    fixture.agent = address;
+    let mut client = fixture.trusted_client().await;
+    let lost = listed(&mut client, "running").await.expect("still listed");
+    assert_eq!(lost.state(), ProcessState::Lost);
+    assert!(
+        lost.message.contains("the exec agent restarted"),
+        "{}",
+        lost.message
+    );
+    assert!(lost.end_time > 0);
+    let output = attach(&mut client, "running", false).await.collect().await;
+    let Some(exit_status::Outcome::Error(why)) = output.exit else {
+        panic!("a lost process's attach ends with why: {:?}", output.exit);
+    };
+    assert_eq!(why, lost.message);
+    let done = listed(&mut client, "done").await.expect("still listed");
+    assert_eq!((done.state(), done.exit_code), (ProcessState::Exited, 7));
 }

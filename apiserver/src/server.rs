@@ -14,7 +14,8 @@ use axum::Router;
 use battery_api_machinery::discovery::Discovery;
 use battery_api_machinery::openapi::OpenApi;
 use battery_types::{
-    GROUP, HasResourceInfo, Host, HostCertificateRequest, MicroVMClaim, Pool, RESOURCES, VERSION,
+    GROUP, HasResourceInfo, Host, HostCertificateRequest, MicroVMClaim, MicroVMProcess, Pool,
+    RESOURCES, VERSION,
 };
 use kube::CustomResourceExt;
 use tokio::sync::{broadcast, watch};
@@ -37,7 +38,7 @@ use crate::resources::hosts::certificate::{AgentSigner, HostCertificates};
 use crate::resources::hosts::{HostDirectory, HostStatusWriter, HostStorage};
 use crate::resources::microvmclaims::{
     ClaimConfig, ClaimExec, ClaimLeases, ClaimPortForward, ClaimStorage, DEFAULT_MAX_SESSIONS,
-    ExecSessions, GuestApiServer,
+    ExecSessions, GuestApiServer, ProcessAttach, ProcessStop, ProcessStorage,
 };
 use crate::resources::pools::PoolStorage;
 
@@ -252,7 +253,8 @@ pub fn build(
             relay.clone(),
         )
         .with_guest_api_server(settings.guest_api_server.clone()),
-    );
+    )
+    .with_relay(relay.clone());
     // ResourceQuotas and ServiceAccount tokens live in the cluster; `dev` has none.
     if let Some(cluster) = &settings.cluster {
         claims = claims.with_quotas(cluster.clone());
@@ -269,6 +271,11 @@ pub fn build(
         sessions: exec_sessions.clone(),
         relay,
     });
+    let processes = Arc::new(ProcessStorage::new(claims.clone()));
+    let attach = Arc::new(ProcessAttach {
+        processes: processes.clone(),
+        sessions: exec_sessions.clone(),
+    });
 
     let endpoints: Vec<Arc<dyn Endpoint>> = vec![
         Arc::new(
@@ -280,6 +287,11 @@ pub fn build(
                 .with_subresource("lease", Arc::new(Arc::new(ClaimLeases(claims.clone()))))
                 .with_connect("portforward", Arc::new(port_forward))
                 .with_connect("exec", Arc::new(exec)),
+        ),
+        Arc::new(
+            ResourceEndpoint::new(processes.clone(), store.clone())
+                .with_subresource("stop", Arc::new(Arc::new(ProcessStop(processes.clone()))))
+                .with_connect("attach", Arc::new(attach)),
         ),
         Arc::new(
             ResourceEndpoint::new(hosts.clone(), store.clone())
@@ -299,6 +311,7 @@ pub fn build(
     let kinds = [
         (&Pool::INFO, schema::<Pool>()),
         (&MicroVMClaim::INFO, schema::<MicroVMClaim>()),
+        (&MicroVMProcess::INFO, schema::<MicroVMProcess>()),
         (&Host::INFO, schema::<Host>()),
     ];
     let started = Arc::new(AtomicBool::new(false));
@@ -363,6 +376,7 @@ pub fn build(
         tasks.spawn(follow_cluster_openapi(cluster, openapi, openapi_sender));
     }
     tasks.spawn(claims.quotas().write_status());
+    tasks.spawn(processes.follow());
     tasks.spawn(claims.clone().enforce_limits(settings.cluster.clone()));
     let limits_claims = claims.clone();
     tasks.spawn(

@@ -184,16 +184,28 @@ impl Command {
             .client
             .connect(&self.claim, "exec", &self.query(stdin), &self.pool)
             .await?;
+        Ok(Process::pumped(connection, stdin, self.tty, self.pool))
+    }
+}
+
+impl Process {
+    /// The process a session on `connection` serves: a task pumps its frames to and
+    /// from the pipes; `stdin` when the session has it, `tty` when it runs on one.
+    pub(crate) fn pumped(
+        connection: kube::client::Connection,
+        stdin: bool,
+        tty: Option<TerminalSize>,
+        pool: String,
+    ) -> Self {
         let can_close = connection.supports_stream_close();
         let (stdin_tx, stdin_rx) = mpsc::channel(STDIN_FRAMES);
         let (stdout, stdout_pipe) = tokio::io::duplex(OUTPUT_BUFFER);
         // A terminal's stderr is its stdout: no pipe of its own.
-        let (stderr, stderr_pipe) = self
-            .tty
+        let (stderr, stderr_pipe) = tty
             .is_none()
             .then(|| tokio::io::duplex(OUTPUT_BUFFER))
             .unzip();
-        let (resizer, sizes) = self.tty.map(Resizer::new).unzip();
+        let (resizer, sizes) = tty.map(Resizer::new).unzip();
         let (finished, status) = oneshot::channel();
         let pump = Pump {
             ws: connection.into_stream(),
@@ -208,7 +220,7 @@ impl Command {
             let _ = finished.send(pump.run().await);
         });
         let session = Arc::new(Session(task.abort_handle()));
-        Ok(Process {
+        Process {
             stdin: stdin.then(|| Stdin {
                 frames: PollSender::new(stdin_tx),
                 _session: session.clone(),
@@ -223,10 +235,10 @@ impl Command {
             }),
             resizer,
             status,
-            pool: self.pool,
+            pool,
             can_close,
             _session: session,
-        })
+        }
     }
 }
 
@@ -507,29 +519,6 @@ fn exit_code(status: Option<Status>, pool: &str) -> Result<i32, Error> {
 }
 
 impl Client {
-    /// Opens the WebSocket of the connect subresource `subresource` (`exec`,
-    /// `portforward`) of the claim `claim`, asking with `query`. A refusal before the
-    /// upgrade is the server's Status, mapped as for any call on a claim of `pool`.
-    pub(crate) async fn connect(
-        &self,
-        claim: &str,
-        subresource: &str,
-        query: &str,
-        pool: &str,
-    ) -> Result<kube::client::Connection, Error> {
-        let url = format!(
-            "{}/{claim}/{subresource}?{query}",
-            self.claims().resource_url()
-        );
-        let request = http::Request::get(url)
-            .body(Vec::new())
-            .map_err(|e| Error::Api(kube::Error::HttpError(e)))?;
-        self.kube()
-            .connect(request)
-            .await
-            .map_err(|e| Error::from_claims(e, pool))
-    }
-
     /// `command` (a program and its arguments) for the claim `claim` of this client's
     /// namespace, which this client's user holds. Unlike [`Claim::command`], nothing
     /// renews that claim's lease meanwhile.

@@ -7,7 +7,9 @@
 //! ([`Command::tty`] in a terminal, as `kubectl exec -it`), [`Claim::upload`],
 //! [`Claim::download`] and the path copies move files in and out, and
 //! [`Claim::port_forward`] (or [`Claim::connect_port`], one connection) reaches a port of
-//! the MicroVM, as `kubectl port-forward` does a Pod's.
+//! the MicroVM, as `kubectl port-forward` does a Pod's. [`Claim::background`] starts a
+//! [`BackgroundProcess`], which runs on after the client leaves, to attach to, wait for
+//! and stop later.
 //! The API types are re-exported as [`types`], so a consumer needs no other crate of ours.
 //!
 //! ```no_run
@@ -32,9 +34,11 @@
 
 #![deny(missing_docs)]
 
+mod background;
 mod claim;
 mod claim_builder;
 mod client;
+mod connect;
 mod error;
 mod exec;
 mod host_ready;
@@ -42,6 +46,7 @@ mod portforward;
 mod transfer;
 mod tty;
 
+pub use background::{BackgroundCommand, BackgroundProcess};
 pub use battery_types as types;
 pub use claim::Claim;
 /// The label that carries a claim's token, by which a retried create knows its own claim.

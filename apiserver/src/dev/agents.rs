@@ -70,6 +70,9 @@ pub async fn start(
             "--host-tls-insecure".to_owned(),
             "--skip-check".to_owned(),
             SKIPPED_CHECKS.to_owned(),
+            // Its own process table, beside its kubeconfig.
+            "--state-dir".to_owned(),
+            path(&kubeconfig.with_file_name("state")),
         ])
         .context("the dev agent's flags")?;
         let config = cli.into_config().context("the dev agent's configuration")?;

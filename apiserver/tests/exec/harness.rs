@@ -37,6 +37,8 @@ pub const DEADLINE: Duration = Duration::from_secs(60);
 /// once, as a killed process would.
 pub struct AgentProcess {
     pub runtime: Option<tokio::runtime::Runtime>,
+    /// Its process table's directory.
+    _state: tempfile::TempDir,
 }
 
 /// Sessions an agent of these tests relays at once, unless a test caps it.
@@ -94,6 +96,7 @@ impl AgentProcess {
         client_ca: &Ca,
         max_sessions: usize,
     ) -> Self {
+        let state = tempfile::tempdir().unwrap();
         let config = battery_agent::Config {
             listen,
             serving: battery_agent::Serving::Files {
@@ -105,6 +108,7 @@ impl AgentProcess {
                 .unwrap(),
             registration: None,
             max_sessions: std::num::NonZeroUsize::new(max_sessions).unwrap(),
+            state_dir: state.path().to_owned(),
         };
         let listener = listener.unwrap_or_else(|| std::net::TcpListener::bind(listen).unwrap());
         listener.set_nonblocking(true).unwrap();
@@ -120,6 +124,7 @@ impl AgentProcess {
         });
         Self {
             runtime: Some(runtime),
+            _state: state,
         }
     }
 

@@ -161,6 +161,9 @@ impl Agents {
                 "--flintlock-insecure",
             ])
             .arg("--host-tls-insecure")
+            // Kept across restarts of the Host's agent, as the DaemonSet's hostPath is.
+            .arg("--state-dir")
+            .arg(dir.join("state"))
             .args(&spec.extra);
         if !spec.extra.iter().any(|flag| flag == "--skip-check") {
             command.args(["--skip-check", SIMULATED_HOST_SKIPS]);

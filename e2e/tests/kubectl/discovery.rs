@@ -39,6 +39,14 @@ const RESOURCES: &[[&str; 6]] = &[
         ALL_VERBS,
         "battery",
     ],
+    [
+        "microvmprocesses",
+        "mvp",
+        "true",
+        "MicroVMProcess",
+        "create,delete,get,list,watch",
+        "battery",
+    ],
     ["pools", "bpool", "true", "Pool", ALL_VERBS, "battery"],
 ];
 
@@ -53,11 +61,13 @@ const SUBRESOURCES: &[(&str, &[&str])] = &[
     ("microvmclaims/lease", &["create", "get", "patch", "update"]),
     ("microvmclaims/portforward", &["create", "get"]),
     ("microvmclaims/status", &["get"]),
+    ("microvmprocesses/attach", &["create", "get"]),
+    ("microvmprocesses/stop", &["create"]),
     ("pools/scale", &["get", "patch", "update"]),
     ("pools/status", &["get"]),
 ];
 
-const KINDS: &[&str] = &["Host", "MicroVMClaim", "Pool"];
+const KINDS: &[&str] = &["Host", "MicroVMClaim", "MicroVMProcess", "Pool"];
 
 /// The path of one claim, as both OpenAPI documents name it.
 const CLAIM_PATH: &str =

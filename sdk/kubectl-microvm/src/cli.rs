@@ -88,6 +88,33 @@ pub enum Command {
     /// Holder may.
     #[command(after_help = FORWARD_NEEDS_SSHD)]
     PortForward(PortForwardArgs),
+    /// Start a command in the background in the MicroVM of CLAIM: it runs on after this
+    /// returns, and whoever holds the claim can attach to it, list it and stop it.
+    ///
+    /// Prints its name: `attach` streams its output from its start, `ps` lists it, `kill`
+    /// stops it. Only the claim's Holder may.
+    Start(StartArgs),
+    /// List the background processes of the namespace: claim, command, state, exit code.
+    Ps {
+        /// Only those with these labels, as kubectl's -l: KEY=VALUE,...
+        #[arg(short = 'l', long = "selector", value_name = "SELECTOR")]
+        selector: Option<String>,
+    },
+    /// Stream a background process's output from its start (the latest 1 MiB), then live,
+    /// until it ends; the exit code is its own. Ctrl-C leaves it running.
+    Attach {
+        /// The process (NAME or microvmprocess/NAME).
+        process: String,
+        /// Pass this terminal's stdin to it (it must have been started with -i).
+        #[arg(short = 'i', long)]
+        stdin: bool,
+    },
+    /// Stop a background process: SIGTERM, then SIGKILL after its grace period. It stays
+    /// listed with the signal that ended it, until `kubectl delete microvmprocess NAME`.
+    Kill {
+        /// The process (NAME or microvmprocess/NAME).
+        process: String,
+    },
     /// Renew the lease of CLAIM once.
     Renew {
         /// The claim (NAME or microvmclaim/NAME).
@@ -224,6 +251,38 @@ pub struct RunArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct StartArgs {
+    /// The claim (NAME or microvmclaim/NAME).
+    pub claim: String,
+    /// Its name; without it, the claim's name and a random suffix.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// A label for it, KEY=VALUE; repeat for more.
+    #[arg(short = 'l', long = "label", value_name = "KEY=VALUE", value_parser = key_value)]
+    pub labels: Vec<(String, String)>,
+    /// Keep its stdin open, for `attach -i` to write to.
+    #[arg(short = 'i', long)]
+    pub stdin: bool,
+    /// An environment variable for it, NAME=VALUE; repeat for more.
+    #[arg(short, long = "env", value_name = "NAME=VALUE", value_parser = key_value)]
+    pub env: Vec<(String, String)>,
+    /// The directory in the guest it starts in.
+    #[arg(short, long, value_name = "DIR")]
+    pub workdir: Option<String>,
+    /// How long a stop waits after SIGTERM before SIGKILL, such as 10s.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub grace_period: Option<Duration>,
+    /// The program and its arguments, after `--`. No shell: use `-- sh -c '...'` for one.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// A process's name from NAME or microvmprocess/NAME (as kubectl prints it).
+pub fn process_name(process: &str) -> &str {
+    without_kind(process, ["microvmprocess/", "microvmprocesses/", "mvp/"])
+}
+
+#[derive(Debug, Args)]
 pub struct CpArgs {
     /// What to copy: a local path, or CLAIM:PATH in the guest.
     #[arg(value_name = "SRC")]
@@ -346,7 +405,12 @@ fn key_value(text: &str) -> Result<(String, String), String> {
 /// A claim argument as kubectl takes names: `NAME`, or `microvmclaim/NAME` as `-o name`
 /// prints it.
 pub fn claim_name(arg: &str) -> &str {
-    ["microvmclaim/", "microvmclaims/", "mvc/"]
+    without_kind(arg, ["microvmclaim/", "microvmclaims/", "mvc/"])
+}
+
+/// `arg` without the first of `prefixes` it starts with.
+fn without_kind<'a>(arg: &'a str, prefixes: [&str; 3]) -> &'a str {
+    prefixes
         .iter()
         .find_map(|prefix| arg.strip_prefix(prefix))
         .unwrap_or(arg)

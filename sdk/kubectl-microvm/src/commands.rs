@@ -23,7 +23,7 @@ pub struct Context {
 }
 
 impl Context {
-    fn fail(&self, error: &battery_sdk::Error) -> Failure {
+    pub(crate) fn fail(&self, error: &battery_sdk::Error) -> Failure {
         Failure::of(error, &self.server)
     }
 
@@ -307,7 +307,7 @@ fn to_text<E: std::fmt::Display>(text: Result<String, E>) -> Result<String, Fail
 }
 
 /// Columns padded as kubectl pads them: three spaces between.
-fn table<const N: usize>(rows: &[[String; N]]) -> String {
+pub(crate) fn table<const N: usize>(rows: &[[String; N]]) -> String {
     let widths: Vec<usize> = (0..N)
         .map(|column| rows.iter().map(|row| row[column].len()).max().unwrap_or(0))
         .collect();
@@ -332,7 +332,7 @@ fn until(at: Timestamp) -> String {
 }
 
 /// An age as kubectl shows it: `45s`, `12m`, `5h`, `3d`.
-fn age(since: Timestamp) -> String {
+pub(crate) fn age(since: Timestamp) -> String {
     let now = Timestamp::try_from(SystemTime::now()).unwrap_or(since);
     let seconds = (now.as_second() - since.as_second()).max(0);
     match seconds {

@@ -9,6 +9,7 @@
 mod cli;
 mod commands;
 mod failure;
+mod processes;
 mod progress;
 mod session;
 
@@ -48,6 +49,10 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
         Command::Run(args) => commands::run(&cx, args).await,
         Command::Cp(args) => commands::cp(&cx, args).await,
         Command::PortForward(args) => commands::port_forward(&cx, args).await,
+        Command::Start(args) => processes::start(&cx, args).await,
+        Command::Ps { selector } => processes::list(&cx, selector.as_deref()).await,
+        Command::Attach { process, stdin } => processes::attach(&cx, &process, stdin).await,
+        Command::Kill { process } => processes::kill(&cx, &process).await,
         Command::Renew { claim } => commands::renew(&cx, &claim).await,
         Command::Release { claim } => commands::release(&cx, &claim).await,
         Command::Ls => commands::list(&cx).await,

@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::io::IsTerminal as _;
 use std::task::Poll;
 
-use battery_sdk::{Command, Error, OutputStream, Resizer, TerminalSize};
+use battery_sdk::{Command, Error, OutputStream, Process, Resizer, TerminalSize};
 use tokio::io::{AsyncWrite, AsyncWriteExt as _};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
@@ -70,7 +70,7 @@ pub async fn attach(command: Command, args: &CommandArgs) -> Result<i32, Error> 
         command = command.tty(local_size());
     }
     // Ours is still a cooked terminal while this connects, so Ctrl-C can give up on it.
-    let mut process = tokio::select! {
+    let process = tokio::select! {
         process = command.spawn() => process?,
         code = &mut ended_by_signal => return Ok(code),
     };
@@ -86,6 +86,32 @@ pub async fn attach(command: Command, args: &CommandArgs) -> Result<i32, Error> 
             None => std::future::pending().await,
         }
     };
+    // `_raw` is dropped on the way out of here, whichever way that is (a panic's
+    // unwinding too), so the error line, if any, is printed on a restored terminal.
+    tokio::select! {
+        code = streamed(process) => code,
+        code = ended_by_signal => Ok(code),
+        never = resizing => match never {},
+    }
+}
+
+/// A process being opened (an attach to a background process), streamed to this
+/// terminal as [`attach`] streams a command, without a terminal of its own: its exit code,
+/// or a shell's for the signal that closed the session (which leaves it running).
+pub async fn follow(opening: impl Future<Output = Result<Process, Error>>) -> Result<i32, Error> {
+    let mut ended_by_signal = std::pin::pin!(endings().map_err(|e| Error::Exec(Box::new(e)))?);
+    let process = tokio::select! {
+        process = opening => process?,
+        code = &mut ended_by_signal => return Ok(code),
+    };
+    tokio::select! {
+        code = streamed(process) => code,
+        code = ended_by_signal => Ok(code),
+    }
+}
+
+/// Our stdin to `process` (when it has one), its output to ours, then its exit code.
+async fn streamed(mut process: Process) -> Result<i32, Error> {
     if let Some(mut input) = process.stdin() {
         // Not awaited: reading a terminal blocks until a line (a key, in raw mode) or end
         // of file, which may never come; the process exits without waiting for it. In raw
@@ -101,18 +127,9 @@ pub async fn attach(command: Command, args: &CommandArgs) -> Result<i32, Error> 
     }
     let stdout = pipe(process.stdout(), tokio::io::stdout());
     let stderr = pipe(process.stderr(), tokio::io::stderr());
-    let session = async {
-        let (stdout, stderr) = tokio::join!(stdout, stderr);
-        stdout.and(stderr).map_err(Error::Output)?;
-        process.wait().await
-    };
-    // `_raw` is dropped on the way out of here, whichever way that is (a panic's
-    // unwinding too), so the error line, if any, is printed on a restored terminal.
-    tokio::select! {
-        code = session => code,
-        code = ended_by_signal => Ok(code),
-        never = resizing => match never {},
-    }
+    let (stdout, stderr) = tokio::join!(stdout, stderr);
+    stdout.and(stderr).map_err(Error::Output)?;
+    process.wait().await
 }
 
 /// The next Ctrl-C, listened for from this call on: `tokio::signal::ctrl_c` listens only

@@ -5,6 +5,8 @@
 mod common;
 #[path = "kubectl/port_forward.rs"]
 mod port_forward;
+#[path = "kubectl/processes.rs"]
+mod processes;
 #[path = "kubectl/terminal.rs"]
 mod terminal;
 

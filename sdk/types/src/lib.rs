@@ -1,7 +1,8 @@
 //! The `battery.liquidmetal-x.dev/v1alpha1` kinds (Pool, MicroVMClaim, Host) and their
 //! `ResourceInfo`, with no I/O.
 //!
-//! - **Kinds**: [`Pool`], [`MicroVMClaim`] (both namespaced) and [`Host`] (cluster-scoped),
+//! - **Kinds**: [`Pool`], [`MicroVMClaim`], [`MicroVMProcess`] (namespaced) and [`Host`]
+//!   (cluster-scoped),
 //!   derived with `kube::CustomResource`, so they work with `kube::Api` and their schema
 //!   (`Pool::crd()`) carries a description for every field (`kubectl explain`).
 //! - **Defaults** are applied while decoding, as Kubernetes applies them in its decoder:
@@ -53,6 +54,7 @@ mod duration;
 mod host_certificates;
 mod hosts;
 mod microvmclaims;
+mod microvmprocesses;
 mod pools;
 mod resource_info;
 mod service_account_token;
@@ -74,6 +76,10 @@ pub use microvmclaims::{
     DEFAULT_SECRET_FILE_MODE, EnvVarSource, KeySelector, MAX_ENV, MAX_FILES, MicroVMClaim,
     MicroVMClaimSpec, MicroVMClaimStatus, NetworkInterfaceStatus, PoolRef, SourceKind,
     service_account_username,
+};
+pub use microvmprocesses::{
+    DEFAULT_PROCESS_GRACE_PERIOD_SECONDS, MAX_PROCESS_GRACE_PERIOD_SECONDS, MicroVMProcess,
+    MicroVMProcessSpec, MicroVMProcessStatus, ProcessEnvVar, ProcessPhase,
 };
 pub use pools::{
     HookFailurePolicy, Hooks, LeaseSettings, POOL_UID_LABEL, Placement, Pool, PoolSpec, PoolStatus,

@@ -3,7 +3,7 @@
 //!
 //! Short names resolve across every API group in a cluster, and `pool`, `host` and `claim`
 //! are words other APIs use too, so each short name is prefixed to stay unambiguous: `bpool`
-//! (battery pool), `mvc` (MicroVMClaim), `bhost` (battery host). None is a built-in resource
+//! (battery pool), `mvc` (MicroVMClaim), `mvp` (MicroVMProcess), `bhost` (battery host). None is a built-in resource
 //! or short name.
 
 use std::fmt;
@@ -11,6 +11,7 @@ use std::fmt;
 use crate::api_group::{GROUP, VERSION};
 use crate::hosts::Host;
 use crate::microvmclaims::MicroVMClaim;
+use crate::microvmprocesses::MicroVMProcess;
 use crate::pools::Pool;
 
 /// A Kubernetes API verb, as RBAC and discovery spell it.
@@ -161,7 +162,12 @@ pub trait HasResourceInfo {
 }
 
 /// Every resource this API serves, in the order discovery lists them.
-pub const RESOURCES: &[&ResourceInfo] = &[&Pool::INFO, &MicroVMClaim::INFO, &Host::INFO];
+pub const RESOURCES: &[&ResourceInfo] = &[
+    &Pool::INFO,
+    &MicroVMClaim::INFO,
+    &MicroVMProcess::INFO,
+    &Host::INFO,
+];
 
 /// The resource called `plural` (`pools`, `microvmclaims`, `hosts`), if this API serves one.
 pub fn resource_for_plural(plural: &str) -> Option<&'static ResourceInfo> {
@@ -258,6 +264,47 @@ impl HasResourceInfo for MicroVMClaim {
                 // Named after `pods/portforward`'s `PodPortForwardOptions` (`ports`).
                 kind: "MicroVMClaimPortForwardOptions",
                 verbs: &[Verb::Create, Verb::Get],
+                strategic_merge_patch: false,
+            },
+        ],
+    };
+}
+
+impl HasResourceInfo for MicroVMProcess {
+    const INFO: ResourceInfo = ResourceInfo {
+        group: GROUP,
+        version: VERSION,
+        kind: "MicroVMProcess",
+        plural: "microvmprocesses",
+        singular: "microvmprocess",
+        short_names: &["mvp"],
+        categories: CATEGORIES,
+        scope: Scope::Namespaced,
+        // Its spec is fixed and its status the agent's: nothing to update (ADR 44).
+        verbs: &[
+            Verb::Get,
+            Verb::List,
+            Verb::Watch,
+            Verb::Create,
+            Verb::Delete,
+        ],
+        subresources: &[
+            SubresourceInfo {
+                name: "attach",
+                group: GROUP,
+                version: VERSION,
+                // Named after `pods/attach`'s `PodAttachOptions` (stdin, stdout, stderr).
+                kind: "MicroVMProcessAttachOptions",
+                verbs: &[Verb::Create, Verb::Get],
+                strategic_merge_patch: false,
+            },
+            SubresourceInfo {
+                name: "stop",
+                group: GROUP,
+                version: VERSION,
+                // A POST that stops the process and answers it, keeping it to be read.
+                kind: "MicroVMProcess",
+                verbs: &[Verb::Create],
                 strategic_merge_patch: false,
             },
         ],

@@ -1,9 +1,9 @@
 //! What counts as use of a claim, for its idle timeout: every exec session (a command, a
 //! terminal, a file copy, which runs as one) and port-forward holds the claim busy for
 //! as long as it is open, and its start and end are the claim's latest activity.
-//! Renewing the lease is not use. Whatever else comes to keep a claim in use (a
-//! background process running in it) takes a [`ActivityHold`] for its life, or calls
-//! [`ClaimActivity::touch`] for something that is over at once.
+//! Renewing the lease is not use. Whatever else keeps a claim in use (a background
+//! process running in it, `processes/index.rs`) takes a [`ActivityHold`] for its life,
+//! or calls [`ClaimActivity::touch`] for something that is over at once.
 //!
 //! This is the live view, in memory; the limits' enforcer (`limits.rs`) writes it to
 //! the store (`ActivityRecord`) so a restart neither forgets it nor counts a session cut
@@ -39,7 +39,7 @@ pub(super) struct ActivityRecord {
 
 #[derive(Debug)]
 struct Entry {
-    /// Sessions (and, later, processes) holding the claim busy now.
+    /// Sessions and running background processes holding the claim busy now.
     holds: usize,
     /// When it was last used: the latest start or end of a hold, or a touch.
     last: Timestamp,

@@ -27,6 +27,7 @@ use crate::watch::ChangeType;
 
 mod access;
 mod activity;
+mod agents;
 mod bind;
 mod config;
 mod exec;
@@ -35,6 +36,7 @@ mod identity;
 mod lease;
 mod limited;
 mod limits;
+mod processes;
 mod quota;
 mod read;
 mod record;
@@ -52,6 +54,7 @@ pub use activity::{ActivityHold, ClaimActivity};
 pub use config::{ClaimConfig, GuestApiServer};
 pub use exec::{ClaimExec, ClaimPortForward, DEFAULT_MAX_SESSIONS, ExecSessions};
 pub use lease::ClaimLeases;
+pub use processes::{ProcessAttach, ProcessStop, ProcessStorage};
 pub use quota::{ClaimQuotas, QuotaSource};
 pub use storage::ClaimStorage;
 

@@ -15,6 +15,7 @@ use super::activity::{self, ClaimActivity};
 use super::config::ClaimConfig;
 use super::exec::ExecSessions;
 use super::limited::LimitedClaims;
+use super::processes::index::ProcessIndex;
 use super::quota::{ClaimQuotas, QuotaSource};
 use super::record::{ClaimRecord, LeaseRecord, key};
 use super::token::Rotations;
@@ -88,6 +89,9 @@ pub struct ClaimStorage {
     pub(super) limited: Arc<LimitedClaims>,
     /// The token rotations of the Bound claims whose guests have a ServiceAccount token.
     pub(super) rotations: Arc<Rotations>,
+    /// The background processes last seen in the claims' MicroVMs, forgotten with their
+    /// claim.
+    pub(super) processes: Arc<ProcessIndex>,
 }
 
 impl ClaimStorage {
@@ -100,6 +104,11 @@ impl ClaimStorage {
         metrics: Arc<Metrics>,
         exec_sessions: Arc<ExecSessions>,
     ) -> Self {
+        let processes = Arc::new(ProcessIndex::new(
+            store.clone(),
+            exec_sessions.activity(),
+            Arc::new(crate::relay::AgentRelay::new(None)),
+        ));
         Self {
             battery,
             store: store.clone(),
@@ -119,8 +128,25 @@ impl ClaimStorage {
             activity: exec_sessions.activity(),
             limited: Arc::default(),
             rotations: Arc::default(),
+            processes,
             exec_sessions,
         }
+    }
+
+    /// Reaches the claims' background processes through `relay`.
+    #[must_use]
+    pub fn with_relay(mut self, relay: Arc<crate::relay::AgentRelay>) -> Self {
+        self.processes = Arc::new(ProcessIndex::new(
+            self.store.clone(),
+            self.activity.clone(),
+            relay,
+        ));
+        self
+    }
+
+    /// The background processes last seen in the claims' MicroVMs.
+    pub(super) fn process_index(&self) -> Arc<ProcessIndex> {
+        self.processes.clone()
     }
 
     /// How claims' env and files are read and written; without it, as in `dev`, only
@@ -180,6 +206,11 @@ impl ClaimStorage {
         // Released, expired or deleted: its MicroVM is no longer the Holder's to use.
         if leaseless && let Some(uid) = &claim.metadata.uid {
             self.exec_sessions.end_claim(uid);
+            self.processes.end_claim(crate::relay::ClaimRef {
+                namespace: claim.metadata.namespace.clone().unwrap_or_default(),
+                name: claim.metadata.name.clone().unwrap_or_default(),
+                uid: uid.clone(),
+            });
             self.config.forget(uid);
             self.activity.forget(uid);
             self.limited.forget(uid);

@@ -110,7 +110,10 @@ fn hosts() {
 #[test]
 fn the_table_lists_every_kind_once() {
     let plurals: Vec<&str> = RESOURCES.iter().map(|info| info.plural).collect();
-    assert_eq!(plurals, ["pools", "microvmclaims", "hosts"]);
+    assert_eq!(
+        plurals,
+        ["pools", "microvmclaims", "microvmprocesses", "hosts"]
+    );
     assert_eq!(resource_for_plural("hosts"), Some(&Host::INFO));
     assert_eq!(resource_for_plural("pods"), None);
     assert_eq!(Pool::INFO.api_version(), crate::API_VERSION);
@@ -149,5 +152,6 @@ where
 fn the_table_agrees_with_the_kube_derives() {
     agrees_with_kube::<Pool>();
     agrees_with_kube::<MicroVMClaim>();
+    agrees_with_kube::<crate::MicroVMProcess>();
     agrees_with_kube::<Host>();
 }

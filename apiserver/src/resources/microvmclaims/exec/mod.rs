@@ -8,7 +8,7 @@
 //! Only then is the connection upgraded and the session relayed (`session`).
 
 mod portforward;
-mod session;
+pub(in crate::resources::microvmclaims) mod session;
 mod sessions;
 mod target;
 
