@@ -284,6 +284,17 @@ impl Relay for RelayService {
             .map(Response::new)
     }
 
+    async fn replace_process_object(
+        &self,
+        request: Request<pb::ReplaceProcessObjectRequest>,
+    ) -> Result<Response<pb::Process>, Status> {
+        let request = request.into_inner();
+        let process = request.process.unwrap_or_default();
+        let key = (process.namespace, process.name);
+        let replaced = self.processes.replace_object(&key, request.object)?;
+        Ok(Response::new(replaced))
+    }
+
     async fn forget_claim_processes(
         &self,
         request: Request<ClaimRef>,

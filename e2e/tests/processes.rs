@@ -1,13 +1,14 @@
 //! Background processes (issue 42 item 1; ADR 44) through a real kube-apiserver, as in a
 //! cluster (`serve`, one `battery-agent` per simulated Host, RBAC as `deploy/` ships
 //! it): a process outlives the request that started it, is listed (Table, label
-//! selector), attached to with the output it wrote before, read to its exit code, stopped
+//! selector) and watched, attached to with the output it wrote before, read to its exit
+//! code, stopped
 //! with its signal recorded; a viewer lists but neither starts nor attaches; and an agent
 //! that restarts reports what it was running as lost.
 
 use std::time::Duration;
 
-use battery_e2e::apiserver::{ApiServer, front};
+use battery_e2e::apiserver::{ApiServer, Stream, front};
 use battery_e2e::channel_exec;
 use battery_e2e::control_plane::Options;
 use battery_e2e::https::Identity;
@@ -71,6 +72,11 @@ async fn a_background_process_outlives_its_client_is_listed_attached_to_and_stop
         .await
         .expect("the kubectl user claims for itself");
     let processes: Api<MicroVMProcess> = Api::namespaced(client.clone(), NAMESPACE);
+    // A watch from before the start sees it start and end.
+    let kubectl = server.kubectls().next().expect("a kubectl");
+    let mut watch = kubectl
+        .cmd(&["get", "microvmprocesses", "-w", "-n", NAMESPACE])
+        .spawn();
 
     // Started by one request, which is over before the process writes its last line.
     let script = "echo early; sleep 2; echo late; exit 3";
@@ -86,7 +92,6 @@ async fn a_background_process_outlives_its_client_is_listed_attached_to_and_stop
     assert!(status.node_name.is_some());
 
     // Listed, with the columns kubectl users expect, and by label.
-    let kubectl = server.kubectls().next().expect("a kubectl");
     let table = kubectl
         .ok(&["get", "microvmprocesses", "-l", "app=e2e", "-n", NAMESPACE])
         .await;
@@ -113,6 +118,47 @@ async fn a_background_process_outlives_its_client_is_listed_attached_to_and_stop
             .is_empty()
     );
 
+    // Its labels change as any object's do; its spec does not.
+    kubectl
+        .ok(&[
+            "label",
+            "microvmprocess",
+            "sleeper",
+            "tier=build",
+            "-n",
+            NAMESPACE,
+        ])
+        .await;
+    let relabeled = kubectl
+        .ok(&[
+            "get",
+            "mvp",
+            "-l",
+            "tier=build",
+            "-o",
+            "name",
+            "-n",
+            NAMESPACE,
+        ])
+        .await;
+    assert_eq!(
+        relabeled.trim(),
+        "microvmprocess.battery.liquidmetal-x.dev/sleeper"
+    );
+    let refused = kubectl
+        .fails(&[
+            "patch",
+            "mvp",
+            "sleeper",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"command":["true"]}}"#,
+            "-n",
+            NAMESPACE,
+        ])
+        .await;
+    assert!(refused.contains("field is immutable"), "{refused}");
+
     // An attach gets what the process wrote before it, then the rest, then its exit code.
     let exec = server.exec_client(None);
     let mut attached = exec
@@ -133,6 +179,12 @@ async fn a_background_process_outlives_its_client_is_listed_attached_to_and_stop
         (Some(ProcessPhase::Failed), Some(3))
     );
     assert!(done.finish_time.is_some());
+    watch
+        .line(Stream::Stdout, "the watch to show it Failed", |line| {
+            line.starts_with("sleeper") && line.contains("Failed")
+        })
+        .await;
+    watch.interrupt();
     // Read again after its end: its output from the start.
     let again = exec
         .open(&attach_path("sleeper"), "v5.channel.k8s.io")

@@ -228,6 +228,21 @@ impl Processes {
         self.save_or_warn(&entries);
     }
 
+    /// Replaces the object the process `key` carries, and saves.
+    pub fn replace_object(&self, key: &Key, object: String) -> Result<pb::Process, Status> {
+        let mut entries = self.entries();
+        let entry = entries.get_mut(key).ok_or_else(|| not_found(key))?;
+        entry.record.object = object;
+        let process = entry.record.to_proto();
+        self.save(&entries).map_err(|error| {
+            Status::unavailable(format!(
+                "the process could not be recorded in {}: {error}",
+                self.0.file.display()
+            ))
+        })?;
+        Ok(process)
+    }
+
     /// The processes of `namespace` (all when empty).
     pub fn list(&self, namespace: &str) -> Vec<pb::Process> {
         self.entries()

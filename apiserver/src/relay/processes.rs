@@ -195,6 +195,26 @@ impl AgentRelay {
         Ok(stopped.into_inner().into())
     }
 
+    /// Replaces the object the process carries: its metadata changed.
+    pub async fn replace_process_object(
+        &self,
+        host: &str,
+        address: &str,
+        (namespace, name): (&str, &str),
+        object: String,
+    ) -> Result<AgentProcess, ApiError> {
+        let request = pb::ReplaceProcessObjectRequest {
+            process: process_ref(namespace, name),
+            object,
+        };
+        let mut client = self.client(host, address)?;
+        let replaced = tokio::time::timeout(OPEN_TIMEOUT, client.replace_process_object(request))
+            .await
+            .map_err(|_| unavailable(host, address, "it did not answer in time"))?
+            .map_err(|status| refused(host, address, name, &status))?;
+        Ok(replaced.into_inner().into())
+    }
+
     /// Ends and forgets the processes of the claim `claim`, which ended.
     pub async fn forget_claim_processes(
         &self,

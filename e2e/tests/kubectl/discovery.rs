@@ -44,7 +44,7 @@ const RESOURCES: &[[&str; 6]] = &[
         "mvp",
         "true",
         "MicroVMProcess",
-        "create,delete,get,list,watch",
+        "create,delete,get,list,patch,update,watch",
         "battery",
     ],
     ["pools", "bpool", "true", "Pool", ALL_VERBS, "battery"],

@@ -8,7 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::string_enum::string_enum;
-use crate::validation::{FieldError, FieldPath, validate_dns_subdomain_name};
+use crate::validation::{FieldError, FieldPath, messages, validate_dns_subdomain_name};
 use crate::wire::{drop_null_from_enum, required_fields};
 
 /// The grace period between SIGTERM and SIGKILL when none is given.
@@ -166,6 +166,20 @@ impl MicroVMProcessSpec {
                 path.child("terminationGracePeriodSeconds"),
                 seconds,
                 format!("must be between 0 and {MAX_PROCESS_GRACE_PERIOD_SECONDS}"),
+            ));
+        }
+        errors
+    }
+
+    /// Checks an update from `old` to `new`: `new` as `validate` does, and that it is
+    /// `old`: what runs, and where, is fixed once it started.
+    pub fn validate_update(old: &Self, new: &Self) -> Vec<FieldError> {
+        let mut errors = new.validate();
+        if new != old {
+            errors.push(FieldError::invalid(
+                "spec",
+                serde_json::to_value(new).unwrap_or_default(),
+                messages::IMMUTABLE,
             ));
         }
         errors

@@ -280,12 +280,15 @@ impl HasResourceInfo for MicroVMProcess {
         short_names: &["mvp"],
         categories: CATEGORIES,
         scope: Scope::Namespaced,
-        // Its spec is fixed and its status the agent's: nothing to update (ADR 44).
+        // Its spec is fixed and its status the agent's: an update changes metadata only,
+        // as a claim's does (ADR 44).
         verbs: &[
             Verb::Get,
             Verb::List,
             Verb::Watch,
             Verb::Create,
+            Verb::Update,
+            Verb::Patch,
             Verb::Delete,
         ],
         subresources: &[

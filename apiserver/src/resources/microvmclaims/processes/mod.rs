@@ -2,8 +2,8 @@
 //! the exec agents of the claims' Hosts and served live from their process tables:
 //! nothing is stored here. `object` (the served object), `index` (what was last seen,
 //! for watches and the claims' activity) and `storage` sit below the jobs: `start`,
-//! `stop` (and the `stop` subresource), `attach` and `follow`; this file holds the
-//! `Storage` verbs.
+//! `stop` (and the `stop` subresource), `update` (metadata), `attach` and `follow`; this
+//! file holds the `Storage` verbs.
 
 mod attach;
 mod follow;
@@ -13,11 +13,12 @@ mod start;
 mod stop;
 mod storage;
 mod table;
+mod update;
 
 use battery_api_machinery::status::ApiError;
 use battery_api_machinery::table::TableColumnDefinition;
 use battery_types::validation::FieldError;
-use battery_types::{HasResourceInfo, MicroVMProcess};
+use battery_types::{MicroVMProcess, MicroVMProcessSpec};
 use serde_json::Value;
 
 use crate::api::{Deleted, RequestContext, Storage};
@@ -49,6 +50,10 @@ impl Storage for ProcessStorage {
         process.spec.validate()
     }
 
+    fn validate_update(&self, old: &MicroVMProcess, new: &MicroVMProcess) -> Vec<FieldError> {
+        MicroVMProcessSpec::validate_update(&old.spec, &new.spec)
+    }
+
     async fn get(&self, ctx: &RequestContext, name: &str) -> Result<MicroVMProcess, ApiError> {
         self.one(ctx.namespace.as_deref().unwrap_or_default(), name)
             .await
@@ -71,15 +76,11 @@ impl Storage for ProcessStorage {
 
     async fn update(
         &self,
-        _ctx: &RequestContext,
+        ctx: &RequestContext,
         _old: MicroVMProcess,
-        _new: MicroVMProcess,
+        new: MicroVMProcess,
     ) -> Result<MicroVMProcess, ApiError> {
-        // Not a verb of the resource: the dispatcher refuses it before this.
-        Err(ApiError::method_not_allowed(
-            &MicroVMProcess::INFO,
-            "update",
-        ))
+        self.relabel(ctx, new).await
     }
 
     async fn delete(
