@@ -95,6 +95,17 @@ pub async fn kube_event(
     .await
 }
 
+/// A claim `name` on the `dev` Pool held by the ServiceAccount `holder` of its namespace.
+pub fn dev_claim(name: &str, holder: &str) -> battery_types::MicroVMClaim {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": battery_types::API_VERSION,
+        "kind": "MicroVMClaim",
+        "metadata": {"name": name},
+        "spec": {"poolRef": {"name": "dev"}, "serviceAccountName": holder},
+    }))
+    .expect("a MicroVMClaim")
+}
+
 /// flintlock's types (the MicroVM template).
 pub use battery_proto::flintlock::types as fl;
 /// The generated battery API, re-exported for the tests.

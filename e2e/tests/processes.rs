@@ -12,7 +12,7 @@ use battery_e2e::apiserver::{ApiServer, Stream, front};
 use battery_e2e::channel_exec;
 use battery_e2e::control_plane::Options;
 use battery_e2e::https::Identity;
-use battery_e2e::{eventually, kube_client};
+use battery_e2e::{dev_claim, eventually, kube_client};
 use battery_types::{MicroVMClaim, MicroVMProcess, ProcessPhase};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
@@ -20,16 +20,6 @@ use serde_json::{Value, json};
 const NAMESPACE: &str = "default";
 /// Generous, for a debug build on a loaded 2-core machine.
 const DEADLINE: Duration = Duration::from_secs(90);
-
-fn claim(name: &str, holder: &str) -> MicroVMClaim {
-    serde_json::from_value(json!({
-        "apiVersion": battery_types::API_VERSION,
-        "kind": "MicroVMClaim",
-        "metadata": {"name": name},
-        "spec": {"poolRef": {"name": "dev"}, "serviceAccountName": holder},
-    }))
-    .expect("a MicroVMClaim")
-}
 
 fn process(name: &str, claim: &str, command: &[&str]) -> MicroVMProcess {
     serde_json::from_value(json!({
@@ -68,7 +58,7 @@ async fn a_background_process_outlives_its_client_is_listed_attached_to_and_stop
     let client = kube_client(server.kubeconfig()).await;
     let claims: Api<MicroVMClaim> = Api::namespaced(client.clone(), NAMESPACE);
     claims
-        .create(&PostParams::default(), &claim("work", "dev"))
+        .create(&PostParams::default(), &dev_claim("work", "dev"))
         .await
         .expect("the kubectl user claims for itself");
     let processes: Api<MicroVMProcess> = Api::namespaced(client.clone(), NAMESPACE);
@@ -237,7 +227,7 @@ async fn a_viewer_lists_processes_but_neither_starts_nor_attaches() {
     let admin = kube_client(server.kubeconfig()).await;
     // Held by the viewer, so only RBAC stands in its way.
     Api::<MicroVMClaim>::namespaced(admin.clone(), NAMESPACE)
-        .create(&PostParams::default(), &claim("watched", "viewer"))
+        .create(&PostParams::default(), &dev_claim("watched", "viewer"))
         .await
         .expect("a claim held by the viewer");
     let cluster = server.cluster().expect("a real control plane");
@@ -293,7 +283,7 @@ async fn a_restarted_agent_reports_the_process_it_ran_as_lost() {
     let client = kube_client(server.kubeconfig()).await;
     let claims: Api<MicroVMClaim> = Api::namespaced(client.clone(), NAMESPACE);
     let bound = claims
-        .create(&PostParams::default(), &claim("work", "dev"))
+        .create(&PostParams::default(), &dev_claim("work", "dev"))
         .await
         .expect("claimed");
     let host = bound.status.and_then(|s| s.host).expect("a Host").node_name;

@@ -8,25 +8,13 @@ use battery_e2e::apiserver::{ApiServer, front};
 use battery_e2e::channel_exec;
 use battery_e2e::control_plane::Options;
 use battery_e2e::https::Identity;
-use battery_e2e::kube_client;
+use battery_e2e::{dev_claim, kube_client};
 use battery_types::{ClaimPhase, MicroVMClaim};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, AttachParams, DeleteParams, ObjectMeta, PostParams};
-use serde_json::json;
 use tokio::io::AsyncReadExt as _;
 
 const NAMESPACE: &str = "default";
-
-/// A claim on the dev Pool held by the ServiceAccount `holder` of [`NAMESPACE`].
-fn claim(name: &str, holder: &str) -> MicroVMClaim {
-    serde_json::from_value(json!({
-        "apiVersion": battery_types::API_VERSION,
-        "kind": "MicroVMClaim",
-        "metadata": {"name": name},
-        "spec": {"poolRef": {"name": "dev"}, "serviceAccountName": holder},
-    }))
-    .expect("a MicroVMClaim")
-}
 
 /// `claims` of the kubectl user (allowed everything): for claims another account holds.
 async fn admin_claims(server: &ApiServer) -> Api<MicroVMClaim> {
@@ -120,7 +108,7 @@ async fn the_holder_role_alone_claims_renews_execs_and_releases() {
     let claims = account_bound_to(&server, "runner", "battery-holder", &["create"]).await;
 
     let created = claims
-        .create(&PostParams::default(), &claim("mine", "runner"))
+        .create(&PostParams::default(), &dev_claim("mine", "runner"))
         .await
         .expect("the holder role creates a claim");
     assert_eq!(
@@ -141,7 +129,7 @@ async fn the_holder_role_alone_claims_renews_execs_and_releases() {
     // Another Holder's claim: RBAC lets the role through, the Holder rule refuses.
     admin_claims(&server)
         .await
-        .create(&PostParams::default(), &claim("theirs", "dev"))
+        .create(&PostParams::default(), &dev_claim("theirs", "dev"))
         .await
         .expect("the kubectl user claims for itself");
     assert_forbidden(renew(&claims, "theirs").await, "renewing another's claim");
@@ -169,7 +157,7 @@ async fn view_reads_claims_but_cannot_renew_or_exec() {
     // Even as the claim's Holder, `view` gives neither `lease` nor `exec`.
     admin_claims(&server)
         .await
-        .create(&PostParams::default(), &claim("watched", "viewer"))
+        .create(&PostParams::default(), &dev_claim("watched", "viewer"))
         .await
         .expect("a claim held by the viewer");
     let claims = account_bound_to(&server, "viewer", "view", &["get"]).await;
@@ -219,7 +207,7 @@ async fn view_reads_claims_but_cannot_renew_or_exec() {
     }
     assert_forbidden(
         claims
-            .create(&PostParams::default(), &claim("mine", "viewer"))
+            .create(&PostParams::default(), &dev_claim("mine", "viewer"))
             .await,
         "creating with view",
     );
@@ -251,7 +239,7 @@ async fn exec_needs_get_at_kube_apiserver_and_create_at_ours() {
         ("both", &["get", "create"][..], None),
     ] {
         admin
-            .create(&PostParams::default(), &claim(holder, holder))
+            .create(&PostParams::default(), &dev_claim(holder, holder))
             .await
             .expect("a claim for the holder");
         let rules = vec![front::battery_rule(&["microvmclaims/exec"], verbs)];

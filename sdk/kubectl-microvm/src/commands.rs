@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 use battery_sdk::types::{ClaimPhase, MicroVMClaim};
 use battery_sdk::{Claim, Client, ForwardError, PortForward};
 use futures::StreamExt as _;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::cli::{
@@ -283,11 +284,7 @@ pub async fn list(cx: &Context) -> Result<i32, Failure> {
             status.host.map_or_else(|| "-".to_owned(), |h| h.node_name),
             claim.spec.service_account_name.clone(),
             expires,
-            claim
-                .metadata
-                .creation_timestamp
-                .as_ref()
-                .map_or_else(|| "-".to_owned(), |t| age(t.0)),
+            age_of(&claim.metadata),
         ]);
     }
     print!("{}", table(&rows));
@@ -331,8 +328,16 @@ fn until(at: Timestamp) -> String {
     humantime::format_duration(Duration::from_secs(seconds.unsigned_abs())).to_string()
 }
 
+/// An object's age, as the AGE column shows it; `-` when it has no creation time.
+pub(crate) fn age_of(metadata: &ObjectMeta) -> String {
+    metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or_else(|| "-".to_owned(), |t| age(t.0))
+}
+
 /// An age as kubectl shows it: `45s`, `12m`, `5h`, `3d`.
-pub(crate) fn age(since: Timestamp) -> String {
+fn age(since: Timestamp) -> String {
     let now = Timestamp::try_from(SystemTime::now()).unwrap_or(since);
     let seconds = (now.as_second() - since.as_second()).max(0);
     match seconds {

@@ -3,7 +3,7 @@
 use battery_sdk::types::ProcessPhase;
 
 use crate::cli::{StartArgs, claim_name, process_name};
-use crate::commands::{Context, age, table};
+use crate::commands::{Context, age_of, table};
 use crate::failure::Failure;
 use crate::session;
 
@@ -62,11 +62,7 @@ pub async fn list(cx: &Context, selector: Option<&str>) -> Result<i32, Failure> 
                 .map_or("-", ProcessPhase::as_str)
                 .to_owned(),
             exit,
-            object
-                .metadata
-                .creation_timestamp
-                .as_ref()
-                .map_or_else(|| "-".to_owned(), |t| age(t.0)),
+            age_of(&object.metadata),
         ]);
     }
     print!("{}", table(&rows));

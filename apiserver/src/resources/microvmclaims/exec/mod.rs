@@ -10,32 +10,30 @@
 mod portforward;
 pub(in crate::resources::microvmclaims) mod session;
 mod sessions;
+pub(in crate::resources::microvmclaims) mod subresource;
 mod target;
 
 use std::sync::Arc;
 
-use axum::response::Response;
 use battery_api_machinery::params::decode_query;
 use battery_api_machinery::status::ApiError;
 use battery_types::channel::Protocol;
-use futures::future::BoxFuture;
-use http::request::Parts;
 use serde::Deserialize;
 
 pub use portforward::ClaimPortForward;
 pub use sessions::{DEFAULT_MAX_SESSIONS, ExecSessions};
 pub use target::{ClaimSessions, Target};
 
-use crate::api::connect::websocket;
-use crate::api::{Connect, RequestContext};
+use crate::api::RequestContext;
 use crate::relay::{AgentRelay, ExecOpen};
 use session::{Attached, Session};
+use subresource::SessionSubresource;
 
 /// `PodExecOptions`, as clients put them in the query (kube-rs starts it with `&`), and
 /// what flintlock's exec takes besides: `env` (repeated `NAME=VALUE`) and `workingDir`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
-struct ExecOptions {
+pub(in crate::resources::microvmclaims) struct ExecOptions {
     command: Vec<String>,
     stdin: bool,
     stdout: bool,
@@ -63,11 +61,7 @@ impl ExecOptions {
                 "you must specify at least one command for the exec",
             ));
         }
-        if !(options.stdin || options.stdout || options.stderr) {
-            return Err(ApiError::bad_request(
-                "you must specify at least 1 of stdin, stdout, stderr",
-            ));
-        }
+        options.attached().required()?;
         options.environment()?;
         Ok(options)
     }
@@ -104,25 +98,13 @@ pub struct ClaimExec {
     pub relay: Arc<AgentRelay>,
 }
 
-impl Connect for Arc<ClaimExec> {
-    fn connect(
-        &self,
-        ctx: RequestContext,
-        name: String,
-        parts: Parts,
-    ) -> BoxFuture<'static, Result<Response, ApiError>> {
-        let exec = self.clone();
-        Box::pin(async move {
-            let options = ExecOptions::parse(parts.uri.query().unwrap_or_default())?;
-            websocket::accept(parts, &Protocol::ALL, |protocol| async move {
-                exec.open(&ctx, &name, options, protocol).await
-            })
-            .await
-        })
-    }
-}
+impl SessionSubresource for ClaimExec {
+    type Options = ExecOptions;
 
-impl ClaimExec {
+    fn options(query: &str) -> Result<ExecOptions, ApiError> {
+        ExecOptions::parse(query)
+    }
+
     /// The session of `options` in the claim `name`, if it may open: under the cap, the
     /// user the claim's Holder, the command started by the Host's agent.
     async fn open(

@@ -42,6 +42,20 @@ pub struct Attached {
     pub stderr: bool,
 }
 
+impl Attached {
+    /// Itself, if it attaches anything: a session of no stream is refused, as kubelet
+    /// refuses one.
+    pub fn required(self) -> Result<Self, battery_api_machinery::status::ApiError> {
+        if self.stdin || self.stdout || self.stderr {
+            Ok(self)
+        } else {
+            Err(battery_api_machinery::status::ApiError::bad_request(
+                "you must specify at least 1 of stdin, stdout, stderr",
+            ))
+        }
+    }
+}
+
 /// What the session is, for the messages it ends with.
 pub struct Session {
     pub protocol: Protocol,

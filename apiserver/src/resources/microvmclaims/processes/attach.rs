@@ -6,19 +6,16 @@
 
 use std::sync::Arc;
 
-use axum::response::Response;
 use battery_api_machinery::params::decode_query;
 use battery_api_machinery::status::ApiError;
 use battery_types::channel::Protocol;
-use futures::future::BoxFuture;
-use http::request::Parts;
 use serde::Deserialize;
 
 use super::storage::ProcessStorage;
-use crate::api::connect::websocket;
-use crate::api::{Connect, RequestContext};
+use crate::api::RequestContext;
 use crate::resources::microvmclaims::exec::ExecSessions;
 use crate::resources::microvmclaims::exec::session::{Attached, Session};
+use crate::resources::microvmclaims::exec::subresource::SessionSubresource;
 
 /// `PodAttachOptions`, as clients put them in the query.
 #[derive(Debug, Default, Deserialize)]
@@ -30,46 +27,42 @@ struct AttachOptions {
     tty: bool,
 }
 
+impl AttachOptions {
+    /// The streams `query` attaches.
+    fn parse(query: &str) -> Result<Attached, ApiError> {
+        let options: Self = decode_query(query)?;
+        if options.tty {
+            return Err(ApiError::bad_request(
+                "a process has no terminal: attach without tty",
+            ));
+        }
+        Attached {
+            stdin: options.stdin,
+            stdout: options.stdout,
+            stderr: options.stderr,
+        }
+        .required()
+    }
+}
+
 /// The `attach` subresource of processes.
 pub struct ProcessAttach {
     pub processes: Arc<ProcessStorage>,
     pub sessions: Arc<ExecSessions>,
 }
 
-impl Connect for Arc<ProcessAttach> {
-    fn connect(
-        &self,
-        ctx: RequestContext,
-        name: String,
-        parts: Parts,
-    ) -> BoxFuture<'static, Result<Response, ApiError>> {
-        let attach = self.clone();
-        Box::pin(async move {
-            let options: AttachOptions = decode_query(parts.uri.query().unwrap_or_default())?;
-            if options.tty {
-                return Err(ApiError::bad_request(
-                    "a process has no terminal: attach without tty",
-                ));
-            }
-            if !(options.stdin || options.stdout || options.stderr) {
-                return Err(ApiError::bad_request(
-                    "you must specify at least 1 of stdin, stdout, stderr",
-                ));
-            }
-            websocket::accept(parts, &Protocol::ALL, |protocol| async move {
-                attach.open(&ctx, &name, options, protocol).await
-            })
-            .await
-        })
-    }
-}
+impl SessionSubresource for ProcessAttach {
+    type Options = Attached;
 
-impl ProcessAttach {
+    fn options(query: &str) -> Result<Attached, ApiError> {
+        AttachOptions::parse(query)
+    }
+
     async fn open(
         &self,
         ctx: &RequestContext,
         name: &str,
-        options: AttachOptions,
+        attached: Attached,
         protocol: Protocol,
     ) -> Result<Session, ApiError> {
         let permit = self.sessions.admit()?;
@@ -79,7 +72,7 @@ impl ProcessAttach {
             .processes
             .target(ctx, &process, "attach to a process in")
             .await?;
-        if options.stdin && !process.spec.stdin {
+        if attached.stdin && !process.spec.stdin {
             return Err(ApiError::bad_request(format!(
                 "process {name} was started without stdin: attach without it, or start one \
                  with spec.stdin"
@@ -93,16 +86,12 @@ impl ProcessAttach {
                 &target.host,
                 &target.agent_address,
                 (namespace, name),
-                [options.stdin, options.stdout, options.stderr],
+                [attached.stdin, attached.stdout, attached.stderr],
             )
             .await?;
         Ok(Session {
             protocol,
-            attached: Attached {
-                stdin: options.stdin,
-                stdout: options.stdout,
-                stderr: options.stderr,
-            },
+            attached,
             tty: false,
             command: format!("[{}]", process.spec.command.join(" ")),
             relay,
