@@ -16,7 +16,9 @@ use crate::api::connect::websocket;
 use crate::api::{Connect, RequestContext};
 
 /// A connect subresource that serves exec sessions.
-pub(in crate::resources::microvmclaims) trait SessionSubresource: Send + Sync + 'static {
+pub(in crate::resources::microvmclaims) trait SessionSubresource:
+    Send + Sync + 'static
+{
     /// What its query asks for.
     type Options: Send + 'static;
 
