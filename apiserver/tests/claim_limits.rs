@@ -1,11 +1,12 @@
 //! Issue 42 item 2: a claim's idle timeout and maximum lifetime, on a real socket with one
 //! in-process `battery-agent` per simulated Host (the exec tests' harness), Events
 //! recorded by a stand-in for the cluster. A claim left unused for its idle timeout ends,
-//! one kept busy by an open exec session does not until the session ends; one that
-//! reaches its maximum lifetime ends however often it is renewed; each says why in its
-//! `Bound` condition, an Event and the lease's `410`. Every wait is an `eventually` with a
-//! generous deadline; the one wait in the other direction (a busy claim that must not
-//! end) is measured from when its session opened, so a slow machine only lengthens it.
+//! one kept busy by an open exec session or a running background process does not until
+//! the session or the process ends; one that reaches its maximum lifetime ends however
+//! often it is renewed; each says why in its `Bound` condition, an Event and the lease's
+//! `410`. Every wait is an `eventually` with a generous deadline; the waits in the other
+//! direction (a busy claim that must not end) are measured from when it became busy, so a
+//! slow machine only lengthens them.
 
 use battery_apiserver::testing as common;
 // The exec tests' harness, of which these tests use a part.
@@ -247,6 +248,64 @@ async fn an_idle_claim_ends_at_its_idle_timeout_and_one_in_use_does_not() {
     event_on(&events, &ended_busy, "IdleTimeout").await;
     renewing.abort();
     drop(busy);
+}
+
+/// The claims' background processes (ADR 44), beside [`CLAIMS`].
+const PROCESSES: &str =
+    "/apis/battery.liquidmetal-x.dev/v1alpha1/namespaces/default/microvmprocesses";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_background_process_keeps_its_claim_in_use_until_it_ends() {
+    let (exec, events) = start().await;
+    claim_with(&exec, "worker", json!({"idleTimeout": "5s"})).await;
+    let renewing = keep_renewing(&exec, &["worker"]);
+
+    // A dev server, say: started by a request that is over at once, running on.
+    let process = json!({
+        "apiVersion": battery_types::API_VERSION,
+        "kind": "MicroVMProcess",
+        "metadata": {"name": "server"},
+        "spec": {"claimName": "worker", "command": ["sleep", "600"]},
+    });
+    let (status, _, started) = exec
+        .h
+        .call("POST", PROCESSES, "application/json", Some(process))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{started}");
+    assert_eq!(started["status"]["phase"], "Running", "{started}");
+    let running_since = Instant::now();
+
+    // Well past its idle timeout with no session open, the claim is still Bound: the
+    // running process is activity.
+    tokio::time::sleep_until(running_since + Duration::from_secs(8)).await;
+    let (_, still) = exec.h.get(&format!("{CLAIMS}/worker")).await;
+    assert_eq!(still["status"]["phase"], "Bound", "{still}");
+    let row = table_row(&exec, "worker").await;
+    assert_eq!(
+        cell(&row, "TTL"),
+        "<none>",
+        "in use, no idle time runs: {row:?}"
+    );
+
+    // Stopped, it no longer runs: from then on the claim is idle, and it ends.
+    let (status, _, stopping) = exec
+        .h
+        .call(
+            "DELETE",
+            &format!("{PROCESSES}/server"),
+            "application/json",
+            None,
+        )
+        .await;
+    assert!(status.is_success(), "{status}: {stopping}");
+    let ended_worker = ended(&exec, "worker").await;
+    assert_eq!(
+        bound_reason(&ended_worker),
+        ("False".to_owned(), "IdleTimeout".to_owned()),
+        "{ended_worker}"
+    );
+    event_on(&events, &ended_worker, "IdleTimeout").await;
+    renewing.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
