@@ -1,11 +1,11 @@
-//! The SDK against the real `battery-apiserver dev`: claim, renewal, loss, exec, release
-//! and an exhausted Pool.
+//! The SDK against the real `battery-apiserver dev`: claim, renewal, loss, exec, background
+//! processes, release and an exhausted Pool.
 
 use std::time::Duration;
 
 use battery_e2e::apiserver::{ApiServer, Route};
 use battery_e2e::{eventually, kube_client, kube_event};
-use battery_sdk::types::{ClaimPhase, MicroVMClaim, Pool};
+use battery_sdk::types::{ClaimPhase, MicroVMClaim, Pool, ProcessPhase};
 use battery_sdk::{Client, Error, LostReason};
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -139,6 +139,58 @@ async fn a_claim_is_bound_runs_commands_and_is_released(route: Route) {
     claim.release().await.unwrap();
     let claims: Api<MicroVMClaim> = Api::default_namespaced(kube);
     assert!(claims.get_opt(&name).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_background_process_is_waited_for_attached_to_stopped_and_deleted() {
+    let (_server, _kube, client) = start().await;
+    let claim = client.claim("dev").holder(HOLDER).send().await.unwrap();
+
+    // It runs on after its start returns; its end is read, then its output from the
+    // start.
+    let script = "echo early; sleep 1; echo late; exit 3";
+    let mut finished = claim
+        .background(["sh", "-c", script])
+        .name("finished")
+        .start()
+        .await
+        .unwrap();
+    let status = finished.wait().await.unwrap();
+    assert_eq!(
+        (status.phase, status.exit_code),
+        (Some(ProcessPhase::Failed), Some(3))
+    );
+    let mut attached = finished.attach(false).await.unwrap();
+    let mut out = String::new();
+    let mut stdout = attached.stdout().unwrap();
+    stdout.read_to_string(&mut out).await.unwrap();
+    assert_eq!(out, "early\nlate\n");
+    assert_eq!(attached.wait().await.unwrap(), 3);
+
+    // Found by name, stopped with its signal recorded, deleted.
+    claim
+        .background(["sleep", "600"])
+        .name("napper")
+        .start()
+        .await
+        .unwrap();
+    let mut napper = client.process("napper").await.unwrap();
+    napper.kill().await.unwrap();
+    let stopped = napper.wait().await.unwrap();
+    assert_eq!(
+        (stopped.exit_code, stopped.signal.as_deref()),
+        (Some(143), Some("SIGTERM"))
+    );
+    napper.delete().await.unwrap();
+    finished.delete().await.unwrap();
+    eventually(WITHIN, "both processes to be gone", async || {
+        match client.processes(None).await {
+            Ok(left) if left.is_empty() => Ok(()),
+            other => Err(format!("{:?}", other.map(|l| l.len()))),
+        }
+    })
+    .await;
+    claim.release().await.unwrap();
 }
 
 /// More stdin than any pipe and window on the way hold, so a writer must wait for the
