@@ -149,8 +149,8 @@ pub struct ClaimRequest {
     /// How long to wait for a free MicroVM, such as 30s or 2m.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
     pub deadline: Duration,
-    /// End the claim after this long without an exec, terminal, port-forward or copy,
-    /// such as 15m; without it, the Pool's default.
+    /// End the claim after this long without an exec, terminal, port-forward, copy or
+    /// running background process, such as 15m; without it, the Pool's default.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub idle_timeout: Option<Duration>,
     /// End the claim this long after it binds, however often renewed, such as 8h;
