@@ -783,12 +783,14 @@ fn a_scale_subresource_publishes_the_scale_kind() {
 #[test]
 fn battery_resources_publish() {
     use battery_types::{
-        GROUP, HasResourceInfo, Host, HostCertificateRequest, MicroVMClaim, Pool, RESOURCES,
+        GROUP, HasResourceInfo, Host, HostCertificateRequest, MicroVMClaim, MicroVMProcess, Pool,
+        RESOURCES,
     };
 
     let kinds = [
         (&Pool::INFO, schema_of(Pool::crd())),
         (&MicroVMClaim::INFO, schema_of(MicroVMClaim::crd())),
+        (&MicroVMProcess::INFO, schema_of(MicroVMProcess::crd())),
         (&Host::INFO, schema_of(Host::crd())),
     ];
     assert_eq!(kinds.len(), RESOURCES.len());
@@ -822,6 +824,11 @@ fn battery_resources_publish() {
         battery_types::VERSION
     )];
     assert_eq!(exec["post"]["x-kubernetes-action"], "connect");
+    let attach = &document["paths"][format!(
+        "/apis/{GROUP}/{}/namespaces/{{namespace}}/microvmprocesses/{{name}}/attach",
+        battery_types::VERSION
+    )];
+    assert_eq!(attach["post"]["x-kubernetes-action"], "connect");
     let certificate = &document["paths"][format!(
         "/apis/{GROUP}/{}/hosts/{{name}}/certificate",
         battery_types::VERSION
