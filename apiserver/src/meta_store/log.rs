@@ -1,15 +1,24 @@
-//! The metadata store's log (ADR 39): each commit is one record appended here, made
+//! The metadata store's log (ADR 39): each commit is one record written here, made
 //! durable by one `fdatasync` that the commits beside it share. redb holds the same
 //! commits without syncing and is made durable now and then (a checkpoint), after which
-//! the log starts empty; at open, the records redb lacks are applied to it again.
+//! the log starts again from its first byte; at open, the records redb lacks are applied
+//! to it again.
+//!
+//! The file's blocks are written once, with zeros, before any record (ADR 46): a record
+//! then lands on blocks the file already has, and its `fdatasync` writes the data alone,
+//! not the file's size or its extents as an append's does.
 //!
 //! A record is its body's length (u32), the body's CRC-32 (u32), then the body: its
 //! sequence number, the resourceVersion after it, and its operations. Integers are
-//! little-endian. A record whose length or checksum does not match ends the log: it can
-//! only be the torn tail of a write no caller was answered for.
+//! little-endian. Every write of a record also writes a zero header after it, which ends
+//! the log there: what lies beyond is an older pass's. A record whose length or checksum
+//! does not match, or whose sequence number does not follow the one before it, also ends
+//! the log: a header that is neither zeros nor a record can only be the torn tail of a
+//! write no caller was answered for.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -26,6 +35,13 @@ const PUT: u8 = 1;
 const DELETE: u8 = 2;
 const BATTERY_EVENT_ID: u8 = 3;
 const CLEAR_INTENTS: u8 = 4;
+
+/// A record's header: its body's length and checksum.
+const HEADER_BYTES: usize = 8;
+
+/// The header that ends the log: no record has a body of length 0 (a body holds at
+/// least its sequence number and resourceVersion).
+const END: [u8; HEADER_BYTES] = [0; HEADER_BYTES];
 
 /// One commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,59 +144,85 @@ fn take_bytes<'a>(input: &mut &'a [u8]) -> Option<&'a [u8]> {
     take(input, usize::try_from(len).ok()?)
 }
 
-/// The records of a log's bytes, up to the first that is torn, and how many bytes that
-/// valid prefix holds.
-pub fn parse(mut bytes: &[u8]) -> (Vec<Record>, usize) {
-    let total = bytes.len();
-    let mut records = Vec::new();
+/// What a log's bytes hold: its records, up to the end marker or the first that is torn
+/// or out of sequence, and whether what follows them is a torn write.
+pub struct Parsed {
+    pub records: Vec<Record>,
+    /// Whether the records end at a header that is neither the end marker, nor a whole
+    /// record of an older pass, nor the end of the file.
+    pub torn: bool,
+}
+
+/// The records of a log's bytes (see [`Parsed`]).
+pub fn parse(mut rest: &[u8]) -> Parsed {
+    let mut records: Vec<Record> = Vec::new();
     loop {
-        let before = bytes.len();
-        let Some(record) = take_u32(&mut bytes)
-            .zip(take_u32(&mut bytes))
+        let mut next = rest;
+        let record = take_u32(&mut next)
+            .zip(take_u32(&mut next))
             .and_then(|(len, crc)| {
-                let body = take(&mut bytes, usize::try_from(len).ok()?)?;
+                let body = take(&mut next, usize::try_from(len).ok()?)?;
                 (crc32fast::hash(body) == crc).then_some(body)
             })
-            .and_then(Record::decode)
-        else {
-            return (records, total - before);
-        };
-        records.push(record);
+            .and_then(Record::decode);
+        let follows = |r: &Record| records.last().is_none_or(|last| r.seq == last.seq + 1);
+        match record {
+            Some(record) if follows(&record) => {
+                records.push(record);
+                rest = next;
+            }
+            // A whole record out of sequence: an older pass's, whose end marker was not
+            // yet on disk. Anything else but zeros or the file's end is a torn write.
+            stale => {
+                let header = &rest[..rest.len().min(HEADER_BYTES)];
+                let torn = stale.is_none() && header.iter().any(|&b| b != 0);
+                return Parsed { records, torn };
+            }
+        }
     }
 }
 
-/// The log file, appended to under the store's writer lock and synced by whichever
-/// writer syncs for the group.
+/// The log file, written under the store's writer lock and synced by whichever writer
+/// syncs for the group.
 pub struct Log {
     file: File,
     /// Set when a write or sync failed and the file's tail cannot be vouched for: every
-    /// later append, sync and truncation fails, so nothing is acknowledged on top of it.
-    /// A restart replays what is whole.
+    /// later write and sync fails, so nothing is acknowledged on top of it. A restart
+    /// replays what is whole.
     broken: AtomicBool,
 }
 
 impl Log {
-    /// Opens the log at `path`, creating it (and making its directory entry durable, so
-    /// a record synced in it cannot vanish with the entry), and reads its records: those
-    /// before a torn tail, and how many bytes the tail held.
-    pub fn open(path: &Path) -> io::Result<(Self, Vec<Record>, usize)> {
+    /// Opens the log at `path`, creating it with at least `preallocate` bytes written
+    /// (and making its directory entry durable, so a record synced in it cannot vanish
+    /// with the entry), and reads it. The next record goes at its start: the caller
+    /// checkpoints whatever records it holds first.
+    pub fn open(path: &Path, preallocate: u64) -> io::Result<(Self, Parsed)> {
         let mut file = OpenOptions::new()
             .read(true)
-            .append(true)
+            .write(true)
             .create(true)
+            .truncate(false)
             .open(path)?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        let parsed = parse(&bytes);
+        let written = bytes.len() as u64;
+        if written < preallocate {
+            // Zeros, not `fallocate`: blocks allocated but never written are converted
+            // when first written, which costs each sync a change to the file's extents.
+            let zeros = vec![0; usize::try_from(preallocate - written).unwrap_or(0)];
+            file.write_all_at(&zeros, written)?;
+        }
         file.sync_all()?;
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             File::open(dir)?.sync_all()?;
         }
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes)?;
-        let (records, valid) = parse(&bytes);
         let log = Self {
             file,
             broken: AtomicBool::new(false),
         };
-        Ok((log, records, bytes.len() - valid))
+        Ok((log, parsed))
     }
 
     fn usable(&self) -> io::Result<()> {
@@ -192,23 +234,27 @@ impl Log {
         Ok(())
     }
 
-    /// Appends `record` to the log, `len` bytes long before it. A failed append is cut
-    /// off again, so the next record follows a whole one.
-    pub fn append(&self, record: &[u8], len: u64) -> io::Result<()> {
+    /// Writes `record` at byte `at`, the log's end, with the end marker after it. A
+    /// failed write is undone ([`Log::cut`]), so the next record follows a whole one.
+    pub fn append(&self, record: &[u8], at: u64) -> io::Result<()> {
         self.usable()?;
-        (&self.file)
-            .write_all(record)
-            .inspect_err(|_| self.cut(len))
+        let mut framed = Vec::with_capacity(record.len() + END.len());
+        framed.extend_from_slice(record);
+        framed.extend_from_slice(&END);
+        self.file
+            .write_all_at(&framed, at)
+            .inspect_err(|_| self.cut(at))
     }
 
-    /// Cuts the log back to `len` bytes: a record appended for a commit that failed.
-    pub fn cut(&self, len: u64) {
-        if self.file.set_len(len).is_err() {
+    /// Ends the log at byte `at` again: the record written there was for a commit that
+    /// failed.
+    pub fn cut(&self, at: u64) {
+        if self.file.write_all_at(&END, at).is_err() {
             self.broken.store(true, Ordering::Release);
         }
     }
 
-    /// Makes every record appended so far durable.
+    /// Makes every record written so far durable.
     pub fn sync(&self) -> io::Result<()> {
         self.usable()?;
         // A failed fdatasync may have dropped the pages it could not write: a later one
@@ -218,10 +264,11 @@ impl Log {
             .inspect_err(|_| self.broken.store(true, Ordering::Release))
     }
 
-    /// Empties the log once redb holds every record durably. A failed truncation leaves
-    /// whole records that replay skips, so the next checkpoint only tries again.
-    pub fn truncate(&self) -> io::Result<()> {
+    /// Starts the log again from its first byte, once redb holds every record durably.
+    /// The end marker need not reach the disk before the next record: a crash before it
+    /// leaves records that redb already holds, which replay skips.
+    pub fn rewind(&self) -> io::Result<()> {
         self.usable()?;
-        self.file.set_len(0)
+        self.file.write_all_at(&END, 0)
     }
 }

@@ -38,6 +38,10 @@ pub use txn::{Key, StoreError, Txn};
 /// in some 450 binds. The log replayed at open is this long at most.
 const CHECKPOINT_BYTES: u64 = 1 << 20;
 
+/// How much of the log's file is written ahead of its records (ADR 46): the records
+/// between two checkpoints, with room for those written while a checkpoint runs.
+const PREALLOCATED_BYTES: u64 = 2 * CHECKPOINT_BYTES;
+
 /// Bucket bounds of the write histogram, in seconds: a durable commit takes from tens
 /// of microseconds (a fast disk's cache) to tens of milliseconds.
 const WRITE_BUCKETS: [f64; 8] = [0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25];
@@ -62,7 +66,8 @@ pub struct Page<T> {
 /// What the one writer holds.
 #[derive(Default)]
 struct Writer {
-    /// How long the log is.
+    /// Where the log's next record goes: the bytes its records take since it last
+    /// started again.
     log_len: u64,
 }
 
@@ -106,15 +111,15 @@ impl MetaStore {
             .set_cache_size(PAGE_CACHE_BYTES)
             .create(path)
             .map_err(|e| StoreError::Open(e.into()))?;
-        let (log, records, torn) = Log::open(&log_path(path)).map_err(StoreError::Log)?;
-        if torn > 0 {
+        let (log, parsed) =
+            Log::open(&log_path(path), PREALLOCATED_BYTES).map_err(StoreError::Log)?;
+        if parsed.torn {
             tracing::warn!(
-                bytes = torn,
                 "dropped the torn tail of the metadata store's log: a commit no writer was answered for"
             );
         }
-        let replay = !records.is_empty() || torn > 0;
-        let store = Self::with_database(db, Some(log), records)?;
+        let replay = !parsed.records.is_empty() || parsed.torn;
+        let store = Self::with_database(db, Some(log), parsed.records)?;
         if replay {
             store.checkpoint_now()?;
         }
@@ -358,7 +363,7 @@ impl MetaStore {
                 ops,
             }
             .encode();
-            // Appended before redb commits, so a failed append commits nothing.
+            // Written before redb commits, so a failed write commits nothing.
             log.append(&record, writer.log_len)
                 .map_err(StoreError::Log)?;
             if let Err(err) = tx.commit() {
@@ -434,7 +439,7 @@ impl MetaStore {
         self.unsynced.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Makes redb durable and empties the log, holding the writers meanwhile.
+    /// Makes redb durable and starts the log again, holding the writers meanwhile.
     fn checkpoint(&self) -> Result<(), StoreError> {
         let mut writer = self.writer.blocking_lock();
         self.checkpoint_with(&mut writer)
@@ -458,7 +463,7 @@ impl MetaStore {
         let tx = self.db.begin_write().map_err(sync_err)?;
         tx.commit().map_err(sync_err)?;
         crash_point("commit:checkpointed");
-        log.truncate().map_err(StoreError::Log)?;
+        log.rewind().map_err(StoreError::Log)?;
         writer.log_len = 0;
         Ok(())
     }

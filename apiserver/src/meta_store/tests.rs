@@ -240,6 +240,20 @@ async fn grouped_writes_are_durable_when_they_return_and_published_once_in_order
     );
 }
 
+/// The records the log at `path`'s store would replay, or skip as redb's.
+fn logged(path: &Path) -> Vec<log::Record> {
+    log::parse(&std::fs::read(log_path(path)).unwrap()).records
+}
+
+/// How many bytes of a log's `bytes` its records take.
+fn logged_bytes(bytes: &[u8]) -> usize {
+    log::parse(bytes)
+        .records
+        .iter()
+        .map(|r| r.encode().len())
+        .sum()
+}
+
 /// Three commits, the second also recording battery event 7, in a store at `path` left
 /// open: only the log holds them (redb has no durable commit of them).
 async fn three_logged_commits(path: &Path) -> Arc<MetaStore> {
@@ -273,17 +287,23 @@ async fn commits_only_in_the_log_are_replayed_and_a_torn_tail_is_dropped() {
     assert_eq!(whole.resource_version().unwrap(), 3);
     assert_eq!(whole.last_battery_event_id().unwrap(), 7);
 
-    // The last record cut short (a write torn by the crash), or one byte of it changed.
-    type Damage = fn(&mut Vec<u8>);
+    // The last record's end not written (a write torn by the crash), or one byte of it
+    // changed.
+    type Damage = fn(&mut [u8]);
     let damages: [(&str, Damage); 2] = [
-        ("cut", |log| log.truncate(log.len() - 5)),
-        ("flipped", |log| *log.last_mut().unwrap() ^= 1),
+        ("cut", |last| {
+            let end = last.len();
+            last[end - 5..].fill(0);
+        }),
+        ("flipped", |last| *last.last_mut().unwrap() ^= 1),
     ];
     for (name, damage) in damages {
         let copy = crash_files(&path, name);
         let mut log = std::fs::read(log_path(&copy)).unwrap();
-        damage(&mut log);
-        std::fs::write(log_path(&copy), log).unwrap();
+        let end = logged_bytes(&log);
+        damage(&mut log[..end]);
+        std::fs::write(log_path(&copy), &log).unwrap();
+        assert!(log::parse(&log).torn, "{name}");
         let store = Arc::new(MetaStore::open(&copy).unwrap());
         assert_eq!(
             store.get::<Rec>(&key("a", "x2")).unwrap(),
@@ -292,9 +312,9 @@ async fn commits_only_in_the_log_are_replayed_and_a_torn_tail_is_dropped() {
         assert_eq!(store.get::<Rec>(&key("a", "x3")).unwrap(), None, "{name}");
         assert_eq!(store.resource_version().unwrap(), 2, "{name}");
         assert_eq!(store.last_battery_event_id().unwrap(), 7, "{name}");
-        // Open made redb durable and emptied the log, so the next record follows no
-        // torn one.
-        assert_eq!(std::fs::metadata(log_path(&copy)).unwrap().len(), 0);
+        // Open made redb durable and started the log again, so the next record follows
+        // no torn one.
+        assert!(logged(&copy).is_empty());
         store
             .transact(|tx| put_added(tx, &key("a", "x4"), 4))
             .await
@@ -326,9 +346,9 @@ async fn records_a_checkpoint_covered_are_not_applied_again() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(std::fs::metadata(log_path(&path)).unwrap().len(), 0);
-    // A crash after redb's durable commit, before the log was emptied: its records are
-    // older than what redb holds.
+    assert!(logged(&path).is_empty());
+    // A crash after redb's durable commit, before the log's start was marked: its
+    // records are older than what redb holds.
     let copy = crash_files(&path, "checkpointed");
     std::fs::write(log_path(&copy), &stale_log).unwrap();
     let reopened = MetaStore::open(&copy).unwrap();
@@ -354,15 +374,19 @@ async fn the_log_is_checkpointed_once_it_outgrows_its_bound() {
             .await
             .unwrap();
     }
-    // The checkpoint runs beside the writers, on a blocking thread.
-    let log_len = || std::fs::metadata(log_path(&path)).unwrap().len();
-    for _ in 0..1000 {
-        if log_len() < CHECKPOINT_BYTES {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    // The checkpoint runs beside the writers, on a blocking thread, and holds the
+    // writer's lock: once it can be taken after the writes, the checkpoint is done.
+    while store.checkpointing.load(Ordering::Acquire) {
+        tokio::task::yield_now().await;
     }
-    assert!(log_len() < CHECKPOINT_BYTES, "checkpointed");
+    let log_len = store.writer.lock().await.log_len;
+    assert!(log_len < CHECKPOINT_BYTES, "checkpointed");
+    assert!(logged(&path).len() < usize::try_from(writes).unwrap());
+    assert_eq!(
+        std::fs::metadata(log_path(&path)).unwrap().len(),
+        PREALLOCATED_BYTES,
+        "records go on blocks written ahead of them"
+    );
     let copy = crash_copy(&path, "copy");
     let (all, _) = copy.list::<String>("pools", Some("a")).unwrap();
     assert_eq!(all.len() as u64, writes);
@@ -417,4 +441,62 @@ async fn a_store_written_before_the_log_opens_with_everything_in_it() {
     assert_eq!(copy.get::<Rec>(&key("a", "z")).unwrap(), Some(Rec { n: 3 }));
     assert_eq!(copy.resource_version().unwrap(), 13);
     assert_eq!(copy.last_battery_event_id().unwrap(), 42);
+}
+
+/// A log started again holds fewer records than the pass before it: the older records
+/// after the newer ones are neither applied nor taken for a torn write.
+#[tokio::test]
+async fn a_log_started_again_ends_at_its_own_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.redb");
+    let store = three_logged_commits(&path).await;
+    let older = std::fs::read(log_path(&path)).unwrap();
+    let third = logged_bytes(&older) - logged(&path)[2].encode().len();
+    store.checkpoint_now().unwrap();
+    store
+        .transact(|tx| put_added(tx, &key("a", "x1"), 10))
+        .await
+        .unwrap();
+    let bytes = std::fs::read(log_path(&path)).unwrap();
+    let parsed = log::parse(&bytes);
+    assert_eq!(parsed.records.len(), 1);
+    assert!(!parsed.torn);
+    assert_eq!(
+        log::parse(&bytes[third..]).records,
+        log::parse(&older[third..]).records,
+        "the older pass's third record is still on disk past the end marker"
+    );
+    let copy = crash_copy(&path, "again");
+    assert_eq!(
+        copy.get::<Rec>(&key("a", "x1")).unwrap(),
+        Some(Rec { n: 10 })
+    );
+    assert_eq!(
+        copy.get::<Rec>(&key("a", "x3")).unwrap(),
+        Some(Rec { n: 3 })
+    );
+    assert_eq!(copy.resource_version().unwrap(), 4);
+}
+
+/// A log as ADR 39 wrote it, records appended up to the file's end and no blocks ahead,
+/// opens with its records applied, and from then on has its blocks written ahead.
+#[tokio::test]
+async fn a_log_written_without_blocks_ahead_is_replayed_and_preallocated() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.redb");
+    let _store = three_logged_commits(&path).await;
+    let copy = crash_files(&path, "appended");
+    let mut bytes = std::fs::read(log_path(&copy)).unwrap();
+    bytes.truncate(logged_bytes(&bytes));
+    std::fs::write(log_path(&copy), &bytes).unwrap();
+    let reopened = MetaStore::open(&copy).unwrap();
+    for n in 1..=3 {
+        let stored = reopened.get::<Rec>(&key("a", &format!("x{n}"))).unwrap();
+        assert_eq!(stored, Some(Rec { n }), "x{n} replayed");
+    }
+    assert_eq!(
+        std::fs::metadata(log_path(&copy)).unwrap().len(),
+        PREALLOCATED_BYTES
+    );
+    assert!(logged(&copy).is_empty());
 }

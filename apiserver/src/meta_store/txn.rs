@@ -94,7 +94,7 @@ pub(super) fn replay(tx: &WriteTransaction, records: Vec<Record>) -> Result<u64,
         .map_or(0, |v| v.value());
     let mut objects = tx.open_table(OBJECTS).map_err(tx_err)?;
     let checkpointed = seq;
-    // Records up to the checkpoint's were in redb before the log could be emptied.
+    // Records up to the checkpoint's were in redb before the log started again.
     for record in records.into_iter().filter(|r| r.seq > checkpointed) {
         if record.seq != seq + 1 {
             return Err(StoreError::LogGap {
