@@ -76,7 +76,7 @@ pub async fn latency(rig: &super::rig::Rig, pool: &PoolRef, count: usize) -> Res
     let after = served::read(&client).await?;
     let mut rows = Vec::new();
     let [p50, p90, p99] = percentiles(LATENCY, "POST -> 201 Bound", &binds);
-    let floor = durable_writes(&rig.store_dir(), DURABLE_WRITES)?;
+    let floor = crate::commit::appends(&rig.store_dir(), DURABLE_WRITES)?;
     rows.extend([p50.at_most(2.0), p90, p99.at_most(10.0)]);
     rows.extend(percentiles(LATENCY, "raw ClaimVM", &raws));
     for p in [0.5_f64, 0.99] {
@@ -100,7 +100,7 @@ pub async fn latency(rig: &super::rig::Rig, pool: &PoolRef, count: usize) -> Res
             Unit::Times,
         ));
     }
-    let [floor_p50, _, floor_p99] = percentiles(LATENCY, DURABLE_WRITE, &floor);
+    let [floor_p50, _, floor_p99] = percentiles(LATENCY, crate::commit::APPENDED, &floor);
     rows.extend([floor_p50, floor_p99]);
     rows.extend(where_the_time_goes(&binds, &before, &after)?);
     rows.extend(cpu_after.since(&cpu_before).rows(
@@ -155,29 +155,6 @@ fn where_the_time_goes(
 
 /// How many durable writes the disk's floor is timed over.
 const DURABLE_WRITES: usize = 200;
-const DURABLE_WRITE: &str = "a 4 KiB write and fdatasync beside serve's store";
-
-/// `count` writes of one 4 KiB page, each made durable, in a file beside `serve`'s store:
-/// what a bind's one durable commit costs at least on this disk (a commit writes several
-/// pages, then syncs).
-fn durable_writes(dir: &std::path::Path, count: usize) -> Result<Vec<Duration>> {
-    use std::io::{Seek as _, Write as _};
-    let path = dir.join("bench-durable-write");
-    let mut file =
-        std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-    let page = [0x5a_u8; 4096];
-    let mut took = Vec::with_capacity(count);
-    for _ in 0..count {
-        let started = Instant::now();
-        file.rewind()?;
-        file.write_all(&page)?;
-        file.sync_data()?;
-        took.push(started.elapsed());
-    }
-    drop(file);
-    std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
-    Ok(took)
-}
 
 /// `count` binds named `<prefix>-<i>` on `pool`, `concurrency` at a time over up to
 /// eight connections (as many clients would hold); returns each one's latency and the
