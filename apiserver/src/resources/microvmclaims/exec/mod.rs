@@ -100,6 +100,8 @@ pub struct ClaimExec {
 
 impl SessionSubresource for ClaimExec {
     type Options = ExecOptions;
+    type Session = Session;
+    const PROTOCOLS: &'static [Protocol] = &Protocol::ALL;
 
     fn options(query: &str) -> Result<ExecOptions, ApiError> {
         ExecOptions::parse(query)

@@ -13,15 +13,12 @@
 
 use std::sync::Arc;
 
-use axum::response::Response;
 use battery_api_machinery::params::decode_query;
 use battery_api_machinery::status::ApiError;
 use battery_types::channel::Protocol;
 use battery_types::channel::port_forward::{PROTOCOLS, data_channel, error_channel, port_prefix};
 use bytes::Bytes;
-use futures::future::BoxFuture;
 use futures::{SinkExt as _, StreamExt as _};
-use http::request::Parts;
 use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
@@ -29,9 +26,10 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 
 use super::sessions::{ExecSessions, SessionGuard};
+use super::subresource::SessionSubresource;
 use super::target::{ClaimSessions, Target};
+use crate::api::RequestContext;
 use crate::api::connect::websocket::{self, frame, unframe};
-use crate::api::{Connect, RequestContext};
 use crate::relay::{AgentRelay, PortConnection, PortOpen};
 
 /// The most ports one session forwards: each is a connection through the agent.
@@ -44,7 +42,7 @@ const INPUT_CHUNKS: usize = 4;
 /// `PodPortForwardOptions`, as the query gives it.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct PortForwardOptions {
+pub(in crate::resources::microvmclaims) struct PortForwardOptions {
     ports: Vec<u16>,
 }
 
@@ -78,32 +76,22 @@ pub struct ClaimPortForward {
     pub relay: Arc<AgentRelay>,
 }
 
-impl Connect for Arc<ClaimPortForward> {
-    fn connect(
-        &self,
-        ctx: RequestContext,
-        name: String,
-        parts: Parts,
-    ) -> BoxFuture<'static, Result<Response, ApiError>> {
-        let forward = self.clone();
-        Box::pin(async move {
-            let options = PortForwardOptions::parse(parts.uri.query().unwrap_or_default())?;
-            websocket::accept(parts, &PROTOCOLS, |protocol| async move {
-                forward.open(&ctx, &name, options.ports, protocol).await
-            })
-            .await
-        })
-    }
-}
+impl SessionSubresource for ClaimPortForward {
+    type Options = PortForwardOptions;
+    type Session = Ports;
+    const PROTOCOLS: &'static [Protocol] = &PROTOCOLS;
 
-impl ClaimPortForward {
+    fn options(query: &str) -> Result<PortForwardOptions, ApiError> {
+        PortForwardOptions::parse(query)
+    }
+
     /// The session forwarding `ports` of the claim `name`, if it may open: under the cap,
     /// the user the claim's Holder. Its connections are made once the WebSocket is up.
     async fn open(
         &self,
         ctx: &RequestContext,
         name: &str,
-        ports: Vec<u16>,
+        PortForwardOptions { ports }: PortForwardOptions,
         protocol: Protocol,
     ) -> Result<Ports, ApiError> {
         let permit = self.sessions.admit()?;
@@ -119,7 +107,7 @@ impl ClaimPortForward {
 }
 
 /// One session's ports, and where their connections go.
-struct Ports {
+pub(in crate::resources::microvmclaims) struct Ports {
     protocol: Protocol,
     ports: Vec<u16>,
     relay: Arc<AgentRelay>,

@@ -1,7 +1,7 @@
-//! What a connect subresource whose sessions are exec [`Session`]s shares (a claim's
-//! `exec`, a process's `attach`): its options are read from the query first, refusing
-//! before anything else, then the WebSocket handshake is answered with the session
-//! opened.
+//! What a connect subresource that opens a WebSocket session shares (a claim's `exec`
+//! and `portforward`, a process's `attach`): its options are read from the query first,
+//! refusing before anything else, then the WebSocket handshake is answered with the
+//! session opened.
 
 use std::sync::Arc;
 
@@ -11,16 +11,21 @@ use battery_types::channel::Protocol;
 use futures::future::BoxFuture;
 use http::request::Parts;
 
-use super::session::Session;
-use crate::api::connect::websocket;
+use crate::api::connect::websocket::{self, Session};
 use crate::api::{Connect, RequestContext};
 
-/// A connect subresource that serves exec sessions.
+/// A connect subresource that serves WebSocket sessions.
 pub(in crate::resources::microvmclaims) trait SessionSubresource:
     Send + Sync + 'static
 {
     /// What its query asks for.
     type Options: Send + 'static;
+
+    /// What serves the client once the WebSocket is up.
+    type Session: Session;
+
+    /// The channel protocols it speaks, best first.
+    const PROTOCOLS: &'static [Protocol];
 
     /// The options of `query`, or why they are refused.
     fn options(query: &str) -> Result<Self::Options, ApiError>;
@@ -32,7 +37,7 @@ pub(in crate::resources::microvmclaims) trait SessionSubresource:
         name: &str,
         options: Self::Options,
         protocol: Protocol,
-    ) -> impl Future<Output = Result<Session, ApiError>> + Send;
+    ) -> impl Future<Output = Result<Self::Session, ApiError>> + Send;
 }
 
 impl<T: SessionSubresource> Connect for Arc<T> {
@@ -45,7 +50,7 @@ impl<T: SessionSubresource> Connect for Arc<T> {
         let subresource = self.clone();
         Box::pin(async move {
             let options = T::options(parts.uri.query().unwrap_or_default())?;
-            websocket::accept(parts, &Protocol::ALL, |protocol| async move {
+            websocket::accept(parts, T::PROTOCOLS, |protocol| async move {
                 subresource.open(&ctx, &name, options, protocol).await
             })
             .await
