@@ -11,7 +11,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use battery_e2e::apiserver::{ApiServer, front};
-use battery_e2e::https::{Client, Identity};
 use battery_e2e::kube_client;
 use battery_types::{ClaimPhase, MicroVMClaim};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
@@ -156,8 +155,7 @@ async fn env_and_files_from_a_secret_reach_the_microvm_and_nowhere_else() {
     let cluster = server.cluster().expect("aggregated");
     cluster.grant("e2e:creator", rules, account).await;
     let user = battery_types::service_account_username(NAMESPACE, CREATOR);
-    let (cert, key, _) = server.client_certificate(&user, &["system:serviceaccounts"]);
-    let creator = Client::new(cluster.url(), &cluster.ca(), Identity::Cert(cert, key));
+    let creator = cluster.service_account_client(NAMESPACE, CREATOR);
     let collection = format!(
         "/apis/{}/namespaces/{NAMESPACE}/microvmclaims",
         battery_types::API_VERSION

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use battery_e2e::apiserver::{ApiServer, Route, front};
 use battery_e2e::control_plane::Options;
-use battery_e2e::https::{Client, Identity};
 use battery_e2e::{eventually, kube_client, kube_event};
 use battery_types::{ClaimPhase, MicroVMClaim, Pool};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenReviewStatus};
@@ -151,8 +150,7 @@ async fn the_guests_token_is_the_holders_is_replaced_and_is_refused_once_the_cla
         )
         .await;
     let user = battery_types::service_account_username(NAMESPACE, CREATOR);
-    let (cert, key, _) = server.client_certificate(&user, &["system:serviceaccounts"]);
-    let creator = Client::new(cluster.url(), &cluster.ca(), Identity::Cert(cert, key));
+    let creator = cluster.service_account_client(NAMESPACE, CREATOR);
     let collection = format!(
         "/apis/{}/namespaces/{NAMESPACE}/microvmclaims",
         battery_types::API_VERSION

@@ -142,10 +142,7 @@ impl Rig {
         // The kubectl user's ServiceAccount, as a client certificate: `serve` verifies it
         // itself, with no TokenReview per connection.
         let (namespace, account) = battery_e2e::apiserver::front::DEV_ACCOUNT;
-        let identity = cluster.client_certificate(
-            &battery_types::service_account_username(namespace, account),
-            &["system:serviceaccounts"],
-        );
+        let identity = cluster.service_account_certificate(namespace, account);
         let mut rig = Self {
             url,
             battery: pki.access(&battery),

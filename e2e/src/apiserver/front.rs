@@ -284,6 +284,23 @@ impl Cluster {
         self.plane.pki().client_certificate(&file, cn, groups)
     }
 
+    /// A client certificate of the ServiceAccount `namespace/name`, as the cluster
+    /// accepts it (in `system:serviceaccounts`): (certificate, key).
+    pub fn service_account_certificate(&self, namespace: &str, name: &str) -> (PathBuf, PathBuf) {
+        let user = battery_types::service_account_username(namespace, name);
+        self.client_certificate(&user, &["system:serviceaccounts"])
+    }
+
+    /// A client of kube-apiserver as the ServiceAccount `namespace/name`.
+    pub fn service_account_client(&self, namespace: &str, name: &str) -> crate::https::Client {
+        let (cert, key) = self.service_account_certificate(namespace, name);
+        crate::https::Client::new(
+            self.url(),
+            &self.ca(),
+            crate::https::Identity::Cert(cert, key),
+        )
+    }
+
     /// Writes a kubeconfig at `path` for the user of a client certificate.
     pub fn write_kubeconfig(&self, path: &Path, (cert, key): (&Path, &Path)) {
         let user = serde_json::json!({"client-certificate": cert, "client-key": key});

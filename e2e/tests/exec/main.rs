@@ -295,9 +295,10 @@ async fn only_the_holder_with_rbac_may_exec() {
             ("nobody", "no RBAC", no_rbac.as_str()),
         ] {
             let user = battery_types::service_account_username(NAMESPACE, account);
-            let (cert, key, _) = server.client_certificate(&user, &["system:serviceaccounts"]);
             let refused = server
-                .exec_client(Some((cert, key)))
+                .exec_client(Some(
+                    cluster.service_account_certificate(NAMESPACE, account),
+                ))
                 .open(&path, protocol)
                 .await
                 .err()
