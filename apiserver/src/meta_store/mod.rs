@@ -8,7 +8,7 @@
 //! Every write goes through [`MetaStore::transact`]: one redb write transaction, one
 //! resourceVersion per changed object, one record in the log, and the watch changes
 //! published in commit order once the record is durable. Writes committed together share
-//! one `fdatasync` (ADR 23); one that commits alone syncs at once, on its own thread.
+//! one `fdatasync` (ADR 23); one that commits alone syncs at once, on its worker (ADR 47).
 
 mod log;
 mod txn;
@@ -288,8 +288,8 @@ impl MetaStore {
     ///
     /// The commit goes to redb without syncing and to the log as one record (ADR 39),
     /// then waits for an `fdatasync` of the log. The first writer that finds none under
-    /// way syncs, on its own thread, for every record appended so far (ADR 23): a lone
-    /// writer at once, writers at concurrency in groups. Readers see the commit before it
+    /// way syncs for every record appended so far (ADR 23): a lone writer at once, on its
+    /// worker (ADR 47), writers at concurrency in groups. Readers see the commit before it
     /// is durable: a crash in between loses it, and its writer was answered nothing.
     pub async fn transact<R, E>(
         self: &Arc<Self>,
@@ -398,7 +398,17 @@ impl MetaStore {
                 let _ = durable.changed().await;
                 continue;
             }
-            if let Err(err) = blocking(|| self.sync()) {
+            // A commit alone syncs on its worker: handing the worker's other tasks to
+            // another thread would cost this bind that thread's wake-up, and its answer
+            // another once the sync is done (ADR 47). Commits together sync on a thread of
+            // their own, so the worker's other tasks go on meanwhile.
+            let alone = self.lock_unsynced().changes.len() <= 1;
+            let synced = if alone {
+                self.sync()
+            } else {
+                blocking(|| self.sync())
+            };
+            if let Err(err) = synced {
                 // Let the others try for themselves.
                 self.syncing.store(false, Ordering::Release);
                 self.durable.send_modify(|_| {});
