@@ -254,10 +254,13 @@ fn logged_bytes(bytes: &[u8]) -> usize {
         .sum()
 }
 
-/// Three commits, the second also recording battery event 7, in a store at `path` left
-/// open: only the log holds them (redb has no durable commit of them).
-async fn three_logged_commits(path: &Path) -> Arc<MetaStore> {
-    let store = Arc::new(MetaStore::open(path).unwrap());
+/// Three commits, the second also recording battery event 7, in a store made in a new
+/// directory and left open: only the log holds them (redb has no durable commit of them).
+/// Returns the directory (removed when dropped), the store's path and the store.
+async fn three_logged_commits() -> (tempfile::TempDir, PathBuf, Arc<MetaStore>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.redb");
+    let store = Arc::new(MetaStore::open(&path).unwrap());
     for n in 1..=3 {
         store
             .transact(|tx| -> Result<(), StoreError> {
@@ -270,14 +273,12 @@ async fn three_logged_commits(path: &Path) -> Arc<MetaStore> {
             .await
             .unwrap();
     }
-    store
+    (dir, path, store)
 }
 
 #[tokio::test]
 async fn commits_only_in_the_log_are_replayed_and_a_torn_tail_is_dropped() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("meta.redb");
-    let _store = three_logged_commits(&path).await;
+    let (_dir, path, _store) = three_logged_commits().await;
 
     let whole = crash_copy(&path, "whole");
     for n in 1..=3 {
@@ -330,9 +331,7 @@ async fn commits_only_in_the_log_are_replayed_and_a_torn_tail_is_dropped() {
 
 #[tokio::test]
 async fn records_a_checkpoint_covered_are_not_applied_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("meta.redb");
-    let store = three_logged_commits(&path).await;
+    let (_dir, path, store) = three_logged_commits().await;
     let stale_log = std::fs::read(log_path(&path)).unwrap();
     store
         .transact(|tx| -> Result<(), StoreError> {
@@ -447,9 +446,7 @@ async fn a_store_written_before_the_log_opens_with_everything_in_it() {
 /// after the newer ones are neither applied nor taken for a torn write.
 #[tokio::test]
 async fn a_log_started_again_ends_at_its_own_records() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("meta.redb");
-    let store = three_logged_commits(&path).await;
+    let (_dir, path, store) = three_logged_commits().await;
     let older = std::fs::read(log_path(&path)).unwrap();
     let third = logged_bytes(&older) - logged(&path)[2].encode().len();
     store.checkpoint_now().unwrap();
@@ -482,9 +479,7 @@ async fn a_log_started_again_ends_at_its_own_records() {
 /// opens with its records applied, and from then on has its blocks written ahead.
 #[tokio::test]
 async fn a_log_written_without_blocks_ahead_is_replayed_and_preallocated() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("meta.redb");
-    let _store = three_logged_commits(&path).await;
+    let (_dir, path, _store) = three_logged_commits().await;
     let copy = crash_files(&path, "appended");
     let mut bytes = std::fs::read(log_path(&copy)).unwrap();
     bytes.truncate(logged_bytes(&bytes));
