@@ -524,7 +524,7 @@ fn quiet_split_rows(
         ),
         ("a create: etcd's create", kube(1)),
     ];
-    parts
+    let mut rows: Vec<Row> = parts
         .into_iter()
         .filter_map(|(what, mean)| {
             mean.map(|mean| {
@@ -536,7 +536,17 @@ fn quiet_split_rows(
                 )
             })
         })
-        .collect()
+        .collect();
+    // How many writes that mean spans: one is the bind's own, the rest the follower's.
+    if !took[0].is_empty() {
+        rows.push(Row::new(
+            ARRIVAL,
+            format!("{} quiet: serve's durable writes per bind", rate.label()),
+            served::count(before.0[3], after.0[3]) / took[0].len() as f64,
+            Unit::Times,
+        ));
+    }
+    rows
 }
 
 /// `serve`'s means over the rate's binds (both routes), from its histograms.
