@@ -79,6 +79,22 @@ impl From<pb::Process> for AgentProcess {
     }
 }
 
+/// The answer of `call` to the agent of `host` at `address`, about the process `name`
+/// ("" for none): an error saying `late` if it did not answer within [`OPEN_TIMEOUT`], or
+/// the refusal's as [`refused`] reads it.
+async fn answered<T>(
+    (host, address): (&str, &str),
+    name: &str,
+    late: &str,
+    call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, ApiError> {
+    tokio::time::timeout(OPEN_TIMEOUT, call)
+        .await
+        .map_err(|_| unavailable(host, address, late))?
+        .map(tonic::Response::into_inner)
+        .map_err(|status| refused(host, address, name, &status))
+}
+
 /// An agent's refusal, as the API answers it.
 fn refused(host: &str, address: &str, name: &str, status: &tonic::Status) -> ApiError {
     let info = &MicroVMProcess::INFO;
@@ -131,14 +147,14 @@ impl AgentRelay {
             working_dir: start.working_dir,
             stdin: start.stdin,
         };
-        let started = tokio::time::timeout(
-            OPEN_TIMEOUT,
+        let started = answered(
+            (host, address),
+            &name,
+            "it did not start the process in time",
             self.client(host, address)?.start_process(request),
         )
-        .await
-        .map_err(|_| unavailable(host, address, "it did not start the process in time"))?
-        .map_err(|status| refused(host, address, &name, &status))?;
-        Ok(started.into_inner().into())
+        .await?;
+        Ok(started.into())
     }
 
     /// The processes of `namespace` in the table of `host`'s agent.
@@ -151,19 +167,14 @@ impl AgentRelay {
         let request = ListProcessesRequest {
             namespace: namespace.to_owned(),
         };
-        let list = tokio::time::timeout(
-            OPEN_TIMEOUT,
+        let list = answered(
+            (host, address),
+            "",
+            "it did not list its processes in time",
             self.client(host, address)?.list_processes(request),
         )
-        .await
-        .map_err(|_| unavailable(host, address, "it did not list its processes in time"))?
-        .map_err(|status| refused(host, address, "", &status))?;
-        Ok(list
-            .into_inner()
-            .items
-            .into_iter()
-            .map(Into::into)
-            .collect())
+        .await?;
+        Ok(list.items.into_iter().map(Into::into).collect())
     }
 
     /// Stops a process (SIGTERM, SIGKILL after `grace_seconds`); with `delete`, the agent
@@ -188,11 +199,14 @@ impl AgentRelay {
                 client.stop_process(request).await
             }
         };
-        let stopped = tokio::time::timeout(OPEN_TIMEOUT, stopping)
-            .await
-            .map_err(|_| unavailable(host, address, "it did not answer the stop in time"))?
-            .map_err(|status| refused(host, address, name, &status))?;
-        Ok(stopped.into_inner().into())
+        let stopped = answered(
+            (host, address),
+            name,
+            "it did not answer the stop in time",
+            stopping,
+        )
+        .await?;
+        Ok(stopped.into())
     }
 
     /// Replaces the object the process carries: its metadata changed.
@@ -208,11 +222,14 @@ impl AgentRelay {
             object,
         };
         let mut client = self.client(host, address)?;
-        let replaced = tokio::time::timeout(OPEN_TIMEOUT, client.replace_process_object(request))
-            .await
-            .map_err(|_| unavailable(host, address, "it did not answer in time"))?
-            .map_err(|status| refused(host, address, name, &status))?;
-        Ok(replaced.into_inner().into())
+        let replaced = answered(
+            (host, address),
+            name,
+            "it did not answer in time",
+            client.replace_process_object(request),
+        )
+        .await?;
+        Ok(replaced.into())
     }
 
     /// Ends and forgets the processes of the claim `claim`, which ended.
@@ -222,14 +239,14 @@ impl AgentRelay {
         address: &str,
         claim: ClaimRef,
     ) -> Result<(), ApiError> {
-        tokio::time::timeout(
-            OPEN_TIMEOUT,
+        answered(
+            (host, address),
+            "",
+            "it did not answer in time",
             self.client(host, address)?
                 .forget_claim_processes(pb::ClaimRef::from(claim)),
         )
-        .await
-        .map_err(|_| unavailable(host, address, "it did not answer in time"))?
-        .map_err(|status| refused(host, address, "", &status))?;
+        .await?;
         Ok(())
     }
 
@@ -255,16 +272,16 @@ impl AgentRelay {
                 })),
             })
             .map_err(|_| ApiError::internal(std::io::Error::other("queueing the attach")))?;
-        let opened = tokio::time::timeout(
-            OPEN_TIMEOUT,
+        let opened = answered(
+            (host, address),
+            name,
+            "it did not accept the attach in time",
             client.attach_process(ReceiverStream::new(queue)),
         )
-        .await
-        .map_err(|_| unavailable(host, address, "it did not accept the attach in time"))?
-        .map_err(|status| refused(host, address, name, &status))?;
+        .await?;
         Ok(ExecSession {
             input: ExecInputs(requests),
-            output: ExecOutputs(opened.into_inner()),
+            output: ExecOutputs(opened),
         })
     }
 }

@@ -101,7 +101,6 @@ pub struct ClaimExec {
 impl SessionSubresource for ClaimExec {
     type Options = ExecOptions;
     type Session = Session;
-    const PROTOCOLS: &'static [Protocol] = &Protocol::ALL;
 
     fn options(query: &str) -> Result<ExecOptions, ApiError> {
         ExecOptions::parse(query)

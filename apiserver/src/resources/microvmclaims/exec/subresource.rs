@@ -24,8 +24,9 @@ pub(in crate::resources::microvmclaims) trait SessionSubresource:
     /// What serves the client once the WebSocket is up.
     type Session: Session;
 
-    /// The channel protocols it speaks, best first.
-    const PROTOCOLS: &'static [Protocol];
+    /// The channel protocols it speaks, best first: by default remotecommand's, as
+    /// exec and attach do.
+    const PROTOCOLS: &'static [Protocol] = &Protocol::ALL;
 
     /// The options of `query`, or why they are refused.
     fn options(query: &str) -> Result<Self::Options, ApiError>;

@@ -54,7 +54,6 @@ pub struct ProcessAttach {
 impl SessionSubresource for ProcessAttach {
     type Options = Attached;
     type Session = Session;
-    const PROTOCOLS: &'static [Protocol] = &Protocol::ALL;
 
     fn options(query: &str) -> Result<Attached, ApiError> {
         AttachOptions::parse(query)
