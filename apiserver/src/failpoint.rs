@@ -9,9 +9,10 @@ pub const CRASH_AT: &str = "BATTERY_APISERVER_CRASH_AT";
 
 /// Every point, in the order a bind, release or pool deletion passes them, then the
 /// metadata store's: a commit that changes a claim, after its record is in the log,
-/// after the log's sync (before anyone is answered), and a checkpoint between redb's
-/// durable commit and the log's truncation (ADR 39).
+/// after the log's sync (before anyone is answered, but a pending bind's claim, ADR 48),
+/// and a checkpoint between redb's durable commit and the log's truncation (ADR 39).
 pub const POINTS: &[&str] = &[
+    "bind:pending",
     "bind:claimed",
     "release:released",
     "pool-delete:deleted",

@@ -63,6 +63,20 @@ pub struct Page<T> {
     pub rest: usize,
 }
 
+/// A commit of [`MetaStore::transact_ahead`], on its way to the disk.
+#[must_use = "a commit written ahead may not be durable yet"]
+pub struct Durable {
+    store: Arc<MetaStore>,
+    commit: u64,
+}
+
+impl Durable {
+    /// Waits until the commit is durable.
+    pub async fn wait(self) -> Result<(), StoreError> {
+        self.store.durable_through(self.commit).await
+    }
+}
+
 /// What the one writer holds.
 #[derive(Default)]
 struct Writer {
@@ -299,6 +313,57 @@ impl MetaStore {
         E: From<StoreError>,
     {
         let started = std::time::Instant::now();
+        let (out, commit) = self.write_and_checkpoint(f).await?;
+        self.durable_through(commit).await?;
+        self.write_duration.observe(started.elapsed().as_secs_f64());
+        Ok(out)
+    }
+
+    /// [`MetaStore::transact`] that returns once the commit is written, while a thread of
+    /// its own makes it durable (ADR 48): readers see it at once, watchers once it is
+    /// durable, and [`Durable::wait`] waits for that. A crash before then loses it, so a
+    /// writer answers nothing that depends on it until then, or writes nothing a restart
+    /// cannot rebuild without it.
+    pub async fn transact_ahead<R, E>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&mut Txn) -> Result<R, E>,
+    ) -> Result<(R, Durable), E>
+    where
+        E: From<StoreError>,
+    {
+        let started = std::time::Instant::now();
+        let (out, commit) = self.write_and_checkpoint(f).await?;
+        let store = self.clone();
+        let runtime = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || {
+            // Alone, the sync runs right here; its writer goes on meanwhile.
+            match runtime.block_on(store.durable_through(commit)) {
+                Ok(()) => store
+                    .write_duration
+                    .observe(started.elapsed().as_secs_f64()),
+                Err(err) => {
+                    tracing::warn!(error = %err, "making a commit of the metadata store durable");
+                }
+            }
+        });
+        Ok((
+            out,
+            Durable {
+                store: self.clone(),
+                commit,
+            },
+        ))
+    }
+
+    /// Writes `f`'s commit (see [`MetaStore::write`]) and starts a checkpoint when the log
+    /// is long enough.
+    async fn write_and_checkpoint<R, E>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&mut Txn) -> Result<R, E>,
+    ) -> Result<(R, u64), E>
+    where
+        E: From<StoreError>,
+    {
         let (out, commit, log_len) = {
             let mut writer = self.writer.lock().await;
             let (out, commit) = self.write(&mut writer, f)?;
@@ -313,9 +378,7 @@ impl MetaStore {
                 store.checkpointing.store(false, Ordering::Release);
             });
         }
-        self.durable_through(commit).await?;
-        self.write_duration.observe(started.elapsed().as_secs_f64());
-        Ok(out)
+        Ok((out, commit))
     }
 
     /// Runs `f` in a write transaction, commits it without syncing and appends its

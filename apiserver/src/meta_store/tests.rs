@@ -240,6 +240,35 @@ async fn grouped_writes_are_durable_when_they_return_and_published_once_in_order
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_written_ahead_is_read_at_once_and_told_to_watchers_once_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.redb");
+    let store = Arc::new(MetaStore::open(&path).unwrap());
+    let mut rx = store.hub().subscribe(0).unwrap().receiver;
+    let waited = key("a", "waited");
+    let (rv, durable) = store
+        .transact_ahead(|tx| put_added(tx, &waited, 1))
+        .await
+        .unwrap();
+    assert_eq!(store.get::<Rec>(&waited).unwrap(), Some(Rec { n: 1 }));
+    // Nobody waits for this one: its own thread makes it durable and tells watchers.
+    let unwaited = key("a", "unwaited");
+    let (_, ignored) = store
+        .transact_ahead(|tx| put_added(tx, &unwaited, 2))
+        .await
+        .unwrap();
+    drop(ignored);
+    durable.wait().await.unwrap();
+    let after = crash_copy(&path, "after");
+    assert_eq!(after.get::<Rec>(&waited).unwrap(), Some(Rec { n: 1 }));
+    let told = rx.recv().await.unwrap();
+    assert_eq!((told.name.as_str(), told.resource_version), ("waited", rv));
+    assert_eq!(rx.recv().await.unwrap().name, "unwaited");
+    let after = crash_copy(&path, "later");
+    assert_eq!(after.get::<Rec>(&unwaited).unwrap(), Some(Rec { n: 2 }));
+}
+
 /// The records the log at `path`'s store would replay, or skip as redb's.
 fn logged(path: &Path) -> Vec<log::Record> {
     log::parse(&std::fs::read(log_path(path)).unwrap()).records

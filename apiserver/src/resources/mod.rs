@@ -12,7 +12,7 @@ use battery_api_machinery::status::ApiError;
 use battery_types::ResourceInfo;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::meta_store::{Key, MetaStore, StoreError, Txn};
+use crate::meta_store::{Durable, Key, MetaStore, StoreError, Txn};
 use crate::watch::ChangeType;
 
 /// Serializes writes to one object, so a battery call and the record written after it
@@ -64,16 +64,51 @@ where
     R: serde::Serialize,
 {
     store
-        .transact(|tx| -> Result<(), ApiError> {
-            let rv = tx.next_resource_version();
-            object.meta_mut().resource_version = Some(rv.to_string());
-            match change {
-                ChangeType::Deleted => tx.delete(key)?,
-                ChangeType::Added | ChangeType::Modified => tx.put(key, &record(object))?,
-            }
-            also(tx)?;
-            tx.record_change(key, change, rv, Arc::new(object.clone()));
-            Ok(())
-        })
+        .transact(write_object(key, object, change, record, also))
         .await
+}
+
+/// [`commit`], returning once the commit is written, while it becomes durable
+/// ([`MetaStore::transact_ahead`]).
+pub async fn commit_ahead<K, R>(
+    store: &Arc<MetaStore>,
+    key: &Key,
+    object: &mut K,
+    change: ChangeType,
+    record: impl FnOnce(&K) -> R,
+    also: impl FnOnce(&mut Txn) -> Result<(), StoreError>,
+) -> Result<Durable, ApiError>
+where
+    K: kube::Resource + serde::Serialize + Clone + Send + Sync + 'static,
+    R: serde::Serialize,
+{
+    let ((), durable) = store
+        .transact_ahead(write_object(key, object, change, record, also))
+        .await?;
+    Ok(durable)
+}
+
+/// The transaction of [`commit`].
+fn write_object<'a, K, R>(
+    key: &'a Key,
+    object: &'a mut K,
+    change: ChangeType,
+    record: impl FnOnce(&K) -> R + 'a,
+    also: impl FnOnce(&mut Txn) -> Result<(), StoreError> + 'a,
+) -> impl FnOnce(&mut Txn) -> Result<(), ApiError> + 'a
+where
+    K: kube::Resource + Clone + Send + Sync + 'static,
+    R: serde::Serialize,
+{
+    move |tx| {
+        let rv = tx.next_resource_version();
+        object.meta_mut().resource_version = Some(rv.to_string());
+        match change {
+            ChangeType::Deleted => tx.delete(key)?,
+            ChangeType::Added | ChangeType::Modified => tx.put(key, &record(object))?,
+        }
+        also(tx)?;
+        tx.record_change(key, change, rv, Arc::new(object.clone()));
+        Ok(())
+    }
 }

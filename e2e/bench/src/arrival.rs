@@ -9,14 +9,14 @@
 //! the same battery (released at once), and the references the targets name, a
 //! ConfigMap's create and get through the same kube-apiserver. `serve`'s own histograms,
 //! read before and after each rate, split its part of a bind: the request, the bind
-//! inside it, battery's `ClaimVM` and the metadata store's durable write.
+//! inside it, battery's `ClaimVM`, and beside them the metadata store's durable writes.
 //!
 //! Then, at each rate, the quiet comparison: only a bind through kube-apiserver and a
 //! ConfigMap create alternate, each on its own keep-alive connection, nothing else
 //! loading etcd, so the reference create is as fast as the machine allows (the five-kind
 //! mix slows it, which flatters us). Its binds' and creates' time is split from `serve`'s
 //! and kube-apiserver's own histograms: kube-apiserver's part, `serve`'s, battery's
-//! `ClaimVM`, the durable write; and kube-apiserver's handling and etcd's create.
+//! `ClaimVM`, the durable writes; and kube-apiserver's handling and etcd's create.
 //!
 //! Last at each rate, as many binds straight to `serve` as the first pass paced, each
 //! sent when the one before is answered: a lone bind should cost what a streamed one
@@ -478,9 +478,9 @@ async fn kube_read(admin: &kube::Client) -> Result<Vec<served::Observed>> {
 /// share the create's client-and-connection part bounds; `serve`'s outside its bind,
 /// its bind outside battery, battery's `ClaimVM`) and a ConfigMap
 /// create's (the client's, kube-apiserver's handling, etcd's create), each part the
-/// difference of two nested histograms' means; beside them the durable write's mean,
-/// which counts the follower's writes too, so is a bind's only roughly (it sits inside
-/// the bind's part outside `ClaimVM`). `before` and `after` are (`serve`'s,
+/// difference of two nested histograms' means; beside them the durable writes' mean,
+/// which counts the follower's writes too, so is a bind's only roughly (a bind's two run
+/// beside its `ClaimVM` and after its answer, ADR 48). `before` and `after` are (`serve`'s,
 /// kube-apiserver's) histograms; a part whose histograms observed nothing is left out.
 fn quiet_split_rows(
     rate: Rate,
@@ -537,7 +537,7 @@ fn quiet_split_rows(
             })
         })
         .collect();
-    // How many writes that mean spans: one is the bind's own, the rest the follower's.
+    // How many writes that mean spans: two are the bind's own, the rest the follower's.
     if !took[0].is_empty() {
         rows.push(Row::new(
             ARRIVAL,

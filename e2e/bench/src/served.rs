@@ -11,8 +11,9 @@ pub type Series = (&'static str, &'static str, &'static str);
 
 /// The histograms a bind passes through, outermost first: the request (after TLS and
 /// HTTP/2: authentication, authorization, the body, the bind, the answer), the storage's
-/// bind inside it, and inside that `serve`'s `ClaimVM` and the metadata store's durable
-/// write of the Bound claim. Each observes every bind; the store's also any other write.
+/// bind inside it, and inside that `serve`'s `ClaimVM`; then the metadata store's durable
+/// writes, each timed until it is durable: a bind's two (its pending record, made durable
+/// beside `ClaimVM`, and its Bound claim's, after the answer, ADR 48) and any other.
 pub const SERIES: [Series; 4] = [
     (
         "serve's whole request",

@@ -1,23 +1,26 @@
 //! The bind: `ClaimVM` with a `request_id` derived from the claim's uid, the claim's
-//! files written, the Bound claim recorded in one durable write; a bind that cannot finish
-//! releases what battery leased.
+//! files written, the Bound claim recorded: in one durable write after `ClaimVM` when the
+//! bind writes into its MicroVM, else pending while battery leases and then without
+//! waiting for the disk (ADR 48); a bind that cannot finish releases what battery leased.
 
 use std::time::{Duration, Instant};
 
 use battery_api_machinery::status::ApiError;
 use battery_types::{HasResourceInfo as _, LeaseSettings, MicroVMClaim};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use tokio::sync::broadcast;
 
 use super::config;
 use super::identity::Minted;
 use super::lease::release;
-use super::record::{ClaimRecord, LeaseRecord, info, key, request_id};
+use super::record::{ClaimRecord, LeaseRecord, PendingBind, info, key, pending_key, request_id};
 use super::storage::ClaimStorage;
 use crate::battery::objects;
 use crate::battery::{BatteryEvent, EventKind, Failure, LeaseId};
-use crate::meta_store::StoreError;
+use crate::meta_store::{Durable, StoreError};
 use crate::metrics::BindOutcome;
+use crate::resources::commit_ahead;
 use crate::resources::hosts::HostDirectory;
 use crate::watch::ChangeType;
 
@@ -200,47 +203,65 @@ impl ClaimStorage {
         // Usually cached; a Pool battery lacks is ClaimVM's to refuse.
         let settings = self.pools.lease_settings(&namespace, &pool).await.ok();
         let threshold = settings.as_ref().map(|s| s.expiry_threshold);
+        let mut finish = Finish {
+            secrets: LeaseRecord {
+                lease: None,
+                duration_seconds: settings.as_ref().and_then(lease_seconds),
+                usage,
+                token: None,
+            },
+            limits: (idle_timeout, max_lifetime),
+            files: resolved.files,
+            minted,
+            recorded: Recorded::Durably,
+        };
+        // A bind that writes nothing into its MicroVM is recorded while battery leases,
+        // and its claim answered before its record is durable (ADR 48).
+        let pending = finish.files.is_empty() && finish.minted.is_none();
+        if pending {
+            finish.recorded =
+                Recorded::Pending(self.record_pending(&claim, &finish, threshold).await?);
+        }
+        crate::failpoint::crash_point("bind:pending");
         let lease = match self
             .claim_vm(&namespace, &pool, &request_id, &name, threshold)
             .await
         {
             Ok(lease) => lease,
-            Err(failure) if failure.outcome == BindOutcome::Ambiguous => {
-                // battery may have leased: the create fails, so whatever it leased is
-                // released, now if battery answers, else at the next start.
-                let this = self.clone();
-                tokio::spawn(async move {
-                    if let Err(err) = this
-                        .release_abandoned(&namespace, &pool, &request_id, &name)
-                        .await
-                    {
-                        tracing::warn!(error = %err, "releasing an abandoned bind; the next start releases it");
-                    }
-                });
+            Err(failure) => {
+                if failure.outcome == BindOutcome::Ambiguous {
+                    // battery may have leased: the create fails, so whatever it leased is
+                    // released, now if battery answers, else at the next start.
+                    let this = self.clone();
+                    let (namespace, pool, name) = (namespace.clone(), pool, name.clone());
+                    tokio::spawn(async move {
+                        if let Err(err) = this
+                            .release_abandoned(&namespace, &pool, &request_id, &name)
+                            .await
+                        {
+                            tracing::warn!(error = %err, "releasing an abandoned bind; the next start releases it");
+                        }
+                    });
+                }
+                // battery said no otherwise: nothing was leased, so nothing is left behind.
+                if pending {
+                    self.drop_pending(&namespace, &name).await;
+                }
                 return Err(failure);
             }
-            // battery said no: nothing was leased, so nothing is left behind.
-            Err(failure) => return Err(failure),
         };
         crate::failpoint::crash_point("bind:claimed");
         let lease_id = lease.id.clone();
-        let secrets = LeaseRecord {
-            lease: None,
-            duration_seconds: settings.as_ref().and_then(lease_seconds),
-            usage,
-            token: None,
-        };
-        let limits = (idle_timeout, max_lifetime);
-        let token = minted.is_some();
-        if let Err(failure) = self
-            .finish_bind(&mut claim, lease, secrets, limits, resolved.files, minted)
-            .await
-        {
+        let token = finish.minted.is_some();
+        if let Err(failure) = self.finish_bind(&mut claim, lease, finish).await {
             // Released before the create answers. If battery does not release for
             // certain, the next start releases every lease no claim holds (`recover`),
             // or the lease expires, whichever comes first.
             if let Err(err) = release(&self.battery, &lease_id, &name).await {
                 tracing::warn!(error = %err, claim = %name, "releasing an unfinished bind; the next start releases it");
+            }
+            if pending {
+                self.drop_pending(&namespace, &name).await;
             }
             return Err(failure);
         }
@@ -248,20 +269,56 @@ impl ClaimStorage {
         Ok(claim)
     }
 
+    /// Records `claim`'s bind before its `ClaimVM` (ADR 48), and starts making the record
+    /// durable while battery leases.
+    async fn record_pending(
+        &self,
+        claim: &MicroVMClaim,
+        finish: &Finish,
+        threshold: Option<battery_types::Duration>,
+    ) -> Result<Durable, BindFailure> {
+        let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+        let name = claim.metadata.name.as_deref().unwrap_or_default();
+        let mut record = ClaimRecord::of(claim, finish.secrets.clone());
+        (record.status.idle_timeout, record.status.max_lifetime) = finish.limits;
+        let pending = PendingBind {
+            claim: record,
+            threshold,
+            asked: MicroTime(Timestamp::now()),
+        };
+        let key = pending_key(namespace, name);
+        let ((), durable) = self
+            .store
+            .transact_ahead(|tx| tx.put(&key, &pending))
+            .await?;
+        Ok(durable)
+    }
+
+    /// Deletes the record of a bind that did not bind, once it is durable: a restart
+    /// that found it would look for its lease.
+    pub(super) async fn drop_pending(&self, namespace: &str, name: &str) {
+        let key = pending_key(namespace, name);
+        if let Err(err) = self.store.transact(|tx| tx.delete(&key)).await {
+            tracing::warn!(error = %err, claim = %name, "dropping the record of a bind that failed; the next start drops it");
+        }
+    }
+
     /// The steps of a bind after battery leased: the bound status, the claim's files,
-    /// the record that holds the lease.
+    /// the record that holds the lease. A pending bind's record is written ahead, in place
+    /// of its pending record, once that is durable.
     pub(super) async fn finish_bind(
         &self,
         claim: &mut MicroVMClaim,
         lease: crate::battery::Lease,
-        mut secrets: LeaseRecord,
-        (idle_timeout, max_lifetime): (
-            Option<battery_types::Duration>,
-            Option<battery_types::Duration>,
-        ),
-        files: Vec<config::FileContent>,
-        minted: Option<Minted>,
+        finish: Finish,
     ) -> Result<(), BindFailure> {
+        let Finish {
+            mut secrets,
+            limits: (idle_timeout, max_lifetime),
+            files,
+            minted,
+            recorded,
+        } = finish;
         secrets.lease = Some(bind_status(claim, self.pools.hosts(), lease)?);
         if let Some(status) = &mut claim.status {
             status.idle_timeout = idle_timeout;
@@ -278,7 +335,15 @@ impl ClaimStorage {
             secrets.token = Some(minted.settings.clone());
         }
         let lease = secrets.lease.clone();
-        self.commit(claim, secrets, ChangeType::Added).await?;
+        match recorded {
+            Recorded::Durably => self.commit(claim, secrets, ChangeType::Added).await?,
+            Recorded::Pending(pending) => {
+                pending.wait().await?;
+                // Durable in the background; watchers hear of it then.
+                let _durable = self.commit_ahead(claim, secrets).await?;
+            }
+            Recorded::Recovered => self.commit_ahead(claim, secrets).await?.wait().await?,
+        }
         self.follow_limits(&ClaimRecord {
             metadata: claim.metadata.clone(),
             spec: claim.spec.clone(),
@@ -296,6 +361,52 @@ impl ClaimStorage {
         }
         Ok(())
     }
+
+    /// Records a pending bind's claim Bound, in place of its pending record, without
+    /// waiting for the disk: a restart rebuilds it from the pending record and battery's
+    /// lease (ADR 48).
+    async fn commit_ahead(
+        &self,
+        claim: &mut MicroVMClaim,
+        secrets: LeaseRecord,
+    ) -> Result<Durable, ApiError> {
+        let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let pending = pending_key(&namespace, &name);
+        commit_ahead(
+            &self.store,
+            &key(&namespace, &name),
+            claim,
+            ChangeType::Added,
+            |claim| ClaimRecord::of(claim, secrets),
+            |tx| tx.delete(&pending),
+        )
+        .await
+    }
+}
+
+/// What a bind records and writes once battery leased.
+pub(super) struct Finish {
+    pub(super) secrets: LeaseRecord,
+    /// The claim's idle timeout and maximum lifetime.
+    pub(super) limits: (
+        Option<battery_types::Duration>,
+        Option<battery_types::Duration>,
+    ),
+    pub(super) files: Vec<config::FileContent>,
+    pub(super) minted: Option<Minted>,
+    pub(super) recorded: Recorded,
+}
+
+/// How a bind's claim is recorded.
+pub(super) enum Recorded {
+    /// Once, durably, before the create answers.
+    Durably,
+    /// Pending while battery leased (ADR 48): the pending record's commit, durable before
+    /// the create answers; the claim's record replaces it without waiting for the disk.
+    Pending(Durable),
+    /// Pending by a bind a restart interrupted: the claim's record replaces it durably.
+    Recovered,
 }
 
 /// A lease's lifetime in whole seconds, as `coordination.k8s.io` Leases give it.

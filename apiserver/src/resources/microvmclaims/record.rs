@@ -62,6 +62,19 @@ impl ClaimRecord {
         })
     }
 
+    /// The record of `claim`, with `secrets` beside its status.
+    pub(super) fn of(claim: &MicroVMClaim, secrets: LeaseRecord) -> Self {
+        Self {
+            metadata: claim.metadata.clone(),
+            spec: claim.spec.clone(),
+            status: claim.status.clone().unwrap_or_default(),
+            lease: secrets.lease,
+            lease_duration_seconds: secrets.duration_seconds,
+            usage: secrets.usage,
+            token: secrets.token,
+        }
+    }
+
     pub(super) fn lease_record(&self) -> LeaseRecord {
         LeaseRecord {
             lease: self.lease.clone(),
@@ -74,6 +87,28 @@ impl ClaimRecord {
 
 pub(super) fn key(namespace: &str, name: &str) -> Key {
     Key::new(RESOURCE, Some(namespace), name)
+}
+
+/// Where the binds in flight are recorded (ADR 48): apart from the claims, so no read,
+/// list or watch of claims sees them.
+pub(super) const PENDING_RESOURCE: &str = "microvmclaimbinds";
+
+/// A bind recorded while its `ClaimVM` is asked (ADR 48): the claim as it will be
+/// recorded, less what battery answers. With battery's lease for its request id, a
+/// restart records the claim Bound from it; without one, drops it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct PendingBind {
+    /// The claim's record: its status holds only its limits, and no lease.
+    pub(super) claim: ClaimRecord,
+    /// The Pool's lease expiry threshold, for the lease's expiry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) threshold: Option<battery_types::Duration>,
+    /// When `ClaimVM` was first asked.
+    pub(super) asked: MicroTime,
+}
+
+pub(super) fn pending_key(namespace: &str, name: &str) -> Key {
+    Key::new(PENDING_RESOURCE, Some(namespace), name)
 }
 
 pub(super) fn info() -> &'static battery_types::ResourceInfo {

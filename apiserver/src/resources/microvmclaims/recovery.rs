@@ -1,26 +1,38 @@
-//! Recovery: the leases binds left without a claim (ADR 0022). A bind writes nothing
-//! before `ClaimVM`; the claim's record, written after it, is what holds the lease. So a
-//! lease claimed with a claim's request id that no record holds, and no bind in flight,
-//! was left by a create that never answered `201` (a crash, a lost answer, a failed write
-//! of its files), and is released.
+//! Recovery: the binds a restart interrupted, and the leases binds left without a claim
+//! (ADR 0022, ADR 48). A bind that writes nothing into its MicroVM records itself pending
+//! while battery leases; with battery's lease for its request id, a restart records its
+//! claim Bound, and without one drops it. Otherwise the claim's record, written after
+//! `ClaimVM`, is what holds the lease. So a lease claimed with a claim's request id that
+//! no record holds, and no bind in flight, was left by a create that never answered `201`
+//! (a crash, a lost answer, a failed write of its files), and is released.
 
 use std::collections::HashSet;
 
 use battery_api_machinery::status::ApiError;
 
+use super::bind::{Finish, Recorded};
 use super::lease::release;
-use super::record::{ClaimRecord, REQUEST_ID_PREFIX, RESOURCE, info, request_id};
+use super::record::{
+    ClaimRecord, PENDING_RESOURCE, PendingBind, REQUEST_ID_PREFIX, RESOURCE, info, key, object,
+    pending_key, request_id,
+};
 use super::storage::ClaimStorage;
+use crate::battery::LeaseInfo;
 
 impl ClaimStorage {
-    /// Releases every lease a bind left without its claim; answers how many. Run at start,
-    /// and safe beside binds in flight.
+    /// Finishes or drops the binds a restart interrupted, then releases every lease a bind
+    /// left without its claim; answers how many. Run at start, and safe beside binds in
+    /// flight.
     pub async fn recover(&self) -> Result<usize, ApiError> {
         let leases = self
             .battery
             .leases()
             .await
             .map_err(|e| e.into_api_error(info(), ""))?;
+        let (pending, _) = self.store.list::<PendingBind>(PENDING_RESOURCE, None)?;
+        for bind in pending {
+            self.finish_interrupted(bind, &leases).await?;
+        }
         let candidates: Vec<_> = {
             let in_flight = self.binds_in_flight.lock();
             leases
@@ -50,6 +62,66 @@ impl ClaimStorage {
         // were among those above.
         self.store.transact(|tx| tx.clear_intents()).await?;
         Ok(released)
+    }
+
+    /// Records the claim of a bind a restart interrupted Bound if battery holds its lease
+    /// (`leases`), else drops its pending record: its create never answered.
+    async fn finish_interrupted(
+        &self,
+        bind: PendingBind,
+        leases: &[LeaseInfo],
+    ) -> Result<(), ApiError> {
+        let (namespace, pool) = bind.claim.pool();
+        let (namespace, pool) = (namespace.to_owned(), pool.to_owned());
+        let name = bind.claim.metadata.name.clone().unwrap_or_default();
+        let request_id = request_id(bind.claim.metadata.uid.as_deref().unwrap_or_default());
+        // A bind holds its claim's lock from before its pending record until after it
+        // is replaced or dropped: a record found under the lock is no bind's in flight.
+        let _guard = self.locks.lock(&key(&namespace, &name)).await;
+        if self
+            .store
+            .get::<PendingBind>(&pending_key(&namespace, &name))?
+            .is_none()
+        {
+            return Ok(());
+        }
+        let Some(listed) = leases.iter().find(|l| l.request_id == request_id) else {
+            self.drop_pending(&namespace, &name).await;
+            return Ok(());
+        };
+        // battery answers a live lease's request id with that lease.
+        let lease = match self.battery.claim_vm(&namespace, &pool, &request_id).await {
+            Ok(lease) => lease,
+            Err(err) if !err.is_definitive() => return Err(err.into_api_error(info(), &name)),
+            Err(_) => {
+                self.drop_pending(&namespace, &name).await;
+                return Ok(());
+            }
+        };
+        let lease_id = lease.id.clone();
+        let finished = if lease_id == listed.id {
+            let status = &bind.claim.status;
+            let finish = Finish {
+                secrets: bind.claim.lease_record(),
+                limits: (status.idle_timeout, status.max_lifetime),
+                files: Vec::new(),
+                minted: None,
+                recorded: Recorded::Recovered,
+            };
+            let mut claim = object(bind.claim.clone());
+            let lease = lease.asked_at(bind.asked.0, bind.threshold);
+            self.finish_bind(&mut claim, lease, finish).await.is_ok()
+        } else {
+            // The lease ended after the listing, and the replay leased anew.
+            false
+        };
+        if finished {
+            tracing::info!(claim = %name, namespace = %namespace, "recorded Bound a claim whose bind a restart interrupted");
+        } else {
+            release(&self.battery, &lease_id, &name).await?;
+            self.drop_pending(&namespace, &name).await;
+        }
+        Ok(())
     }
 
     /// Releases whatever battery leased for `request_id` after a `ClaimVM` whose answer was

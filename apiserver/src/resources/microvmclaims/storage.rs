@@ -183,15 +183,7 @@ impl ClaimStorage {
         );
         let leaseless = secrets.lease.is_none();
         let had_token = secrets.token.is_some();
-        let record = |claim: &MicroVMClaim| ClaimRecord {
-            metadata: claim.metadata.clone(),
-            spec: claim.spec.clone(),
-            status: claim.status.clone().unwrap_or_default(),
-            lease: secrets.lease,
-            lease_duration_seconds: secrets.duration_seconds,
-            usage: secrets.usage,
-            token: secrets.token,
-        };
+        let record = |claim: &MicroVMClaim| ClaimRecord::of(claim, secrets);
         let activity = activity::key(
             claim.metadata.namespace.as_deref().unwrap_or_default(),
             claim.metadata.name.as_deref().unwrap_or_default(),
