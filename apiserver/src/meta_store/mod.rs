@@ -63,17 +63,21 @@ pub struct Page<T> {
     pub rest: usize,
 }
 
-/// A commit of [`MetaStore::transact_ahead`], on its way to the disk.
+/// A commit of [`MetaStore::transact_ahead`] or [`MetaStore::transact_beside`], on its
+/// way to the disk. Dropped, it gets there all the same.
 #[must_use = "a commit written ahead may not be durable yet"]
-pub struct Durable {
-    store: Arc<MetaStore>,
-    commit: u64,
-}
+pub struct Durable(tokio::task::JoinHandle<Result<(), StoreError>>);
 
 impl Durable {
     /// Waits until the commit is durable.
     pub async fn wait(self) -> Result<(), StoreError> {
-        self.store.durable_through(self.commit).await
+        match self.0.await {
+            Ok(done) => done,
+            Err(err) => match err.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                Err(_) => Err(StoreError::Stopped),
+            },
+        }
     }
 }
 
@@ -334,25 +338,41 @@ impl MetaStore {
         let started = std::time::Instant::now();
         let (out, commit) = self.write_and_checkpoint(f).await?;
         let store = self.clone();
-        let runtime = tokio::runtime::Handle::current();
-        tokio::task::spawn_blocking(move || {
-            // Alone, the sync runs right here; its writer goes on meanwhile.
-            match runtime.block_on(store.durable_through(commit)) {
-                Ok(()) => store
-                    .write_duration
-                    .observe(started.elapsed().as_secs_f64()),
-                Err(err) => {
-                    tracing::warn!(error = %err, "making a commit of the metadata store durable");
-                }
-            }
+        let durable = self.beside(async move {
+            store.durable_through(commit).await?;
+            store
+                .write_duration
+                .observe(started.elapsed().as_secs_f64());
+            Ok(())
         });
-        Ok((
-            out,
-            Durable {
-                store: self.clone(),
-                commit,
-            },
-        ))
+        Ok((out, durable))
+    }
+
+    /// [`MetaStore::transact`] on a thread of its own, beside the caller's work (ADR 48):
+    /// the caller goes on at once, and [`Durable::wait`] waits for the commit.
+    pub fn transact_beside(
+        self: &Arc<Self>,
+        f: impl FnOnce(&mut Txn) -> Result<(), StoreError> + Send + 'static,
+    ) -> Durable {
+        let store = self.clone();
+        self.beside(async move { store.transact(f).await })
+    }
+
+    /// Runs `work` on a blocking-pool thread, where a lone commit's sync does not hold
+    /// the caller's worker: one thread per commit under way, which tokio's pool caps (512),
+    /// queueing the rest.
+    fn beside(
+        &self,
+        work: impl Future<Output = Result<(), StoreError>> + Send + 'static,
+    ) -> Durable {
+        let runtime = tokio::runtime::Handle::current();
+        Durable(tokio::task::spawn_blocking(move || {
+            let done = runtime.block_on(work);
+            if let Err(err) = &done {
+                tracing::warn!(error = %err, "making a commit of the metadata store durable");
+            }
+            done
+        }))
     }
 
     /// Writes `f`'s commit (see [`MetaStore::write`]) and starts a checkpoint when the log

@@ -241,7 +241,7 @@ async fn grouped_writes_are_durable_when_they_return_and_published_once_in_order
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_commit_written_ahead_is_read_at_once_and_told_to_watchers_once_durable() {
+async fn commits_written_ahead_or_beside_are_read_at_once_and_told_to_watchers_once_durable() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("meta.redb");
     let store = Arc::new(MetaStore::open(&path).unwrap());
@@ -267,6 +267,18 @@ async fn a_commit_written_ahead_is_read_at_once_and_told_to_watchers_once_durabl
     assert_eq!(rx.recv().await.unwrap().name, "unwaited");
     let after = crash_copy(&path, "later");
     assert_eq!(after.get::<Rec>(&unwaited).unwrap(), Some(Rec { n: 2 }));
+
+    // One made beside the caller is durable once waited for.
+    let beside = key("a", "beside");
+    let written = beside.clone();
+    store
+        .transact_beside(move |tx| put_added(tx, &written, 3).map(drop))
+        .wait()
+        .await
+        .unwrap();
+    let after = crash_copy(&path, "beside");
+    assert_eq!(after.get::<Rec>(&beside).unwrap(), Some(Rec { n: 3 }));
+    assert_eq!(rx.recv().await.unwrap().name, "beside");
 }
 
 /// The records the log at `path`'s store would replay, or skip as redb's.

@@ -27,6 +27,8 @@ pub enum StoreError {
     Transaction(#[source] redb::Error),
     #[error("making the metadata store's commits durable")]
     Sync(#[source] redb::Error),
+    #[error("the metadata store stopped before a commit was durable")]
+    Stopped,
     #[error("the metadata store's log")]
     Log(#[source] std::io::Error),
     #[error("the metadata store's log skips from record {after} to {next}: records are missing")]

@@ -219,10 +219,9 @@ impl ClaimStorage {
         // and its claim answered before its record is durable (ADR 48).
         let pending = finish.files.is_empty() && finish.minted.is_none();
         if pending {
-            finish.recorded =
-                Recorded::Pending(self.record_pending(&claim, &finish, threshold).await?);
+            finish.recorded = Recorded::Pending(self.record_pending(&claim, &finish, threshold));
+            crate::failpoint::crash_point("bind:pending");
         }
-        crate::failpoint::crash_point("bind:pending");
         let lease = match self
             .claim_vm(&namespace, &pool, &request_id, &name, threshold)
             .await
@@ -244,8 +243,8 @@ impl ClaimStorage {
                     });
                 }
                 // battery said no otherwise: nothing was leased, so nothing is left behind.
-                if pending {
-                    self.drop_pending(&namespace, &name).await;
+                if let Recorded::Pending(written) = finish.recorded {
+                    self.drop_pending(&namespace, &name, Some(written)).await;
                 }
                 return Err(failure);
             }
@@ -261,7 +260,7 @@ impl ClaimStorage {
                 tracing::warn!(error = %err, claim = %name, "releasing an unfinished bind; the next start releases it");
             }
             if pending {
-                self.drop_pending(&namespace, &name).await;
+                self.drop_pending(&namespace, &name, None).await;
             }
             return Err(failure);
         }
@@ -269,14 +268,14 @@ impl ClaimStorage {
         Ok(claim)
     }
 
-    /// Records `claim`'s bind before its `ClaimVM` (ADR 48), and starts making the record
-    /// durable while battery leases.
-    async fn record_pending(
+    /// Records `claim`'s bind pending (ADR 48), on a thread of its own, so that the record
+    /// is written and made durable while battery leases.
+    fn record_pending(
         &self,
         claim: &MicroVMClaim,
         finish: &Finish,
         threshold: Option<battery_types::Duration>,
-    ) -> Result<Durable, BindFailure> {
+    ) -> Durable {
         let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
         let name = claim.metadata.name.as_deref().unwrap_or_default();
         let mut record = ClaimRecord::of(claim, finish.secrets.clone());
@@ -287,16 +286,17 @@ impl ClaimStorage {
             asked: MicroTime(Timestamp::now()),
         };
         let key = pending_key(namespace, name);
-        let ((), durable) = self
-            .store
-            .transact_ahead(|tx| tx.put(&key, &pending))
-            .await?;
-        Ok(durable)
+        self.store.transact_beside(move |tx| tx.put(&key, &pending))
     }
 
-    /// Deletes the record of a bind that did not bind, once it is durable: a restart
-    /// that found it would look for its lease.
-    pub(super) async fn drop_pending(&self, namespace: &str, name: &str) {
+    /// Deletes the pending record of a bind that did not bind, durably, after its write
+    /// (`written`, when it may still be under way): a restart that found it would look
+    /// for its lease.
+    pub(super) async fn drop_pending(&self, namespace: &str, name: &str, written: Option<Durable>) {
+        if let Some(written) = written {
+            // A write that failed left nothing to delete; the delete below says so again.
+            let _ = written.wait().await;
+        }
         let key = pending_key(namespace, name);
         if let Err(err) = self.store.transact(|tx| tx.delete(&key)).await {
             tracing::warn!(error = %err, claim = %name, "dropping the record of a bind that failed; the next start drops it");
@@ -319,6 +319,16 @@ impl ClaimStorage {
             minted,
             recorded,
         } = finish;
+        // The pending record is on disk before the bind can fail: one that fails drops a
+        // record that is there.
+        let pending = match recorded {
+            Recorded::Durably => false,
+            Recorded::Pending(written) => {
+                written.wait().await?;
+                true
+            }
+            Recorded::Recovered => true,
+        };
         secrets.lease = Some(bind_status(claim, self.pools.hosts(), lease)?);
         if let Some(status) = &mut claim.status {
             status.idle_timeout = idle_timeout;
@@ -335,14 +345,11 @@ impl ClaimStorage {
             secrets.token = Some(minted.settings.clone());
         }
         let lease = secrets.lease.clone();
-        match recorded {
-            Recorded::Durably => self.commit(claim, secrets, ChangeType::Added).await?,
-            Recorded::Pending(pending) => {
-                pending.wait().await?;
-                // Durable in the background; watchers hear of it then.
-                let _durable = self.commit_ahead(claim, secrets).await?;
-            }
-            Recorded::Recovered => self.commit_ahead(claim, secrets).await?.wait().await?,
+        if pending {
+            // Durable in the background; watchers hear of it then.
+            let _durable = self.commit_ahead(claim, secrets).await?;
+        } else {
+            self.commit(claim, secrets, ChangeType::Added).await?;
         }
         self.follow_limits(&ClaimRecord {
             metadata: claim.metadata.clone(),
@@ -405,7 +412,8 @@ pub(super) enum Recorded {
     /// Pending while battery leased (ADR 48): the pending record's commit, durable before
     /// the create answers; the claim's record replaces it without waiting for the disk.
     Pending(Durable),
-    /// Pending by a bind a restart interrupted: the claim's record replaces it durably.
+    /// Pending by a bind a restart interrupted: the claim's record replaces it, made
+    /// durable by the writes after it (recovery's last is durable).
     Recovered,
 }
 

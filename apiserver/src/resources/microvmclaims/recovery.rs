@@ -86,7 +86,7 @@ impl ClaimStorage {
             return Ok(());
         }
         let Some(listed) = leases.iter().find(|l| l.request_id == request_id) else {
-            self.drop_pending(&namespace, &name).await;
+            self.drop_pending(&namespace, &name, None).await;
             return Ok(());
         };
         // battery answers a live lease's request id with that lease.
@@ -94,7 +94,7 @@ impl ClaimStorage {
             Ok(lease) => lease,
             Err(err) if !err.is_definitive() => return Err(err.into_api_error(info(), &name)),
             Err(_) => {
-                self.drop_pending(&namespace, &name).await;
+                self.drop_pending(&namespace, &name, None).await;
                 return Ok(());
             }
         };
@@ -119,7 +119,7 @@ impl ClaimStorage {
             tracing::info!(claim = %name, namespace = %namespace, "recorded Bound a claim whose bind a restart interrupted");
         } else {
             release(&self.battery, &lease_id, &name).await?;
-            self.drop_pending(&namespace, &name).await;
+            self.drop_pending(&namespace, &name, None).await;
         }
         Ok(())
     }
