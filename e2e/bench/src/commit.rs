@@ -3,10 +3,12 @@
 //! `fdatasync` to a file beside it, and 4 KiB written over a page already written plus
 //! `fdatasync` (what the store's log does, its blocks written ahead), taking turns so all
 //! meet the same disk at the same moment. The target: the commit's p50 at most 2x the
-//! append's.
+//! append's. Beside them, a loopback round trip between two threads: with the append, the
+//! floor issue 41 holds `serve`'s own part of a bind to.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -36,8 +38,10 @@ pub async fn run(rounds: usize) -> Result<Vec<Row>> {
     let store = Arc::new(MetaStore::open(&dir.path().join("store.redb"))?);
     let mut append = Floor::create(&dir.path().join("append"), Write4k::Append)?;
     let mut overwrite = Floor::create(&dir.path().join("overwrite"), Write4k::Overwrite)?;
+    let mut echo = Echo::start().context("a loopback echo")?;
     let value = serde_json::json!({ "padding": "x".repeat(RECORD_BYTES) });
     let (mut commits, mut appends, mut overwrites) = (Vec::new(), Vec::new(), Vec::new());
+    let mut trips = Vec::new();
     for round in 0..rounds {
         let key = Key::new("microvmclaims", Some("bench"), &format!("claim-{round}"));
         let started = Instant::now();
@@ -54,6 +58,8 @@ pub async fn run(rounds: usize) -> Result<Vec<Row>> {
         tokio::time::sleep(GAP).await;
         overwrites.push(overwrite.write().context("an overwrite and fdatasync")?);
         tokio::time::sleep(GAP).await;
+        trips.push(echo.round_trip().context("a loopback round trip")?);
+        tokio::time::sleep(GAP).await;
     }
     let mut rows = Vec::new();
     rows.extend(percentiles(COMMIT, APPENDED, &appends));
@@ -66,6 +72,16 @@ pub async fn run(rounds: usize) -> Result<Vec<Row>> {
         COMMIT,
         "the metadata store's lone commit",
         &commits,
+    ));
+    rows.extend(percentiles(COMMIT, "a loopback TCP round trip", &trips));
+    let mean = |samples: &[Duration]| {
+        samples.iter().map(|d| millis(*d)).sum::<f64>() / samples.len() as f64
+    };
+    rows.push(Row::new(
+        COMMIT,
+        "the floor of serve's own part of a bind (the append and a round trip), mean",
+        mean(&appends) + mean(&trips),
+        Unit::Millis,
     ));
     let ratio = millis(quantile(&commits, 0.5)) / millis(quantile(&appends, 0.5));
     rows.push(
@@ -93,6 +109,37 @@ pub fn appends(dir: &Path, count: usize) -> Result<Vec<Duration>> {
         .collect::<std::io::Result<Vec<_>>>()?;
     std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
     Ok(took)
+}
+
+/// A connection to a thread that echoes each byte back: a lone request's round trip on
+/// loopback, the second part of the floor issue 41 names.
+struct Echo(TcpStream);
+
+impl Echo {
+    fn start() -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let address = listener.local_addr()?;
+        // Ends when the bench's end of the connection closes.
+        std::thread::spawn(move || -> std::io::Result<()> {
+            let (mut peer, _) = listener.accept()?;
+            peer.set_nodelay(true)?;
+            let mut byte = [0u8; 1];
+            loop {
+                peer.read_exact(&mut byte)?;
+                peer.write_all(&byte)?;
+            }
+        });
+        let stream = TcpStream::connect(address)?;
+        stream.set_nodelay(true)?;
+        Ok(Self(stream))
+    }
+
+    fn round_trip(&mut self) -> std::io::Result<Duration> {
+        let started = Instant::now();
+        self.0.write_all(&[1])?;
+        self.0.read_exact(&mut [0u8; 1])?;
+        Ok(started.elapsed())
+    }
 }
 
 /// Where a floor puts its 4 KiB.
