@@ -181,6 +181,14 @@ fn crash_copy(path: &Path, name: &str) -> MetaStore {
     MetaStore::open(&crash_files(path, name)).unwrap()
 }
 
+/// A store on disk in a directory of its own (removed when dropped), and its path.
+fn store_in_a_new_directory() -> (tempfile::TempDir, PathBuf, Arc<MetaStore>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.redb");
+    let store = Arc::new(MetaStore::open(&path).unwrap());
+    (dir, path, store)
+}
+
 fn put_added(tx: &mut Txn, key: &Key, n: u32) -> Result<u64, StoreError> {
     let rv = tx.next_resource_version();
     tx.put(key, &Rec { n })?;
@@ -190,9 +198,7 @@ fn put_added(tx: &mut Txn, key: &Key, n: u32) -> Result<u64, StoreError> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grouped_writes_are_durable_when_they_return_and_published_once_in_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("meta.redb");
-    let store = Arc::new(MetaStore::open(&path).unwrap());
+    let (_dir, path, store) = store_in_a_new_directory();
     let mut rx = store.hub().subscribe(0).unwrap().receiver;
     // A commit whose sync has not come yet is seen by readers, not told to watchers.
     let unsynced = key("a", "unsynced");
@@ -242,9 +248,7 @@ async fn grouped_writes_are_durable_when_they_return_and_published_once_in_order
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commits_written_ahead_or_beside_are_read_at_once_and_told_to_watchers_once_durable() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("meta.redb");
-    let store = Arc::new(MetaStore::open(&path).unwrap());
+    let (_dir, path, store) = store_in_a_new_directory();
     let mut rx = store.hub().subscribe(0).unwrap().receiver;
     let waited = key("a", "waited");
     let (rv, durable) = store
@@ -299,9 +303,7 @@ fn logged_bytes(bytes: &[u8]) -> usize {
 /// directory and left open: only the log holds them (redb has no durable commit of them).
 /// Returns the directory (removed when dropped), the store's path and the store.
 async fn three_logged_commits() -> (tempfile::TempDir, PathBuf, Arc<MetaStore>) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("meta.redb");
-    let store = Arc::new(MetaStore::open(&path).unwrap());
+    let (dir, path, store) = store_in_a_new_directory();
     for n in 1..=3 {
         store
             .transact(|tx| -> Result<(), StoreError> {
@@ -402,9 +404,7 @@ async fn records_a_checkpoint_covered_are_not_applied_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_log_is_checkpointed_once_it_outgrows_its_bound() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("meta.redb");
-    let store = Arc::new(MetaStore::open(&path).unwrap());
+    let (_dir, path, store) = store_in_a_new_directory();
     let padding = "p".repeat(2048);
     let writes = CHECKPOINT_BYTES / 2048 + 16;
     for n in 0..writes {

@@ -12,7 +12,7 @@ use battery_api_machinery::status::ApiError;
 use battery_types::ResourceInfo;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::meta_store::{Durable, Key, MetaStore, StoreError, Txn};
+use crate::meta_store::{Key, MetaStore, StoreError, Txn};
 use crate::watch::ChangeType;
 
 /// Serializes writes to one object, so a battery call and the record written after it
@@ -68,28 +68,9 @@ where
         .await
 }
 
-/// [`commit`], returning once the commit is written, while it becomes durable
-/// ([`MetaStore::transact_ahead`]).
-pub async fn commit_ahead<K, R>(
-    store: &Arc<MetaStore>,
-    key: &Key,
-    object: &mut K,
-    change: ChangeType,
-    record: impl FnOnce(&K) -> R,
-    also: impl FnOnce(&mut Txn) -> Result<(), StoreError>,
-) -> Result<Durable, ApiError>
-where
-    K: kube::Resource + serde::Serialize + Clone + Send + Sync + 'static,
-    R: serde::Serialize,
-{
-    let ((), durable) = store
-        .transact_ahead(write_object(key, object, change, record, also))
-        .await?;
-    Ok(durable)
-}
-
-/// The transaction of [`commit`].
-fn write_object<'a, K, R>(
+/// The transaction of [`commit`], for a caller that commits it another way (a bind's
+/// claim, written ahead of its sync: [`MetaStore::transact_ahead`]).
+pub fn write_object<'a, K, R>(
     key: &'a Key,
     object: &'a mut K,
     change: ChangeType,

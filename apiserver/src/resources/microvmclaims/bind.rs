@@ -20,8 +20,8 @@ use crate::battery::objects;
 use crate::battery::{BatteryEvent, EventKind, Failure, LeaseId};
 use crate::meta_store::{Durable, StoreError};
 use crate::metrics::BindOutcome;
-use crate::resources::commit_ahead;
 use crate::resources::hosts::HostDirectory;
+use crate::resources::write_object;
 use crate::watch::ChangeType;
 
 /// ABORTED from ClaimVM means the MicroVM was deleted under the claim: battery says
@@ -380,15 +380,17 @@ impl ClaimStorage {
         let namespace = claim.metadata.namespace.clone().unwrap_or_default();
         let name = claim.metadata.name.clone().unwrap_or_default();
         let pending = pending_key(&namespace, &name);
-        commit_ahead(
-            &self.store,
-            &key(&namespace, &name),
-            claim,
-            ChangeType::Added,
-            |claim| ClaimRecord::of(claim, secrets),
-            |tx| tx.delete(&pending),
-        )
-        .await
+        let ((), durable) = self
+            .store
+            .transact_ahead(write_object(
+                &key(&namespace, &name),
+                claim,
+                ChangeType::Added,
+                |claim| ClaimRecord::of(claim, secrets),
+                |tx| tx.delete(&pending),
+            ))
+            .await?;
+        Ok(durable)
     }
 }
 
