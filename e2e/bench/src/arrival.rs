@@ -32,7 +32,7 @@ use tokio::sync::Semaphore;
 
 use super::binds::bind;
 use super::client::{Client, NAMESPACE};
-use super::report::{Row, Unit, millis, quantile, rank};
+use super::report::{Row, Unit, mean_millis, millis, quantile, rank};
 use super::rig::Rig;
 use super::served::{self, Observed};
 use battery_e2e::api::{ClaimVmRequest, PoolRef, ReleaseVmRequest};
@@ -488,14 +488,10 @@ fn quiet_split_rows(
     before: &(Vec<served::Observed>, Vec<served::Observed>),
     after: &(Vec<served::Observed>, Vec<served::Observed>),
 ) -> Vec<Row> {
-    let mean_of = |samples: &[Duration]| {
-        (!samples.is_empty())
-            .then(|| samples.iter().map(|d| millis(*d)).sum::<f64>() / samples.len() as f64)
-    };
     let serve = |i: usize| served::mean(before.0[i], after.0[i]);
     let kube = |i: usize| served::mean(before.1[i], after.1[i]);
     let minus = |a: Option<f64>, b: Option<f64>| Some(a? - b?);
-    let (bind, create) = (mean_of(&took[0]), mean_of(&took[1]));
+    let (bind, create) = (mean_millis(&took[0]), mean_millis(&took[1]));
     let (request, inside, claim_vm, write) = (serve(0), serve(1), serve(2), serve(3));
     let parts = [
         ("a bind, as its client saw it", bind),

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use battery_apiserver::meta_store::{Key, MetaStore, StoreError};
 
-use crate::report::{Row, Unit, millis, percentiles, quantile};
+use crate::report::{Row, Unit, mean_millis, millis, percentiles, quantile};
 
 pub const COMMIT: &str = "durable commit";
 
@@ -74,15 +74,14 @@ pub async fn run(rounds: usize) -> Result<Vec<Row>> {
         &commits,
     ));
     rows.extend(percentiles(COMMIT, "a loopback TCP round trip", &trips));
-    let mean = |samples: &[Duration]| {
-        samples.iter().map(|d| millis(*d)).sum::<f64>() / samples.len() as f64
-    };
-    rows.push(Row::new(
-        COMMIT,
-        "the floor of serve's own part of a bind (the append and a round trip), mean",
-        mean(&appends) + mean(&trips),
-        Unit::Millis,
-    ));
+    if let (Some(append), Some(trip)) = (mean_millis(&appends), mean_millis(&trips)) {
+        rows.push(Row::new(
+            COMMIT,
+            "the floor of serve's own part of a bind (the append and a round trip), mean",
+            append + trip,
+            Unit::Millis,
+        ));
+    }
     let ratio = millis(quantile(&commits, 0.5)) / millis(quantile(&appends, 0.5));
     rows.push(
         Row::new(

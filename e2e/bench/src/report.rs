@@ -204,6 +204,12 @@ pub fn millis(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1000.0
 }
 
+/// The mean of `samples` in milliseconds; `None` for none.
+pub fn mean_millis(samples: &[Duration]) -> Option<f64> {
+    (!samples.is_empty())
+        .then(|| samples.iter().map(|d| millis(*d)).sum::<f64>() / samples.len() as f64)
+}
+
 /// The `p`-th quantile (0 < p <= 1) of `samples` by nearest rank.
 pub fn quantile(samples: &[Duration], p: f64) -> Duration {
     assert!(!samples.is_empty(), "a quantile of no samples");

@@ -36,6 +36,11 @@ pub(super) struct BindFailure {
 }
 
 impl BindFailure {
+    /// Why, as the API answers it.
+    pub(super) fn error(&self) -> &ApiError {
+        &self.error
+    }
+
     /// Refused for good: nothing was leased.
     pub(super) fn refused(error: ApiError) -> Self {
         Self {
@@ -351,13 +356,13 @@ impl ClaimStorage {
         } else {
             self.commit(claim, secrets, ChangeType::Added).await?;
         }
-        self.follow_limits(&ClaimRecord {
-            metadata: claim.metadata.clone(),
-            spec: claim.spec.clone(),
-            status: claim.status.clone().unwrap_or_default(),
-            lease,
-            ..ClaimRecord::default()
-        });
+        self.follow_limits(&ClaimRecord::of(
+            claim,
+            LeaseRecord {
+                lease,
+                ..LeaseRecord::default()
+            },
+        ));
         if let Some(minted) = &minted {
             self.rotate_token(
                 claim,

@@ -1,9 +1,9 @@
 //! `microvmclaims`: a claim is bound inside its create (DESIGN §4): battery's `ClaimVM`
 //! is called with a `request_id` derived from the claim's uid, the Bound claim is recorded,
 //! and the response is already Bound (ADR 22: a lease no record holds is released at
-//! start; ADR 48: a bind is recorded pending while battery leases). The metadata store keeps the claim's
-//! metadata, spec and status, and battery's lease id (a secret that never leaves it);
-//! battery's lease list says whether the lease still lives.
+//! start; ADR 48: a bind is recorded pending while battery leases). The metadata store
+//! keeps the claim's metadata, spec and status, and battery's lease id (a secret that
+//! never leaves it); battery's lease list says whether the lease still lives.
 //!
 //! `ClaimStorage`'s work is split by job, as k8s.io's `registry/<kind>/` splits storage
 //! from strategy: `record` (what is stored, its key, battery's request id), `storage`

@@ -31,7 +31,9 @@ impl ClaimStorage {
             .map_err(|e| e.into_api_error(info(), ""))?;
         let (pending, _) = self.store.list::<PendingBind>(PENDING_RESOURCE, None)?;
         for bind in pending {
-            self.finish_interrupted(bind, &leases).await?;
+            let (namespace, _) = bind.claim.pool();
+            let name = bind.claim.metadata.name.as_deref().unwrap_or_default();
+            self.finish_interrupted(namespace, name, &leases).await?;
         }
         let candidates: Vec<_> = {
             let in_flight = self.binds_in_flight.lock();
@@ -64,53 +66,59 @@ impl ClaimStorage {
         Ok(released)
     }
 
-    /// Records the claim of a bind a restart interrupted Bound if battery holds its lease
-    /// (`leases`), else drops its pending record: its create never answered.
+    /// Records the claim of the bind a restart interrupted, pending as `namespace/name`,
+    /// Bound if battery holds its lease (`leases`), else drops its pending record: its
+    /// create never answered.
     async fn finish_interrupted(
         &self,
-        bind: PendingBind,
+        namespace: &str,
+        name: &str,
         leases: &[LeaseInfo],
     ) -> Result<(), ApiError> {
-        let (namespace, pool) = bind.claim.pool();
-        let (namespace, pool) = (namespace.to_owned(), pool.to_owned());
-        let name = bind.claim.metadata.name.clone().unwrap_or_default();
-        let request_id = request_id(bind.claim.metadata.uid.as_deref().unwrap_or_default());
         // A bind holds its claim's lock from before its pending record until after it
-        // is replaced or dropped: a record found under the lock is no bind's in flight.
-        let _guard = self.locks.lock(&key(&namespace, &name)).await;
-        if self
+        // is replaced or dropped: the record read under the lock is no bind's in flight.
+        let _guard = self.locks.lock(&key(namespace, name)).await;
+        let Some(bind) = self
             .store
-            .get::<PendingBind>(&pending_key(&namespace, &name))?
-            .is_none()
-        {
+            .get::<PendingBind>(&pending_key(namespace, name))?
+        else {
             return Ok(());
-        }
+        };
+        let pool = bind.claim.spec.pool_ref.name.clone();
+        let request_id = request_id(bind.claim.metadata.uid.as_deref().unwrap_or_default());
         let Some(listed) = leases.iter().find(|l| l.request_id == request_id) else {
-            self.drop_pending(&namespace, &name, None).await;
+            self.drop_pending(namespace, name, None).await;
             return Ok(());
         };
         // battery answers a live lease's request id with that lease.
-        let lease = match self.battery.claim_vm(&namespace, &pool, &request_id).await {
+        let lease = match self.battery.claim_vm(namespace, &pool, &request_id).await {
             Ok(lease) => lease,
-            Err(err) if !err.is_definitive() => return Err(err.into_api_error(info(), &name)),
+            Err(err) if !err.is_definitive() => return Err(err.into_api_error(info(), name)),
             Err(_) => {
-                self.drop_pending(&namespace, &name, None).await;
+                self.drop_pending(namespace, name, None).await;
                 return Ok(());
             }
         };
         let lease_id = lease.id.clone();
         let finished = if lease_id == listed.id {
-            let status = &bind.claim.status;
             let finish = Finish {
                 secrets: bind.claim.lease_record(),
-                limits: (status.idle_timeout, status.max_lifetime),
+                limits: (
+                    bind.claim.status.idle_timeout,
+                    bind.claim.status.max_lifetime,
+                ),
                 files: Vec::new(),
                 minted: None,
                 recorded: Recorded::Recovered,
             };
-            let mut claim = object(bind.claim.clone());
             let lease = lease.asked_at(bind.asked.0, bind.threshold);
-            self.finish_bind(&mut claim, lease, finish).await.is_ok()
+            let mut claim = object(bind.claim);
+            self.finish_bind(&mut claim, lease, finish)
+                .await
+                .map_err(|failure| {
+                    tracing::warn!(error = %failure.error(), claim = %name, namespace = %namespace, "recording Bound a claim whose bind a restart interrupted; releasing its lease");
+                })
+                .is_ok()
         } else {
             // The lease ended after the listing, and the replay leased anew.
             false
@@ -118,8 +126,8 @@ impl ClaimStorage {
         if finished {
             tracing::info!(claim = %name, namespace = %namespace, "recorded Bound a claim whose bind a restart interrupted");
         } else {
-            release(&self.battery, &lease_id, &name).await?;
-            self.drop_pending(&namespace, &name, None).await;
+            release(&self.battery, &lease_id, name).await?;
+            self.drop_pending(namespace, name, None).await;
         }
         Ok(())
     }
