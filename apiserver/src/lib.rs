@@ -9,6 +9,7 @@ pub mod certs;
 pub mod cli;
 mod clock;
 pub mod cluster;
+mod detached;
 pub mod dev;
 pub mod embedded_battery;
 pub mod failpoint;

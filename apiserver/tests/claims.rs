@@ -15,6 +15,7 @@ use common::cluster::fake_kube_apiserver;
 use common::{CLAIMS, DEADLINE, HOSTS, Harness, POOLS, condition, eventually, get, pool};
 use http::{Request, StatusCode, header};
 use serde_json::{Value, json};
+use tower::ServiceExt as _;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_hundred_concurrent_claims_on_a_pool_of_one_hundred() {
@@ -157,6 +158,34 @@ async fn an_unrenewed_claim_expires_and_a_renewed_one_does_not() {
         )
         .await;
     assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_create_whose_client_goes_away_while_battery_leases_still_binds() {
+    let (h, proxy) = Harness::behind_proxy(common::settings(), common::fast_battery_config()).await;
+    h.create_pool("gone", 1).await;
+    h.wait_available("gone", 1).await;
+    proxy.hold_claims();
+    let request = common::as_dev(common::post(CLAIMS, &common::claim("c", "gone")));
+    let create = tokio::spawn(h.router().oneshot(request));
+    eventually(
+        DEADLINE,
+        "the create's ClaimVM held",
+        async || match proxy.claim_calls() {
+            1 => Ok(()),
+            calls => Err(format!("{calls} calls")),
+        },
+    )
+    .await;
+    // The client gives up: its request is dropped mid-bind.
+    create.abort();
+    assert!(create.await.unwrap_err().is_cancelled());
+    proxy.release_claims();
+    let claim = h
+        .eventually(&format!("{CLAIMS}/c"), |status, _| status == StatusCode::OK)
+        .await;
+    assert_eq!(claim["status"]["phase"], "Bound", "{claim}");
+    assert_eq!(proxy.claim_calls(), 1, "bound by the create's own ClaimVM");
 }
 
 #[tokio::test]

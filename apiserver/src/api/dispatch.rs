@@ -335,7 +335,7 @@ async fn route(resources: &Resources, request: Request) -> Result<Response, ApiE
         // The watch's own timeoutSeconds ends it.
         return call.await;
     }
-    // A bind runs detached from its request, so giving up here leaves nothing half done.
+    // A bind outlives its request, so giving up here leaves nothing half done.
     tokio::time::timeout(limiter.request_timeout(), call)
         .await
         .unwrap_or_else(|_| Err(limits::timed_out()))

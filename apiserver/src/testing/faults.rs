@@ -25,9 +25,32 @@ const UPDATE_POOL: &str = "/poolmgr.v1alpha1.PoolAdmin/UpdatePool";
 struct Faults {
     lose_claims_as: Mutex<Option<tonic::Code>>,
     lost: AtomicUsize,
-    /// Whether UpdatePool calls wait before they reach battery.
-    hold_updates: tokio::sync::watch::Sender<bool>,
-    updates: AtomicUsize,
+    claims: Held,
+    updates: Held,
+}
+
+/// The calls of one method: how many reached the proxy, and whether they wait there
+/// before they reach battery.
+struct Held {
+    held: tokio::sync::watch::Sender<bool>,
+    calls: AtomicUsize,
+}
+
+impl Held {
+    fn new() -> Self {
+        Self {
+            held: tokio::sync::watch::Sender::new(false),
+            calls: AtomicUsize::default(),
+        }
+    }
+
+    /// Counts a call, and lets it go on once it is not held.
+    async fn pass(&self) {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let mut held = self.held.subscribe();
+        // The sender lives as long as `self`: waiting cannot fail.
+        let _ = held.wait_for(|held| !held).await;
+    }
 }
 
 pub struct FaultyBattery {
@@ -49,8 +72,8 @@ impl FaultyBattery {
         let faults = Arc::new(Faults {
             lose_claims_as: Mutex::default(),
             lost: AtomicUsize::default(),
-            hold_updates: tokio::sync::watch::Sender::new(false),
-            updates: AtomicUsize::default(),
+            claims: Held::new(),
+            updates: Held::new(),
         });
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
@@ -111,17 +134,32 @@ impl FaultyBattery {
 
     /// From now on UpdatePool calls wait here until [`Self::release_updates`].
     pub fn hold_updates(&self) {
-        self.faults.hold_updates.send_replace(true);
+        self.faults.updates.held.send_replace(true);
     }
 
     /// UpdatePool calls held, and those to come, go on to battery.
     pub fn release_updates(&self) {
-        self.faults.hold_updates.send_replace(false);
+        self.faults.updates.held.send_replace(false);
     }
 
     /// How many UpdatePool calls reached the proxy so far, held ones included.
     pub fn update_calls(&self) -> usize {
-        self.faults.updates.load(Ordering::SeqCst)
+        self.faults.updates.calls.load(Ordering::SeqCst)
+    }
+
+    /// From now on ClaimVM calls wait here until [`Self::release_claims`].
+    pub fn hold_claims(&self) {
+        self.faults.claims.held.send_replace(true);
+    }
+
+    /// ClaimVM calls held, and those to come, go on to battery.
+    pub fn release_claims(&self) {
+        self.faults.claims.held.send_replace(false);
+    }
+
+    /// How many ClaimVM calls reached the proxy so far, held ones included.
+    pub fn claim_calls(&self) -> usize {
+        self.faults.claims.calls.load(Ordering::SeqCst)
     }
 }
 
@@ -139,11 +177,10 @@ async fn forward(
                 .unwrap_or_else(PoisonError::into_inner)
         })
         .flatten();
-    if request.uri().path() == UPDATE_POOL {
-        faults.updates.fetch_add(1, Ordering::SeqCst);
-        let mut held = faults.hold_updates.subscribe();
-        // The sender lives as long as `faults`: waiting cannot fail.
-        let _ = held.wait_for(|held| !held).await;
+    match request.uri().path() {
+        CLAIM_VM => faults.claims.pass().await,
+        UPDATE_POOL => faults.updates.pass().await,
+        _ => {}
     }
     let path = request.uri().path_and_query().cloned();
     let mut uri = Uri::builder()

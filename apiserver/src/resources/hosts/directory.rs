@@ -66,11 +66,18 @@ impl HostDirectory {
 
     /// What its claims' `HostReady` says of the Host `name`.
     pub fn readiness(&self, name: &str) -> Result<objects::HostReadiness, ApiError> {
+        Ok(self.agent_and_readiness(name)?.1)
+    }
+
+    /// The exec agent's address of the Host `name` and what its claims' `HostReady` says,
+    /// from one read of its record: what a bind shows of its Host.
+    pub fn agent_and_readiness(
+        &self,
+        name: &str,
+    ) -> Result<(Option<String>, objects::HostReadiness), ApiError> {
         let record = self.store.get::<HostRecord>(&key(name))?;
-        Ok(readiness::of_record(
-            record.as_ref(),
-            k8s_openapi::jiff::Timestamp::now(),
-        ))
+        let readiness = readiness::of_record(record.as_ref(), k8s_openapi::jiff::Timestamp::now());
+        Ok((record.and_then(|r| r.agent_address), readiness))
     }
 
     /// Resolves when a Host changed since the last call returned.

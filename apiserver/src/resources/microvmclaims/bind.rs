@@ -170,16 +170,6 @@ impl ClaimStorage {
                 &name,
             )));
         }
-        if self.pools.is_deleting(&namespace, &pool)? {
-            return Err(BindFailure::refused(
-                ApiError::conflict(
-                    info(),
-                    &name,
-                    format!("pool {namespace}/{pool} is being deleted"),
-                )
-                .with_specific_reason("PoolDeleting"),
-            ));
-        }
         // Before anything is leased: a claim asking for more than its Pool allows leaves
         // nothing. A Pool battery lacks is ClaimVM's to refuse.
         let pool_limits = self
@@ -436,8 +426,7 @@ fn bind_status(
     hosts: &HostDirectory,
     lease: crate::battery::Lease,
 ) -> Result<LeaseId, ApiError> {
-    let agent_address = hosts.agent_address(&lease.host_name)?;
-    let readiness = hosts.readiness(&lease.host_name)?;
+    let (agent_address, readiness) = hosts.agent_and_readiness(&lease.host_name)?;
     let (status, id) =
         objects::bound_status(lease, agent_address, &readiness, claim.metadata.generation);
     claim.status = Some(status);

@@ -42,22 +42,20 @@ pub(super) struct Minted {
 }
 
 impl ClaimStorage {
-    /// The token `claim`'s guest gets, if its Pool or it asks for one: authorized as
+    /// The token `claim`'s guest gets, if its Pool (`pool_token`) or it asks for one: authorized as
     /// `user` (a `403` naming the ServiceAccount), its binding Secret created, the token
     /// requested. A failure deletes the binding, so it leaves nothing.
     pub(super) async fn mint_token(
         &self,
         user: &UserInfo,
         claim: &MicroVMClaim,
+        pool_token: Option<&ServiceAccountToken>,
     ) -> Result<Option<Minted>, ApiError> {
         let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
         let name = claim.metadata.name.as_deref().unwrap_or_default();
         let uid = claim.metadata.uid.as_deref().unwrap_or_default();
-        let pool = self
-            .pools
-            .service_account_token(namespace, &claim.spec.pool_ref.name)?;
         let Some(settings) =
-            ServiceAccountToken::resolve(pool.as_ref(), claim.spec.service_account_token.as_ref())
+            ServiceAccountToken::resolve(pool_token, claim.spec.service_account_token.as_ref())
         else {
             return Ok(None);
         };

@@ -23,6 +23,7 @@ use serde_json::Value;
 
 use super::check_resource_version;
 use crate::api::{Deleted, ListPage, RequestContext, Storage, StoredItem};
+use crate::detached::Detachable;
 use crate::watch::ChangeType;
 
 mod access;
@@ -146,15 +147,26 @@ impl Storage for ClaimStorage {
         mut claim: MicroVMClaim,
     ) -> Result<MicroVMClaim, ApiError> {
         claim.status = None;
+        let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+        let pool_name = claim.spec.pool_ref.name.as_str();
+        let pool = self.pools.claim_terms(namespace, pool_name)?;
+        if pool.deleting {
+            return Err(ApiError::conflict(
+                info(),
+                claim.metadata.name.as_deref().unwrap_or_default(),
+                format!("pool {namespace}/{pool_name} is being deleted"),
+            )
+            .with_specific_reason("PoolDeleting"));
+        }
         // As the requesting user and before anything is leased: a refusal leaves nothing.
         let resolved = self.config.resolve(&ctx.user, &claim).await?;
-        let minted = self.mint_token(&ctx.user, &claim).await?;
+        let minted = self
+            .mint_token(&ctx.user, &claim, pool.service_account_token.as_ref())
+            .await?;
         let this = self.clone();
-        // Detached, so a client that disconnects mid-bind (kube-apiserver gives up after
+        // Detachable, so a client that disconnects mid-bind (kube-apiserver gives up after
         // 60 s) leaves no bind half done: it completes and the claim exists.
-        tokio::spawn(async move { this.bind(claim, resolved, minted).await })
-            .await
-            .map_err(ApiError::internal)?
+        Detachable::new(async move { this.bind(claim, resolved, minted).await }).await
     }
 
     async fn update(

@@ -60,7 +60,7 @@ impl Drop for InFlight {
     }
 }
 
-/// Cheap to clone: a bind runs detached from its request (see `create`).
+/// Cheap to clone: a bind outlives a request that goes away (see `create`).
 #[derive(Clone)]
 pub struct ClaimStorage {
     pub(super) battery: BatteryClient,

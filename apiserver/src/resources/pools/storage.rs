@@ -58,6 +58,14 @@ impl BindSettings {
     }
 }
 
+/// What a create of a claim reads of its Pool's record.
+pub(crate) struct ClaimTerms {
+    /// Being deleted: new claims on it are refused.
+    pub(crate) deleting: bool,
+    /// The token the Pool gives its claims' guests (`spec.serviceAccountToken`).
+    pub(crate) service_account_token: Option<battery_types::ServiceAccountToken>,
+}
+
 /// A DeletePool call in flight, shared by every request and event that asks for it.
 pub(super) type Deletion = Shared<BoxFuture<'static, Result<(), Arc<BatteryError>>>>;
 
@@ -155,17 +163,16 @@ impl PoolStorage {
         objects::pool(meta, pool)
     }
 
-    /// The token the Pool gives its claims' guests (`spec.serviceAccountToken`): ours
-    /// alone, so read from its record, not from battery.
-    pub(crate) fn service_account_token(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Option<battery_types::ServiceAccountToken>, ApiError> {
-        Ok(self
-            .store
-            .get::<PoolRecord>(&key(namespace, name))?
-            .and_then(|record| record.service_account_token))
+    /// What a create of a claim reads of the Pool, from one read of its record: both are
+    /// ours alone, so not asked of battery.
+    pub(crate) fn claim_terms(&self, namespace: &str, name: &str) -> Result<ClaimTerms, ApiError> {
+        let record = self.store.get::<PoolRecord>(&key(namespace, name))?;
+        Ok(ClaimTerms {
+            deleting: record
+                .as_ref()
+                .is_some_and(|r| r.metadata.deletion_timestamp.is_some()),
+            service_account_token: record.and_then(|r| r.service_account_token),
+        })
     }
 
     pub(crate) async fn read(&self, namespace: &str, name: &str) -> Result<Pool, ApiError> {
@@ -356,13 +363,5 @@ impl PoolStorage {
     /// The Hosts Pools are placed on, for what a claim's status shows of its Host.
     pub fn hosts(&self) -> &HostDirectory {
         &self.hosts
-    }
-
-    /// Whether the Pool is being deleted, so new claims on it are refused.
-    pub fn is_deleting(&self, namespace: &str, name: &str) -> Result<bool, ApiError> {
-        Ok(self
-            .store
-            .get::<PoolRecord>(&key(namespace, name))?
-            .is_some_and(|r| r.metadata.deletion_timestamp.is_some()))
     }
 }
