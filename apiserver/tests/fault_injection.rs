@@ -307,12 +307,17 @@ async fn a_crash_between_claim_vm_and_the_record_is_finished_on_restart() {
     assert_bound_and_consistent(&world, &server, "c", "the interrupted bind").await;
 }
 
-/// A bind recorded pending and killed before its `ClaimVM`: battery leased nothing, so the
-/// restart drops the bind, and the client's retry binds anew.
+/// A bind recorded pending and killed before its `ClaimVM` reached battery (held on the
+/// way): battery leased nothing, so the restart drops the bind, and the client's retry
+/// binds anew.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_before_claim_vm_is_undone_on_restart() {
+async fn a_crash_before_claim_vm_reaches_battery_is_undone_on_restart() {
     let world = World::new().await;
-    crash_a_bind(&world, &world.battery_url(), "bind:pending").await;
+    let proxy = common::faults::FaultyBattery::start(world.battery.address()).await;
+    proxy.hold_claims();
+    crash_a_bind(&world, &proxy.url(), "bind:pending").await;
+    assert_eq!(proxy.claim_calls(), 1, "the crashed bind's ClaimVM was held");
+    drop(proxy);
     assert!(!a_claim_lease_is_held(&world).await, "nothing was leased");
 
     let server = world.start(None).await;

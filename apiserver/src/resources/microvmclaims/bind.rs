@@ -3,6 +3,7 @@
 //! bind writes into its MicroVM, else pending while battery leases and then without
 //! waiting for the disk (ADR 48); a bind that cannot finish releases what battery leased.
 
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use battery_api_machinery::status::ApiError;
@@ -213,14 +214,24 @@ impl ClaimStorage {
         // A bind that writes nothing into its MicroVM is recorded while battery leases,
         // and its claim answered before its record is durable (ADR 48).
         let pending = finish.files.is_empty() && finish.minted.is_none();
-        if pending {
+        let claiming = self.claim_vm(&namespace, &pool, &request_id, &name, threshold);
+        let claimed = if pending {
+            // ClaimVM goes on the wire first: the thread that writes the pending record
+            // may take this CPU when woken, and then delays nothing battery does.
+            let mut claiming = std::pin::pin!(claiming);
+            let first = futures::poll!(claiming.as_mut());
+            // The call's own tasks (the channel's buffer, the connection) send it now.
+            tokio::task::yield_now().await;
             finish.recorded = Recorded::Pending(self.record_pending(&claim, &finish, threshold));
             crate::failpoint::crash_point("bind:pending");
-        }
-        let lease = match self
-            .claim_vm(&namespace, &pool, &request_id, &name, threshold)
-            .await
-        {
+            match first {
+                Poll::Ready(claimed) => claimed,
+                Poll::Pending => claiming.await,
+            }
+        } else {
+            claiming.await
+        };
+        let lease = match claimed {
             Ok(lease) => lease,
             Err(failure) => {
                 if failure.outcome == BindOutcome::Ambiguous {
