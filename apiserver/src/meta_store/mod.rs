@@ -338,13 +338,21 @@ impl MetaStore {
         let started = std::time::Instant::now();
         let (out, commit) = self.write_and_checkpoint(f).await?;
         let store = self.clone();
-        let durable = self.beside(async move {
-            store.durable_through(commit).await?;
+        // Handed to a thread once the caller's task yields, as a rule with its answer
+        // written: that thread's wake-up is not in series with the caller.
+        let durable = Durable(tokio::spawn(async move {
+            let synced = store.clone();
             store
-                .write_duration
-                .observe(started.elapsed().as_secs_f64());
-            Ok(())
-        });
+                .beside(async move {
+                    synced.durable_through(commit).await?;
+                    synced
+                        .write_duration
+                        .observe(started.elapsed().as_secs_f64());
+                    Ok(())
+                })
+                .wait()
+                .await
+        }));
         Ok((out, durable))
     }
 

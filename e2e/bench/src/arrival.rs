@@ -18,6 +18,12 @@
 //! and kube-apiserver's own histograms: kube-apiserver's part, `serve`'s, battery's
 //! `ClaimVM`, the durable writes; and kube-apiserver's handling and etcd's create.
 //!
+//! Then the floor issue 41 holds `serve`'s own part of a bind to, timed at the same pace:
+//! arrivals alternate 4 KiB appended and `fdatasync`ed beside the rig's disk and a
+//! loopback round trip, each finding the machine as idle as a lone bind does. `serve`'s
+//! own part of the quiet pass's binds (its request less battery's `ClaimVM`) is held to
+//! their sum, in the same run.
+//!
 //! Last at each rate, as many binds straight to `serve` as the first pass paced, each
 //! sent when the one before is answered: a lone bind should cost what a streamed one
 //! does.
@@ -32,6 +38,7 @@ use tokio::sync::Semaphore;
 
 use super::binds::bind;
 use super::client::{Client, NAMESPACE};
+use super::commit::{FloorProbe, floor_millis};
 use super::report::{Row, Unit, mean_millis, millis, quantile, rank};
 use super::rig::Rig;
 use super::served::{self, Observed};
@@ -182,7 +189,9 @@ pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row
             kube_read(&admin).await?,
         );
         rows.extend(quiet_rows(*rate, &took));
-        rows.extend(quiet_split_rows(*rate, &took, &before, &after));
+        let (appends, trips) = floor_pass(*rate).await?;
+        let floor = floor_millis(&appends, &trips);
+        rows.extend(quiet_split_rows(*rate, &took, &before, &after, floor));
 
         let streamed = streamed(&senders.direct, *rate, &pool.name).await?;
         rows.push(streamed_row(*rate, &paced_direct, &streamed));
@@ -214,6 +223,28 @@ async fn arrive(
         took[i % kinds.len()].push(time);
     }
     Ok(took)
+}
+
+/// How many of each of the floor's parts a rate times, at most.
+const FLOOR_SAMPLES: usize = 40;
+
+/// The floor's parts timed at `rate`'s pace, as many of each as the quiet pass's binds
+/// (at most [`FLOOR_SAMPLES`]): arrivals alternate an append and a round trip, so each
+/// finds the machine as idle as a lone bind at that rate does.
+async fn floor_pass(rate: Rate) -> Result<(Vec<Duration>, Vec<Duration>)> {
+    let each = (rate.arrivals() / QUIET_KINDS.len()).clamp(1, FLOOR_SAMPLES);
+    let mut probe = FloorProbe::start()?;
+    let (mut appends, mut trips) = (Vec::new(), Vec::new());
+    let start = tokio::time::Instant::now();
+    for (i, at) in arrival_times(rate.per_second).take(2 * each).enumerate() {
+        tokio::time::sleep_until(start + at).await;
+        if i % 2 == 0 {
+            appends.push(probe.append()?);
+        } else {
+            trips.push(probe.round_trip()?);
+        }
+    }
+    Ok((appends, trips))
 }
 
 /// Starts `count` arrivals of a Poisson process of mean rate `per_second`, each as
@@ -482,11 +513,14 @@ async fn kube_read(admin: &kube::Client) -> Result<Vec<served::Observed>> {
 /// which counts the follower's writes too, so is a bind's only roughly (a bind's two run
 /// beside its `ClaimVM` and after its answer, ADR 48). `before` and `after` are (`serve`'s,
 /// kube-apiserver's) histograms; a part whose histograms observed nothing is left out.
+/// Last, `serve`'s own part (its request less `ClaimVM`) over `floor`, the floor timed at
+/// the same pace (milliseconds), which it must not exceed.
 fn quiet_split_rows(
     rate: Rate,
     took: &[Vec<Duration>],
     before: &(Vec<served::Observed>, Vec<served::Observed>),
     after: &(Vec<served::Observed>, Vec<served::Observed>),
+    floor: Option<f64>,
 ) -> Vec<Row> {
     let serve = |i: usize| served::mean(before.0[i], after.0[i]);
     let kube = |i: usize| served::mean(before.1[i], after.1[i]);
@@ -519,6 +553,11 @@ fn quiet_split_rows(
             minus(kube(0), kube(1)),
         ),
         ("a create: etcd's create", kube(1)),
+        (
+            "the floor of serve's own part: 4 KiB appended and fdatasynced, and a loopback \
+             round trip, at this pace",
+            floor,
+        ),
     ];
     let mut rows: Vec<Row> = parts
         .into_iter()
@@ -541,6 +580,20 @@ fn quiet_split_rows(
             served::count(before.0[3], after.0[3]) / took[0].len() as f64,
             Unit::Times,
         ));
+    }
+    if let (Some(own), Some(floor)) = (minus(request, claim_vm), floor) {
+        rows.push(
+            Row::new(
+                ARRIVAL,
+                format!(
+                    "{} quiet: serve's own part of a bind / its floor, means",
+                    rate.label()
+                ),
+                own / floor,
+                Unit::Times,
+            )
+            .at_most(1.0),
+        );
     }
     rows
 }
