@@ -28,17 +28,16 @@
 //! sent when the one before is answered: a lone bind should cost what a streamed one
 //! does.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use http::{Method, StatusCode};
 use serde_json::json;
-use tokio::sync::Semaphore;
 
 use super::binds::bind;
 use super::client::{Client, NAMESPACE};
 use super::commit::{FloorProbe, floor_millis};
+use super::poisson::{arrival_times, open_loop};
 use super::report::{Row, Unit, mean_millis, millis, quantile, rank};
 use super::rig::Rig;
 use super::served::{self, Observed};
@@ -130,11 +129,6 @@ impl Kind {
         )
     }
 }
-
-/// The most requests in flight at once: past it an arrival waits for a slot, and its
-/// wait is part of its time, so an overloaded run shows as slow rather than as a bench
-/// that runs out of sockets or memory.
-const MAX_IN_FLIGHT: usize = 2048;
 
 /// The ConfigMap every get reads.
 const REFERENCE: &str = "arrival-reference";
@@ -245,51 +239,6 @@ async fn floor_pass(rate: Rate) -> Result<(Vec<Duration>, Vec<Duration>)> {
         }
     }
     Ok((appends, trips))
-}
-
-/// Starts `count` arrivals of a Poisson process of mean rate `per_second`, each as
-/// `arrival(i, when it arrived)` when it arrives, whatever the ones before it are doing
-/// (up to [`MAX_IN_FLIGHT`] at once), and returns their results in arrival order.
-pub(super) async fn open_loop<T, F, Fut>(
-    per_second: f64,
-    count: usize,
-    mut arrival: F,
-) -> Result<Vec<T>>
-where
-    T: Send + 'static,
-    F: FnMut(usize, Instant) -> Fut,
-    Fut: std::future::Future<Output = Result<T>> + Send + 'static,
-{
-    let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
-    let start = tokio::time::Instant::now();
-    let mut tasks = Vec::with_capacity(count);
-    for (i, at) in arrival_times(per_second).take(count).enumerate() {
-        tokio::time::sleep_until(start + at).await;
-        let arrived = Instant::now();
-        let slot = slots.clone().acquire_owned().await?;
-        let arrived = arrival(i, arrived);
-        tasks.push(tokio::spawn(async move {
-            let _slot = slot;
-            arrived.await
-        }));
-    }
-    let mut results = Vec::with_capacity(count);
-    for task in tasks {
-        results.push(task.await.context("an arrival panicked")??);
-    }
-    Ok(results)
-}
-
-/// When each arrival of a Poisson process of mean rate `per_second` comes, from 0. The
-/// same on every run at a rate, so runs differ by the server only.
-fn arrival_times(per_second: f64) -> impl Iterator<Item = Duration> {
-    let mut random = fastrand::Rng::with_seed(per_second.to_bits());
-    let mut at = Duration::ZERO;
-    std::iter::repeat_with(move || {
-        // Exponential gaps of mean 1/rate; 1 - f64() is in (0, 1], so ln is finite.
-        at += Duration::from_secs_f64(-(1.0 - random.f64()).ln() / per_second);
-        at
-    })
 }
 
 /// One arrival's request, timed from `arrived` to its answer.

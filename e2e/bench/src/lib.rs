@@ -24,6 +24,7 @@ mod commit;
 mod configured_binds;
 mod exec;
 mod first_output;
+mod poisson;
 pub mod report;
 mod rig;
 mod sandbox;

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use http::{Method, StatusCode};
 
-use super::arrival::open_loop;
 use super::binds::{bind, bind_many};
 use super::client::{self, Client};
 use super::exec::through_server;
+use super::poisson::open_loop;
 use super::report::{Row, millis, quantile};
 use super::rig::{Rig, Route};
 use super::scale::Watchers;
