@@ -165,27 +165,24 @@ async fn a_create_whose_client_goes_away_while_battery_leases_still_binds() {
     let (h, proxy) = Harness::behind_proxy(common::settings(), common::fast_battery_config()).await;
     h.create_pool("gone", 1).await;
     h.wait_available("gone", 1).await;
-    proxy.hold_claims();
+    proxy.claims().hold();
     let request = common::as_dev(common::post(CLAIMS, &common::claim("c", "gone")));
     let create = tokio::spawn(h.router().oneshot(request));
-    eventually(
-        DEADLINE,
-        "the create's ClaimVM held",
-        async || match proxy.claim_calls() {
-            1 => Ok(()),
-            calls => Err(format!("{calls} calls")),
-        },
-    )
-    .await;
+    // The create's ClaimVM, held.
+    proxy.claims().reached(1).await;
     // The client gives up: its request is dropped mid-bind.
     create.abort();
     assert!(create.await.unwrap_err().is_cancelled());
-    proxy.release_claims();
+    proxy.claims().release();
     let claim = h
         .eventually(&format!("{CLAIMS}/c"), |status, _| status == StatusCode::OK)
         .await;
     assert_eq!(claim["status"]["phase"], "Bound", "{claim}");
-    assert_eq!(proxy.claim_calls(), 1, "bound by the create's own ClaimVM");
+    assert_eq!(
+        proxy.claims().calls(),
+        1,
+        "bound by the create's own ClaimVM"
+    );
 }
 
 #[tokio::test]

@@ -314,11 +314,11 @@ async fn a_crash_between_claim_vm_and_the_record_is_finished_on_restart() {
 async fn a_crash_before_claim_vm_reaches_battery_is_undone_on_restart() {
     let world = World::new().await;
     let proxy = common::faults::FaultyBattery::start(world.battery.address()).await;
-    proxy.hold_claims();
+    proxy.claims().hold();
     crash_a_bind(&world, &proxy.url(), "bind:pending").await;
     // Its ClaimVM is sent before the crash point as a rule, not always on a loaded
     // machine: held here if it was.
-    assert!(proxy.claim_calls() <= 1, "one ClaimVM at most");
+    assert!(proxy.claims().calls() <= 1, "one ClaimVM at most");
     drop(proxy);
     assert!(!a_claim_lease_is_held(&world).await, "nothing was leased");
 

@@ -97,21 +97,14 @@ async fn changes_that_arrive_while_battery_restarts_a_pool_reach_it_as_one() {
     h.create(POOLS, &pool("burst", 1)).await;
     h.wait_available("burst", 1).await;
     // battery is slow to take the first change: it is in flight while the others arrive.
-    proxy.hold_updates();
+    proxy.updates().hold();
     let patch = |body: Value| {
         let (h, uri) = (h.clone(), uri.clone());
         tokio::spawn(async move { h.call("PATCH", &uri, MERGE_PATCH, Some(body)).await })
     };
     let first = patch(json!({"spec": {"size": 2}}));
-    eventually(
-        DEADLINE,
-        "the first UpdatePool in flight",
-        async || match proxy.update_calls() {
-            1 => Ok(()),
-            calls => Err(format!("{calls} calls")),
-        },
-    )
-    .await;
+    // The first UpdatePool in flight.
+    proxy.updates().reached(1).await;
     let later = [
         json!({"spec": {"size": 3}}),
         json!({"spec": {"lease": {"expiryThreshold": "45s"}}}),
@@ -125,14 +118,18 @@ async fn changes_that_arrive_while_battery_restarts_a_pool_reach_it_as_one() {
             && pool["spec"]["lease"]["heartbeatInterval"] == "15s"
     })
     .await;
-    assert_eq!(proxy.update_calls(), 1, "none of the later ones sent yet");
-    proxy.release_updates();
+    assert_eq!(
+        proxy.updates().calls(),
+        1,
+        "none of the later ones sent yet"
+    );
+    proxy.updates().release();
     for request in std::iter::once(first).chain(later) {
         let (status, _, body) = request.await.unwrap();
         assert_eq!(status, StatusCode::OK, "{body}");
     }
     assert_eq!(
-        proxy.update_calls(),
+        proxy.updates().calls(),
         2,
         "the three that waited reached battery in one UpdatePool"
     );

@@ -31,7 +31,7 @@ struct Faults {
 
 /// The calls of one method: how many reached the proxy, and whether they wait there
 /// before they reach battery.
-struct Held {
+pub struct Held {
     held: tokio::sync::watch::Sender<bool>,
     calls: AtomicUsize,
 }
@@ -42,6 +42,35 @@ impl Held {
             held: tokio::sync::watch::Sender::new(false),
             calls: AtomicUsize::default(),
         }
+    }
+
+    /// From now on the calls wait here until [`Held::release`].
+    pub fn hold(&self) {
+        self.held.send_replace(true);
+    }
+
+    /// The calls held, and those to come, go on to battery.
+    pub fn release(&self) {
+        self.held.send_replace(false);
+    }
+
+    /// How many calls reached the proxy so far, held ones included.
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Waits until exactly `want` calls reached the proxy; fails after
+    /// [`super::DEADLINE`] otherwise.
+    pub async fn reached(&self, want: usize) {
+        super::eventually(
+            super::DEADLINE,
+            "calls at the test proxy",
+            async || match self.calls() {
+                calls if calls == want => Ok(()),
+                calls => Err(format!("{calls} calls, waiting for {want}")),
+            },
+        )
+        .await;
     }
 
     /// Counts a call, and lets it go on once it is not held.
@@ -132,34 +161,14 @@ impl FaultyBattery {
         self.faults.lost.load(Ordering::SeqCst)
     }
 
-    /// From now on UpdatePool calls wait here until [`Self::release_updates`].
-    pub fn hold_updates(&self) {
-        self.faults.updates.held.send_replace(true);
+    /// The ClaimVM calls, to hold and count.
+    pub fn claims(&self) -> &Held {
+        &self.faults.claims
     }
 
-    /// UpdatePool calls held, and those to come, go on to battery.
-    pub fn release_updates(&self) {
-        self.faults.updates.held.send_replace(false);
-    }
-
-    /// How many UpdatePool calls reached the proxy so far, held ones included.
-    pub fn update_calls(&self) -> usize {
-        self.faults.updates.calls.load(Ordering::SeqCst)
-    }
-
-    /// From now on ClaimVM calls wait here until [`Self::release_claims`].
-    pub fn hold_claims(&self) {
-        self.faults.claims.held.send_replace(true);
-    }
-
-    /// ClaimVM calls held, and those to come, go on to battery.
-    pub fn release_claims(&self) {
-        self.faults.claims.held.send_replace(false);
-    }
-
-    /// How many ClaimVM calls reached the proxy so far, held ones included.
-    pub fn claim_calls(&self) -> usize {
-        self.faults.claims.calls.load(Ordering::SeqCst)
+    /// The UpdatePool calls, to hold and count.
+    pub fn updates(&self) -> &Held {
+        &self.faults.updates
     }
 }
 

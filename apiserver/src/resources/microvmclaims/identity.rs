@@ -42,9 +42,9 @@ pub(super) struct Minted {
 }
 
 impl ClaimStorage {
-    /// The token `claim`'s guest gets, if its Pool (`pool_token`) or it asks for one: authorized as
-    /// `user` (a `403` naming the ServiceAccount), its binding Secret created, the token
-    /// requested. A failure deletes the binding, so it leaves nothing.
+    /// The token `claim`'s guest gets, if its Pool (`pool_token`) or it asks for one:
+    /// authorized as `user` (a `403` naming the ServiceAccount), its binding Secret
+    /// created, the token requested. A failure deletes the binding, so it leaves nothing.
     pub(super) async fn mint_token(
         &self,
         user: &UserInfo,
