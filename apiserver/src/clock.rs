@@ -5,6 +5,10 @@ use k8s_openapi::jiff::Timestamp;
 
 /// "Now" as Kubernetes records it in metadata: seconds precision.
 pub fn server_now() -> Time {
-    let now = Timestamp::now();
-    Time(Timestamp::from_second(now.as_second()).unwrap_or(now))
+    in_seconds(Timestamp::now())
+}
+
+/// `at` as Kubernetes records a `Time`: seconds precision.
+pub fn in_seconds(at: Timestamp) -> Time {
+    Time(Timestamp::from_second(at.as_second()).unwrap_or(at))
 }

@@ -20,7 +20,7 @@ mod storage;
 mod subresource;
 mod watch_stream;
 
-pub use connect::Connect;
+pub use connect::{Connect, SessionSubresource};
 pub use context::RequestContext;
 pub use dispatch::{Endpoint, ResourceEndpoint, resource_router};
 pub use limits::{CreateRate, Limiter, Limits};

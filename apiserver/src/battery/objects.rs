@@ -16,10 +16,10 @@ use battery_types::{
     ClaimHost, ClaimLimits, ClaimPhase, ClaimedMicroVM, Host, MicroVMClaimStatus, Placement, Pool,
     PoolSpec, PoolStatus,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, ObjectMeta, Time};
 
 use super::{BatteryHost, BatteryPool, Lease, LeaseId};
-use crate::clock::server_now;
+use crate::clock::{in_seconds, server_now};
 
 /// What the API server keeps of a Pool beside battery's view of it.
 pub struct PoolMeta<'a> {
@@ -173,6 +173,7 @@ fn bound_condition(
     reason: ClaimBoundReason,
     message: &str,
     generation: Option<i64>,
+    since: Time,
 ) -> Condition {
     Condition {
         type_: conditions::BOUND.to_owned(),
@@ -180,7 +181,7 @@ fn bound_condition(
         reason: reason.as_str().to_owned(),
         message: message.to_owned(),
         observed_generation: generation,
-        last_transition_time: server_now(),
+        last_transition_time: since,
     }
 }
 
@@ -279,6 +280,7 @@ pub fn bound_status(
                 ClaimBoundReason::Bound,
                 "battery leased a MicroVM to the claim",
                 generation,
+                server_now(),
             ),
             claim_host_ready(readiness, generation),
         ],
@@ -300,13 +302,24 @@ pub fn refresh_host_ready(
 }
 
 /// A claim's status once battery no longer has its lease: phase Expired, `Bound=False`,
-/// and no `HostReady` (set only while Bound).
+/// and no `HostReady` (set only while Bound). The change is dated when the lease ran out
+/// if that has passed, so every read that finds the lease gone before the claim is
+/// recorded Expired answers the same time as the record then does; a lease battery ended
+/// early is dated by the read that finds it gone.
 pub fn expire(status: &mut MicroVMClaimStatus, generation: Option<i64>) {
-    end(
+    let now = server_now();
+    let since = status
+        .lease_expires_at
+        .as_ref()
+        .map(|expiry| in_seconds(expiry.0))
+        .filter(|ran_out| *ran_out < now)
+        .unwrap_or(now);
+    end_since(
         status,
         generation,
         ClaimBoundReason::LeaseExpired,
         "the lease expired unrenewed and battery deleted the MicroVM".to_owned(),
+        since,
     );
 }
 
@@ -318,13 +331,24 @@ pub fn end(
     reason: ClaimBoundReason,
     message: String,
 ) {
+    end_since(status, generation, reason, message, server_now());
+}
+
+/// [`end`], the change dated `since`.
+fn end_since(
+    status: &mut MicroVMClaimStatus,
+    generation: Option<i64>,
+    reason: ClaimBoundReason,
+    message: String,
+    since: Time,
+) {
     status.phase = Some(ClaimPhase::Expired);
     status
         .conditions
         .retain(|c| c.type_ != conditions::HOST_READY);
     conditions::set_status_condition(
         &mut status.conditions,
-        bound_condition(ConditionStatus::False, reason, &message, generation),
+        bound_condition(ConditionStatus::False, reason, &message, generation, since),
     );
 }
 
@@ -347,4 +371,52 @@ pub fn host(meta: HostMeta, battery: BatteryHost) -> Host {
     object.metadata = meta.metadata;
     object.status = Some(status);
     object
+}
+
+#[cfg(test)]
+mod tests {
+    use battery_types::conditions::BOUND;
+    use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+    use super::*;
+
+    fn bound_until(expiry: Timestamp) -> MicroVMClaimStatus {
+        MicroVMClaimStatus {
+            phase: Some(ClaimPhase::Bound),
+            lease_expires_at: Some(MicroTime(expiry)),
+            conditions: vec![bound_condition(
+                ConditionStatus::True,
+                ClaimBoundReason::Bound,
+                "leased",
+                Some(1),
+                in_seconds(expiry - SignedDuration::from_secs(60)),
+            )],
+            ..Default::default()
+        }
+    }
+
+    fn expired_since(mut status: MicroVMClaimStatus) -> Time {
+        expire(&mut status, Some(1));
+        assert_eq!(status.phase, Some(ClaimPhase::Expired));
+        let bound = status.conditions.iter().find(|c| c.type_ == BOUND).unwrap();
+        assert_eq!(bound.status, "False");
+        bound.last_transition_time.clone()
+    }
+
+    #[test]
+    fn a_lease_that_ran_out_is_expired_since_it_ran_out_on_every_read() {
+        let ran_out: Timestamp = "2026-01-02T03:04:05.678Z".parse().unwrap();
+        let since = expired_since(bound_until(ran_out));
+        assert_eq!(since, Time("2026-01-02T03:04:05Z".parse().unwrap()));
+        assert_eq!(expired_since(bound_until(ran_out)), since);
+    }
+
+    #[test]
+    fn a_lease_battery_ended_early_is_expired_since_the_read() {
+        let before = server_now();
+        let since = expired_since(bound_until(
+            Timestamp::now() + SignedDuration::from_hours(1),
+        ));
+        assert!(before <= since && since <= server_now(), "{since:?}");
+    }
 }

@@ -25,8 +25,10 @@
 //! their sum, in the same run.
 //!
 //! Last at each rate, as many binds straight to `serve` as the first pass paced, each
-//! sent when the one before is answered: a lone bind should cost what a streamed one
-//! does.
+//! sent when the one before is answered, taking turns with as many raw `ClaimVM`s: a
+//! lone bind should cost what a streamed one does. Beside that ratio, battery's own
+//! (raw `ClaimVM` paced / back to back) and `serve`'s own part's (its request less
+//! `ClaimVM`, the quiet pass's against the streamed binds') say whose the difference is.
 
 use std::time::{Duration, Instant};
 
@@ -67,13 +69,14 @@ impl Rate {
     }
 
     /// Binds straight to `serve` back to back after the passes, as many as the first
-    /// pass paced, for the paced ones' reference.
+    /// pass paced, for the paced ones' reference; as many raw `ClaimVM`s take turns with
+    /// them.
     fn streamed(self) -> usize {
         self.arrivals().div_ceil(KINDS.len())
     }
 
     /// How many MicroVMs the rate's binds and raw ClaimVMs take, in both passes and the
-    /// streamed binds.
+    /// streamed ones.
     pub fn microvms(self) -> i32 {
         let passes: usize = [&KINDS[..], &QUIET_KINDS]
             .iter()
@@ -82,7 +85,7 @@ impl Rate {
                     * self.arrivals().div_ceil(kinds.len())
             })
             .sum();
-        (passes + self.streamed()) as i32
+        (passes + 2 * self.streamed()) as i32
     }
 
     fn label(self) -> String {
@@ -167,7 +170,10 @@ pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row
         );
         let before = served::read(&senders.direct).await?;
         let took = arrive(&senders, *rate, &pool.name, &KINDS, "arrival").await?;
-        let paced_direct = samples_of(&KINDS, &took, Kind::BindDirect).to_vec();
+        let paced = (
+            samples_of(&KINDS, &took, Kind::BindDirect).to_vec(),
+            samples_of(&KINDS, &took, Kind::RawClaimVm).to_vec(),
+        );
         let after = served::read(&senders.direct).await?;
         rows.extend(rate_rows(*rate, &took));
         rows.extend(split_rows(*rate, &before, &after));
@@ -175,20 +181,28 @@ pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row
         eprintln!("bench: the quiet comparison at {}", rate.label());
         let before = (
             served::read(&senders.direct).await?,
-            kube_read(&admin).await?,
+            served::kube_read(&admin).await?,
         );
         let took = arrive(&senders, *rate, &pool.name, &QUIET_KINDS, "quiet").await?;
         let after = (
             served::read(&senders.direct).await?,
-            kube_read(&admin).await?,
+            served::kube_read(&admin).await?,
         );
         rows.extend(quiet_rows(*rate, &took));
         let (appends, trips) = floor_pass(*rate).await?;
         let floor = floor_millis(&appends, &trips);
         rows.extend(quiet_split_rows(*rate, &took, &before, &after, floor));
 
-        let streamed = streamed(&senders.direct, *rate, &pool.name).await?;
-        rows.push(streamed_row(*rate, &paced_direct, &streamed));
+        let quiet_own = served::own_part(&before.0, &after.0);
+        let before = served::read(&senders.direct).await?;
+        let streamed = streamed(&senders, *rate, &pool.name).await?;
+        let streamed_own = served::own_part(&before, &served::read(&senders.direct).await?);
+        rows.extend(streamed_rows(
+            *rate,
+            &paced,
+            &streamed,
+            (quiet_own, streamed_own),
+        ));
     }
     Ok(rows)
 }
@@ -379,30 +393,67 @@ fn rate_rows(rate: Rate, took: &[Vec<Duration>]) -> Vec<Row> {
     rows
 }
 
-/// `rate`'s count of binds straight to `serve`, each sent when the one before it is
-/// answered (issue 41's streamed claims).
-async fn streamed(client: &Client, rate: Rate, pool: &str) -> Result<Vec<Duration>> {
-    let mut took = Vec::with_capacity(rate.streamed());
+/// `rate`'s count of binds straight to `serve` and as many raw `ClaimVM`s, taking turns,
+/// each sent when the one before it is answered (issue 41's streamed claims): the binds'
+/// times, then the `ClaimVM`s'.
+async fn streamed(
+    senders: &Senders,
+    rate: Rate,
+    pool: &str,
+) -> Result<(Vec<Duration>, Vec<Duration>)> {
+    let (mut binds, mut claims) = (Vec::new(), Vec::new());
     for i in 0..rate.streamed() {
         let name = format!("streamed-{}-{i}", rate.per_second);
-        took.push(bind(client, &name, pool).await?.0);
+        binds.push(bind(&senders.direct, &name, pool).await?.0);
+        let sent = Instant::now();
+        claims.push(send(senders, Kind::RawClaimVm, &name, pool, sent).await?);
     }
-    Ok(took)
+    Ok((binds, claims))
 }
 
 /// A lone bind straight to `serve`, paced at `rate`, against one streamed back to back:
-/// at most 1.2x at p50 (issue 41).
-fn streamed_row(rate: Rate, paced: &[Duration], streamed: &[Duration]) -> Row {
-    Row::new(
-        ARRIVAL,
-        format!(
-            "{}: bind straight to serve, paced / back to back p50",
-            rate.label()
-        ),
-        millis(quantile(paced, 0.5)) / millis(quantile(streamed, 0.5)),
-        Unit::Times,
-    )
-    .at_most(1.2)
+/// at most 1.2x at p50 (issue 41). Beside it, whose the difference is: battery's raw
+/// `ClaimVM` paced against streamed, and `serve`'s own part (`own`: the quiet pass's
+/// mean, then the streamed binds').
+fn streamed_rows(
+    rate: Rate,
+    (paced_binds, paced_claims): &(Vec<Duration>, Vec<Duration>),
+    (streamed_binds, streamed_claims): &(Vec<Duration>, Vec<Duration>),
+    own: (Option<f64>, Option<f64>),
+) -> Vec<Row> {
+    let p50_ratio = |what: &str, paced: &[Duration], streamed: &[Duration]| {
+        Row::new(
+            ARRIVAL,
+            format!("{}: {what}, paced / back to back p50", rate.label()),
+            millis(quantile(paced, 0.5)) / millis(quantile(streamed, 0.5)),
+            Unit::Times,
+        )
+    };
+    let mut rows = vec![
+        p50_ratio("bind straight to serve", paced_binds, streamed_binds).at_most(1.2),
+        p50_ratio("battery's raw ClaimVM", paced_claims, streamed_claims),
+    ];
+    if let (Some(paced), Some(streamed)) = own {
+        rows.push(Row::new(
+            ARRIVAL,
+            format!(
+                "{}: serve's own part of a bind streamed, mean",
+                rate.label()
+            ),
+            streamed,
+            Unit::Millis,
+        ));
+        rows.push(Row::new(
+            ARRIVAL,
+            format!(
+                "{}: serve's own part of a bind, quiet pass / back to back, means",
+                rate.label()
+            ),
+            paced / streamed,
+            Unit::Times,
+        ));
+    }
+    rows
 }
 
 /// The quiet comparison's quantiles and its targets: a bind through kube-apiserver at
@@ -414,43 +465,6 @@ fn quiet_rows(rate: Rate, took: &[Vec<Duration>]) -> Vec<Row> {
     rows.push(ratio_row(&label, &QUIET_KINDS, took, pair, 0.5).at_most(1.0));
     rows.push(ratio_row(&label, &QUIET_KINDS, took, pair, 0.99).at_most(1.25));
     rows
-}
-
-/// kube-apiserver's histograms the quiet split reads: what each times, its name and the
-/// labels its series must carry. It keeps none for the requests its aggregator proxies,
-/// so a bind's part there is what its client saw less `serve`'s request.
-const KUBE_SERIES: [(&str, &str, &[&str]); 2] = [
-    (
-        "kube-apiserver's whole request, for a create",
-        "apiserver_request_duration_seconds",
-        &[
-            r#"verb="POST""#,
-            r#"resource="configmaps""#,
-            r#"subresource="""#,
-        ],
-    ),
-    (
-        "etcd's create, for a create",
-        "etcd_request_duration_seconds",
-        &[
-            r#"operation="create""#,
-            r#"group="""#,
-            r#"resource="configmaps""#,
-        ],
-    ),
-];
-
-/// Each of [`KUBE_SERIES`], read from kube-apiserver's `/metrics` as the cluster admin.
-async fn kube_read(admin: &kube::Client) -> Result<Vec<served::Observed>> {
-    let request = http::Request::get("/metrics").body(Vec::new())?;
-    let text = admin
-        .request_text(request)
-        .await
-        .context("kube-apiserver's /metrics")?;
-    KUBE_SERIES
-        .iter()
-        .map(|(_, name, labels)| served::observed_in(&text, name, labels))
-        .collect()
 }
 
 /// Where the quiet comparison's time went, as means in milliseconds: a bind's through

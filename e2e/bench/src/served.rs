@@ -1,5 +1,6 @@
-//! `serve`'s own histograms, read from its `/metrics`: where a bind's time goes inside
-//! `serve`, without the bench's client or the connection.
+//! The servers' own histograms, read from their `/metrics`: where a bind's time goes
+//! inside `serve`, without the bench's client or the connection, and a create's inside
+//! kube-apiserver.
 
 use anyhow::{Context as _, Result, bail};
 use http::{Method, StatusCode};
@@ -115,4 +116,48 @@ pub fn mean((sum0, count0): Observed, (sum1, count1): Observed) -> Option<f64> {
 /// How many observations a histogram made between `before` and `after`.
 pub fn count((_, count0): Observed, (_, count1): Observed) -> f64 {
     count1 - count0
+}
+
+/// `serve`'s own part of the binds between `before` and `after`, as a mean in
+/// milliseconds: its request less battery's `ClaimVM`.
+pub fn own_part(before: &[Observed], after: &[Observed]) -> Option<f64> {
+    let serve = |i: usize| mean(before[i], after[i]);
+    Some(serve(0)? - serve(2)?)
+}
+
+/// kube-apiserver's histograms the quiet split reads: what each times, its name and the
+/// labels its series must carry. It keeps none for the requests its aggregator proxies,
+/// so a bind's part there is what its client saw less `serve`'s request.
+const KUBE_SERIES: [(&str, &str, &[&str]); 2] = [
+    (
+        "kube-apiserver's whole request, for a create",
+        "apiserver_request_duration_seconds",
+        &[
+            r#"verb="POST""#,
+            r#"resource="configmaps""#,
+            r#"subresource="""#,
+        ],
+    ),
+    (
+        "etcd's create, for a create",
+        "etcd_request_duration_seconds",
+        &[
+            r#"operation="create""#,
+            r#"group="""#,
+            r#"resource="configmaps""#,
+        ],
+    ),
+];
+
+/// Each of [`KUBE_SERIES`], read from kube-apiserver's `/metrics` as the cluster admin.
+pub async fn kube_read(admin: &kube::Client) -> Result<Vec<Observed>> {
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    let text = admin
+        .request_text(request)
+        .await
+        .context("kube-apiserver's /metrics")?;
+    KUBE_SERIES
+        .iter()
+        .map(|(_, name, labels)| observed_in(&text, name, labels))
+        .collect()
 }

@@ -10,7 +10,6 @@
 mod portforward;
 pub(in crate::resources::microvmclaims) mod session;
 mod sessions;
-pub(in crate::resources::microvmclaims) mod subresource;
 mod target;
 
 use std::sync::Arc;
@@ -24,16 +23,15 @@ pub use portforward::ClaimPortForward;
 pub use sessions::{DEFAULT_MAX_SESSIONS, ExecSessions};
 pub use target::{ClaimSessions, Target};
 
-use crate::api::RequestContext;
+use crate::api::{RequestContext, SessionSubresource};
 use crate::relay::{AgentRelay, ExecOpen};
 use session::{Attached, Session};
-use subresource::SessionSubresource;
 
 /// `PodExecOptions`, as clients put them in the query (kube-rs starts it with `&`), and
 /// what flintlock's exec takes besides: `env` (repeated `NAME=VALUE`) and `workingDir`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
-pub(in crate::resources::microvmclaims) struct ExecOptions {
+pub struct ExecOptions {
     command: Vec<String>,
     stdin: bool,
     stdout: bool,

@@ -26,10 +26,9 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 
 use super::sessions::{ExecSessions, SessionGuard};
-use super::subresource::SessionSubresource;
 use super::target::{ClaimSessions, Target};
-use crate::api::RequestContext;
 use crate::api::connect::websocket::{self, frame, unframe};
+use crate::api::{RequestContext, SessionSubresource};
 use crate::relay::{AgentRelay, PortConnection, PortOpen};
 
 /// The most ports one session forwards: each is a connection through the agent.
@@ -42,7 +41,7 @@ const INPUT_CHUNKS: usize = 4;
 /// `PodPortForwardOptions`, as the query gives it.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-pub(in crate::resources::microvmclaims) struct PortForwardOptions {
+pub struct PortForwardOptions {
     ports: Vec<u16>,
 }
 
@@ -107,7 +106,7 @@ impl SessionSubresource for ClaimPortForward {
 }
 
 /// One session's ports, and where their connections go.
-pub(in crate::resources::microvmclaims) struct Ports {
+pub struct Ports {
     protocol: Protocol,
     ports: Vec<u16>,
     relay: Arc<AgentRelay>,

@@ -12,10 +12,9 @@ use battery_types::channel::Protocol;
 use serde::Deserialize;
 
 use super::storage::ProcessStorage;
-use crate::api::RequestContext;
+use crate::api::{RequestContext, SessionSubresource};
 use crate::resources::microvmclaims::exec::ExecSessions;
 use crate::resources::microvmclaims::exec::session::{Attached, Session};
-use crate::resources::microvmclaims::exec::subresource::SessionSubresource;
 
 /// `PodAttachOptions`, as clients put them in the query.
 #[derive(Debug, Default, Deserialize)]
