@@ -191,9 +191,15 @@ pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row
         rows.extend(quiet_rows(*rate, &took));
         let (appends, trips) = floor_pass(*rate).await?;
         let floor = floor_millis(&appends, &trips);
-        rows.extend(quiet_split_rows(*rate, &took, &before, &after, floor));
-
         let quiet_own = served::own_part(&before.0, &after.0);
+        rows.extend(quiet_split_rows(
+            *rate,
+            &took,
+            &before,
+            &after,
+            (quiet_own, floor),
+        ));
+
         let before = served::read(&senders.direct).await?;
         let streamed = streamed(&senders, *rate, &pool.name).await?;
         let streamed_own = served::own_part(&before, &served::read(&senders.direct).await?);
@@ -476,14 +482,14 @@ fn quiet_rows(rate: Rate, took: &[Vec<Duration>]) -> Vec<Row> {
 /// which counts the follower's writes too, so is a bind's only roughly (a bind's two run
 /// beside its `ClaimVM` and after its answer, ADR 48). `before` and `after` are (`serve`'s,
 /// kube-apiserver's) histograms; a part whose histograms observed nothing is left out.
-/// Last, `serve`'s own part (its request less `ClaimVM`) over `floor`, the floor timed at
-/// the same pace (milliseconds), which it must not exceed.
+/// Last, `serve`'s own part (its request less `ClaimVM`, [`served::own_part`]) over the
+/// floor timed at the same pace, both in milliseconds: it must not exceed it.
 fn quiet_split_rows(
     rate: Rate,
     took: &[Vec<Duration>],
     before: &(Vec<served::Observed>, Vec<served::Observed>),
     after: &(Vec<served::Observed>, Vec<served::Observed>),
-    floor: Option<f64>,
+    (own, floor): (Option<f64>, Option<f64>),
 ) -> Vec<Row> {
     let serve = |i: usize| served::mean(before.0[i], after.0[i]);
     let kube = |i: usize| served::mean(before.1[i], after.1[i]);
@@ -544,7 +550,7 @@ fn quiet_split_rows(
             Unit::Times,
         ));
     }
-    if let (Some(own), Some(floor)) = (minus(request, claim_vm), floor) {
+    if let (Some(own), Some(floor)) = (own, floor) {
         rows.push(
             Row::new(
                 ARRIVAL,
