@@ -39,7 +39,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 
 use report::Report;
-use rig::Rig;
+use rig::{BatteryStore, Rig};
 
 /// The command line.
 #[derive(Debug, clap::Parser)]
@@ -82,6 +82,12 @@ pub struct Args {
     /// the next poll), or on each commit, an extension of ours, to see our own speed.
     #[arg(long, value_enum, default_value_t = BatteryEvents::Poolmgrd)]
     pub battery_events: BatteryEvents,
+    /// Where the embedded battery keeps its state: on disk (the default), as poolmgrd
+    /// keeps its SQLite database, so a ClaimVM pays its commits' fsyncs; or in memory,
+    /// as runs before 2026-12-07 did, which makes battery's part of a bind cheaper than
+    /// a deployed battery's.
+    #[arg(long, value_enum, default_value_t = BatteryStore::Disk)]
+    pub battery_store: BatteryStore,
 }
 
 /// How the embedded battery delivers its events to subscribers.
@@ -282,7 +288,7 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
 
     if args.phase == Phase::Exec {
         eprintln!("bench: exec");
-        let rig = Rig::start(binary, &serve_args, &battery_args).await?;
+        let rig = Rig::start(binary, &serve_args, (&battery_args, args.battery_store)).await?;
         let pool = rig.create_pool("exec", 2).await?;
         rows.extend(exec::run(&rig, &pool.name, sizes.exec_rounds, sizes.exec_bytes).await?);
         eprintln!("bench: terminals and ports");
@@ -296,7 +302,7 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
     }
     if args.phase == Phase::Arrival {
         eprintln!("bench: open-loop arrivals and time to first output");
-        let rig = Rig::start(binary, &serve_args, &battery_args).await?;
+        let rig = Rig::start(binary, &serve_args, (&battery_args, args.battery_store)).await?;
         let (serial, burst) = sizes.first_output;
         let first = rig
             .create_pool("first-output", (serial + burst) as i32)
@@ -317,7 +323,7 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
     }
     if args.phase.runs(Phase::Slo) {
         eprintln!("bench: the SLO check");
-        let rig = Rig::start(binary, &serve_args, &battery_args).await?;
+        let rig = Rig::start(binary, &serve_args, (&battery_args, args.battery_store)).await?;
         let load = slo::Load {
             standing: args.standing_claims.unwrap_or(sizes.slo.standing),
             ..sizes.slo
@@ -341,7 +347,7 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
     if let Some(claims) = args.claims {
         scale_sizes.lists = [scale_sizes.lists[0].min(claims), claims];
     }
-    let rig = Rig::start(binary, &serve_args, &battery_args).await?;
+    let rig = Rig::start(binary, &serve_args, (&battery_args, args.battery_store)).await?;
     // The watched binds are made once straight to serve, once through kube-apiserver.
     let claims = scale_sizes.lists[1] + 2 * scale_sizes.watched_binds;
     eprintln!("bench: booting {claims} MicroVMs for the claims");
@@ -366,7 +372,7 @@ async fn binding_phase(
 ) -> Result<()> {
     eprintln!("bench: binding and exec");
     let battery_args = args.battery_events.battery_args();
-    let rig = Rig::start(binary, serve_args, &battery_args).await?;
+    let rig = Rig::start(binary, serve_args, (&battery_args, args.battery_store)).await?;
     let serial_binds = args.binds.unwrap_or(sizes.serial_binds);
     let config_binds = args.config_binds.unwrap_or(sizes.config_binds);
     // Two claims a round, ours and the raw one, and the exec and terminal scenarios'
@@ -461,7 +467,10 @@ fn report(args: &Args, binary: &Path, mut rows: Vec<report::Row>) -> Report {
         ),
         machine: report::Machine::read(),
         build: build_profile(binary),
-        other_side: "embedded battery (its own process, 2 simulated Hosts) and battery-agent, all on loopback; serve's metadata store on this machine's disk",
+        other_side: format!(
+            "embedded battery (its own process, 2 simulated Hosts, {}) and battery-agent, all on loopback; serve's metadata store on this machine's disk",
+            args.battery_store.label()
+        ),
         rows,
     }
 }

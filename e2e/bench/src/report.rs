@@ -172,7 +172,7 @@ pub struct Report {
     pub machine: Machine,
     /// The profile of the battery-apiserver measured, as its target directory names it.
     pub build: String,
-    pub other_side: &'static str,
+    pub other_side: String,
     pub rows: Vec<Row>,
 }
 

@@ -1,7 +1,7 @@
 //! The processes one phase of the bench runs against, as a cluster runs them: a real
 //! control plane (etcd and kube-apiserver, [`battery_e2e::control_plane`]) with battery-apiserver
-//! installed into it, `battery-apiserver embedded-battery` in its own process,
-//! `battery-apiserver serve` behind the APIService in front of it, and one
+//! installed into it, `battery-apiserver embedded-battery` in its own process with its
+//! state on disk, `battery-apiserver serve` behind the APIService in front of it, and one
 //! `battery-agent` per simulated Host. The bench talks to `serve` directly with the
 //! kubectl user's client certificate ([`Rig::client`]), for the API server's own
 //! figures, and to kube-apiserver as the same user ([`Rig::kube_client`]), for what a
@@ -45,9 +45,31 @@ const FILL_STEP: i32 = 200;
 const SERVING_NAME: &str = "battery-apiserver.battery-system.svc";
 /// `serve`'s `--data-dir`, in the rig's directory.
 const STORE_DIR: &str = "apiserver";
+/// The embedded battery's `--data-dir`, in the rig's directory.
+const BATTERY_DIR: &str = "battery";
 /// Leases outlive the run: nobody renews the bench's claims, and one that expired would
 /// take its MicroVM (and a claim of the scale scenarios) away mid-measurement.
 const LEASE: (&str, &str) = ("30m", "1h");
+
+/// Where the embedded battery keeps its state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BatteryStore {
+    /// On disk, as poolmgrd keeps its SQLite database: a ClaimVM's commits are durable,
+    /// so raw ClaimVM and a bind's ClaimVM pay what a deployed battery's do.
+    Disk,
+    /// In memory, as the bench's runs before 2026-12-07 kept it: ClaimVM pays no fsync.
+    Memory,
+}
+
+impl BatteryStore {
+    /// How the report names it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Disk => "its state on disk",
+            Self::Memory => "its state in memory",
+        }
+    }
+}
 
 /// How the bench reaches our API: straight to `serve`, for the API server's own figures,
 /// or through kube-apiserver's aggregator, as users do.
@@ -92,12 +114,12 @@ struct Processes {
 
 impl Rig {
     /// Starts everything, with `serve` run from `binary` and given `serve_args` on top,
-    /// and the embedded battery `battery_args`, and returns once every Host reports
-    /// through its agent.
+    /// and the embedded battery `battery_args`, its state kept as `store` says, and
+    /// returns once every Host reports through its agent.
     pub async fn start(
         binary: &Path,
         serve_args: &[String],
-        battery_args: &[String],
+        (battery_args, store): (&[String], BatteryStore),
     ) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("battery-bench-")
@@ -118,6 +140,9 @@ impl Rig {
             .args(pki.battery_args())
             .args(agents.battery_args())
             .args(battery_args);
+        if store == BatteryStore::Disk {
+            command.arg("--data-dir").arg(dir.path().join(BATTERY_DIR));
+        }
         let (battery_process, battery) = Process::start(
             command,
             &dir.path().join("battery.log"),
