@@ -495,7 +495,12 @@ fn quiet_split_rows(
     let kube = |i: usize| served::mean(before.1[i], after.1[i]);
     let minus = |a: Option<f64>, b: Option<f64>| Some(a? - b?);
     let (bind, create) = (mean_millis(&took[0]), mean_millis(&took[1]));
-    let (request, inside, claim_vm, write) = (serve(0), serve(1), serve(2), serve(3));
+    let (request, inside, claim_vm, write) = (
+        serve(served::REQUEST),
+        serve(served::BIND),
+        serve(served::CLAIM_VM),
+        serve(served::WRITES),
+    );
     let parts = [
         ("a bind, as its client saw it", bind),
         (
@@ -546,7 +551,7 @@ fn quiet_split_rows(
         rows.push(Row::new(
             ARRIVAL,
             format!("{} quiet: serve's durable writes per bind", rate.label()),
-            served::count(before.0[3], after.0[3]) / took[0].len() as f64,
+            served::count(before.0[served::WRITES], after.0[served::WRITES]) / took[0].len() as f64,
             Unit::Times,
         ));
     }

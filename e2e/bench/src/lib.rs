@@ -277,6 +277,7 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
         (2 * sizes.scale.watchers + 16).to_string(),
     ];
     let battery_args = args.battery_events.battery_args();
+    let battery = (battery_args.as_slice(), args.battery_store);
     eprintln!(
         "bench: the embedded battery delivers events {}",
         match args.battery_events {
@@ -288,7 +289,7 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
 
     if args.phase == Phase::Exec {
         eprintln!("bench: exec");
-        let rig = Rig::start(binary, &serve_args, (&battery_args, args.battery_store)).await?;
+        let rig = Rig::start(binary, &serve_args, battery).await?;
         let pool = rig.create_pool("exec", 2).await?;
         rows.extend(exec::run(&rig, &pool.name, sizes.exec_rounds, sizes.exec_bytes).await?);
         eprintln!("bench: terminals and ports");
@@ -302,7 +303,7 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
     }
     if args.phase == Phase::Arrival {
         eprintln!("bench: open-loop arrivals and time to first output");
-        let rig = Rig::start(binary, &serve_args, (&battery_args, args.battery_store)).await?;
+        let rig = Rig::start(binary, &serve_args, battery).await?;
         let (serial, burst) = sizes.first_output;
         let first = rig
             .create_pool("first-output", (serial + burst) as i32)
@@ -319,11 +320,11 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
         return Ok(report(args, binary, rows));
     }
     if args.phase.runs(Phase::Binding) {
-        binding_phase(args, binary, sizes, &serve_args, &mut rows).await?;
+        binding_phase(args, binary, sizes, &serve_args, battery, &mut rows).await?;
     }
     if args.phase.runs(Phase::Slo) {
         eprintln!("bench: the SLO check");
-        let rig = Rig::start(binary, &serve_args, (&battery_args, args.battery_store)).await?;
+        let rig = Rig::start(binary, &serve_args, battery).await?;
         let load = slo::Load {
             standing: args.standing_claims.unwrap_or(sizes.slo.standing),
             ..sizes.slo
@@ -347,7 +348,7 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
     if let Some(claims) = args.claims {
         scale_sizes.lists = [scale_sizes.lists[0].min(claims), claims];
     }
-    let rig = Rig::start(binary, &serve_args, (&battery_args, args.battery_store)).await?;
+    let rig = Rig::start(binary, &serve_args, battery).await?;
     // The watched binds are made once straight to serve, once through kube-apiserver.
     let claims = scale_sizes.lists[1] + 2 * scale_sizes.watched_binds;
     eprintln!("bench: booting {claims} MicroVMs for the claims");
@@ -368,11 +369,11 @@ async fn binding_phase(
     binary: &Path,
     sizes: &Sizes,
     serve_args: &[String],
+    battery: (&[String], BatteryStore),
     rows: &mut Vec<report::Row>,
 ) -> Result<()> {
     eprintln!("bench: binding and exec");
-    let battery_args = args.battery_events.battery_args();
-    let rig = Rig::start(binary, serve_args, (&battery_args, args.battery_store)).await?;
+    let rig = Rig::start(binary, serve_args, battery).await?;
     let serial_binds = args.binds.unwrap_or(sizes.serial_binds);
     let config_binds = args.config_binds.unwrap_or(sizes.config_binds);
     // Two claims a round, ours and the raw one, and the exec and terminal scenarios'

@@ -1,7 +1,7 @@
 //! The processes one phase of the bench runs against, as a cluster runs them: a real
 //! control plane (etcd and kube-apiserver, [`battery_e2e::control_plane`]) with battery-apiserver
 //! installed into it, `battery-apiserver embedded-battery` in its own process with its
-//! state on disk, `battery-apiserver serve` behind the APIService in front of it, and one
+//! state on disk ([`BatteryStore`]), `battery-apiserver serve` behind the APIService in front of it, and one
 //! `battery-agent` per simulated Host. The bench talks to `serve` directly with the
 //! kubectl user's client certificate ([`Rig::client`]), for the API server's own
 //! figures, and to kube-apiserver as the same user ([`Rig::kube_client`]), for what a

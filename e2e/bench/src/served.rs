@@ -16,6 +16,7 @@ pub type Series = (&'static str, &'static str, &'static str);
 /// writes, each timed until it is durable: a bind's two (its pending record, made durable
 /// beside `ClaimVM`, and its Bound claim's, after the answer, ADR 48) and any other.
 pub const SERIES: [Series; 4] = [
+    // In this order: REQUEST, BIND, CLAIM_VM, WRITES.
     (
         "serve's whole request",
         "battery_apiserver_request_duration_seconds",
@@ -37,6 +38,12 @@ pub const SERIES: [Series; 4] = [
         "",
     ),
 ];
+
+/// Where each of [`SERIES`] is in what [`read`] returns.
+pub const REQUEST: usize = 0;
+pub const BIND: usize = 1;
+pub const CLAIM_VM: usize = 2;
+pub const WRITES: usize = 3;
 
 /// The `GetPool`s the follower asks after battery's events: none, or fewer than one a
 /// bind, when it batches them.
@@ -122,7 +129,7 @@ pub fn count((_, count0): Observed, (_, count1): Observed) -> f64 {
 /// milliseconds: its request less battery's `ClaimVM`.
 pub fn own_part(before: &[Observed], after: &[Observed]) -> Option<f64> {
     let serve = |i: usize| mean(before[i], after[i]);
-    Some(serve(0)? - serve(2)?)
+    Some(serve(REQUEST)? - serve(CLAIM_VM)?)
 }
 
 /// kube-apiserver's histograms the quiet split reads: what each times, its name and the
