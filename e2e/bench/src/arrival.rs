@@ -18,11 +18,12 @@
 //! and kube-apiserver's own histograms: kube-apiserver's part, `serve`'s, battery's
 //! `ClaimVM`, the durable writes; and kube-apiserver's handling and etcd's create.
 //!
-//! Then the floor issue 41 holds `serve`'s own part of a bind to, timed at the same pace:
-//! arrivals alternate 4 KiB appended and `fdatasync`ed beside the rig's disk and a
-//! loopback round trip, each finding the machine as idle as a lone bind does. `serve`'s
-//! own part of the quiet pass's binds (its request less battery's `ClaimVM`) is held to
-//! their sum, in the same run.
+//! Beside the quiet pass, on a thread of its own, the floor issue 41 holds `serve`'s own
+//! part of a bind to is timed at the same pace: arrivals of a Poisson stream of their own
+//! alternate 4 KiB appended and `fdatasync`ed beside the rig's disk and a loopback round
+//! trip, each finding the machine as loaded as the pass's binds do. `serve`'s own part of
+//! the quiet pass's binds (its request less battery's `ClaimVM`) is held to their sum.
+//! The same floor is then timed alone at that pace, for what the pass's load adds to it.
 //!
 //! Last at each rate, as many binds straight to `serve` as the first pass paced, each
 //! sent when the one before is answered, taking turns with as many raw `ClaimVM`s: a
@@ -30,6 +31,9 @@
 //! (raw `ClaimVM` paced / back to back) and `serve`'s own part's (its request less
 //! `ClaimVM`, the quiet pass's against the streamed binds') say whose the difference is.
 
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
@@ -39,7 +43,7 @@ use serde_json::json;
 use super::binds::bind;
 use super::client::{Client, NAMESPACE};
 use super::commit::{FloorProbe, floor_millis};
-use super::poisson::{arrival_times, open_loop};
+use super::poisson::{open_loop, other_arrival_times};
 use super::report::{Row, Unit, mean_millis, millis, quantile, rank};
 use super::rig::Rig;
 use super::served::{self, Observed};
@@ -183,21 +187,25 @@ pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row
             served::read(&senders.direct).await?,
             served::kube_read(&admin).await?,
         );
-        let took = arrive(&senders, *rate, &pool.name, &QUIET_KINDS, "quiet").await?;
+        let quiet = arrive(&senders, *rate, &pool.name, &QUIET_KINDS, "quiet");
+        let (took, beside) = floor_beside(*rate, quiet).await?;
         let after = (
             served::read(&senders.direct).await?,
             served::kube_read(&admin).await?,
         );
         rows.extend(quiet_rows(*rate, &took));
-        let (appends, trips) = floor_pass(*rate).await?;
-        let floor = floor_millis(&appends, &trips);
+        let alone = floor_alone(*rate).await?;
         let quiet_own = served::own_part(&before.0, &after.0);
         rows.extend(quiet_split_rows(
             *rate,
             &took,
             &before,
             &after,
-            (quiet_own, floor),
+            Floors {
+                own: quiet_own,
+                beside: floor_millis(&beside.0, &beside.1),
+                alone: floor_millis(&alone.0, &alone.1),
+            },
         ));
 
         let before = served::read(&senders.direct).await?;
@@ -239,19 +247,59 @@ async fn arrive(
     Ok(took)
 }
 
-/// How many of each of the floor's parts a rate times, at most.
+/// How many of each of the floor's parts a rate times alone, at most.
 const FLOOR_SAMPLES: usize = 40;
 
-/// The floor's parts timed at `rate`'s pace, as many of each as the quiet pass's binds
-/// (at most [`FLOOR_SAMPLES`]): arrivals alternate an append and a round trip, so each
-/// finds the machine as idle as a lone bind at that rate does.
-async fn floor_pass(rate: Rate) -> Result<(Vec<Duration>, Vec<Duration>)> {
-    let each = (rate.arrivals() / QUIET_KINDS.len()).clamp(1, FLOOR_SAMPLES);
+/// The floor's parts, appends and round trips.
+type FloorTimes = (Vec<Duration>, Vec<Duration>);
+
+/// Runs `pass` while the floor's parts are timed beside it at `rate`'s pace, until it
+/// ends (as many of each as its binds, at most), so that each finds the machine as loaded
+/// as the pass's binds do.
+async fn floor_beside<T>(
+    rate: Rate,
+    pass: impl Future<Output = Result<T>>,
+) -> Result<(T, FloorTimes)> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let each = rate.arrivals().div_ceil(QUIET_KINDS.len());
+    let probing = {
+        let stop = stop.clone();
+        tokio::task::spawn_blocking(move || probe_floor(rate, each, &stop))
+    };
+    let passed = pass.await;
+    stop.store(true, Ordering::Release);
+    let floor = probing.await.context("the floor's probe panicked")??;
+    Ok((passed?, floor))
+}
+
+/// The floor's parts timed at `rate`'s pace with nothing else running, as many of each as
+/// the quiet pass's binds (at most [`FLOOR_SAMPLES`]), so each finds the machine as idle
+/// as a lone bind at that rate would on a machine of its own.
+async fn floor_alone(rate: Rate) -> Result<FloorTimes> {
+    let each = rate
+        .arrivals()
+        .div_ceil(QUIET_KINDS.len())
+        .clamp(1, FLOOR_SAMPLES);
+    tokio::task::spawn_blocking(move || probe_floor(rate, each, &AtomicBool::new(false)))
+        .await
+        .context("the floor's probe panicked")?
+}
+
+/// Times the floor's parts at `rate`'s pace on this thread, which they block: arrivals
+/// of a Poisson stream independent of the passes' alternate an append and a round trip,
+/// `each` of each at most, until `stop` is set.
+fn probe_floor(rate: Rate, each: usize, stop: &AtomicBool) -> Result<FloorTimes> {
     let mut probe = FloorProbe::start()?;
     let (mut appends, mut trips) = (Vec::new(), Vec::new());
-    let start = tokio::time::Instant::now();
-    for (i, at) in arrival_times(rate.per_second).take(2 * each).enumerate() {
-        tokio::time::sleep_until(start + at).await;
+    let start = Instant::now();
+    for (i, at) in other_arrival_times(rate.per_second)
+        .take(2 * each)
+        .enumerate()
+    {
+        std::thread::sleep((start + at).saturating_duration_since(Instant::now()));
+        if stop.load(Ordering::Acquire) {
+            break;
+        }
         if i % 2 == 0 {
             appends.push(probe.append()?);
         } else {
@@ -473,6 +521,17 @@ fn quiet_rows(rate: Rate, took: &[Vec<Duration>]) -> Vec<Row> {
     rows
 }
 
+/// `serve`'s own part of the quiet pass's binds and the floor it is held to, means in
+/// milliseconds.
+struct Floors {
+    /// `serve`'s request less `ClaimVM` ([`served::own_part`]).
+    own: Option<f64>,
+    /// The floor timed beside the pass, at its pace: what the verdict holds `own` to.
+    beside: Option<f64>,
+    /// The floor timed at that pace with nothing else running.
+    alone: Option<f64>,
+}
+
 /// Where the quiet comparison's time went, as means in milliseconds: a bind's through
 /// kube-apiserver (the client's, the connections' and kube-apiserver's proxy, whose
 /// share the create's client-and-connection part bounds; `serve`'s outside its bind,
@@ -482,14 +541,13 @@ fn quiet_rows(rate: Rate, took: &[Vec<Duration>]) -> Vec<Row> {
 /// which counts the follower's writes too, so is a bind's only roughly (a bind's two run
 /// beside its `ClaimVM` and after its answer, ADR 48). `before` and `after` are (`serve`'s,
 /// kube-apiserver's) histograms; a part whose histograms observed nothing is left out.
-/// Last, `serve`'s own part (its request less `ClaimVM`, [`served::own_part`]) over the
-/// floor timed at the same pace, both in milliseconds: it must not exceed it.
+/// Last, `serve`'s own part over the floor timed beside the pass: it must not exceed it.
 fn quiet_split_rows(
     rate: Rate,
     took: &[Vec<Duration>],
     before: &(Vec<served::Observed>, Vec<served::Observed>),
     after: &(Vec<served::Observed>, Vec<served::Observed>),
-    (own, floor): (Option<f64>, Option<f64>),
+    floors: Floors,
 ) -> Vec<Row> {
     let serve = |i: usize| served::mean(before.0[i], after.0[i]);
     let kube = |i: usize| served::mean(before.1[i], after.1[i]);
@@ -529,9 +587,10 @@ fn quiet_split_rows(
         ("a create: etcd's create", kube(1)),
         (
             "the floor of serve's own part: 4 KiB appended and fdatasynced, and a loopback \
-             round trip, at this pace",
-            floor,
+             round trip, at this pace beside the pass",
+            floors.beside,
         ),
+        ("the same floor at this pace alone", floors.alone),
     ];
     let mut rows: Vec<Row> = parts
         .into_iter()
@@ -555,7 +614,7 @@ fn quiet_split_rows(
             Unit::Times,
         ));
     }
-    if let (Some(own), Some(floor)) = (own, floor) {
+    if let (Some(own), Some(floor)) = (floors.own, floors.beside) {
         rows.push(
             Row::new(
                 ARRIVAL,

@@ -46,7 +46,17 @@ where
 /// When each arrival of a Poisson process of mean rate `per_second` comes, from 0. The
 /// same on every run at a rate, so runs differ by the server only.
 pub fn arrival_times(per_second: f64) -> impl Iterator<Item = Duration> {
-    let mut random = fastrand::Rng::with_seed(per_second.to_bits());
+    seeded_arrival_times(per_second, per_second.to_bits())
+}
+
+/// [`arrival_times`] of a second process at the same rate, independent of the first: a
+/// probe that runs beside a pass arrives when the pass's requests do not, as a rule.
+pub fn other_arrival_times(per_second: f64) -> impl Iterator<Item = Duration> {
+    seeded_arrival_times(per_second, !per_second.to_bits())
+}
+
+fn seeded_arrival_times(per_second: f64, seed: u64) -> impl Iterator<Item = Duration> {
+    let mut random = fastrand::Rng::with_seed(seed);
     let mut at = Duration::ZERO;
     std::iter::repeat_with(move || {
         // Exponential gaps of mean 1/rate; 1 - f64() is in (0, 1], so ln is finite.
