@@ -31,9 +31,6 @@
 //! (raw `ClaimVM` paced / back to back) and `serve`'s own part's (its request less
 //! `ClaimVM`, the quiet pass's against the streamed binds') say whose the difference is.
 
-use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
@@ -42,8 +39,8 @@ use serde_json::json;
 
 use super::binds::bind;
 use super::client::{Client, NAMESPACE};
-use super::commit::{FloorProbe, floor_millis};
-use super::poisson::{open_loop, other_arrival_times};
+use super::commit::{floor_alone, floor_beside, floor_millis};
+use super::poisson::open_loop;
 use super::report::{Row, Unit, mean_millis, millis, quantile, rank};
 use super::rig::Rig;
 use super::served::{self, Observed};
@@ -187,14 +184,16 @@ pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row
             served::read(&senders.direct).await?,
             served::kube_read(&admin).await?,
         );
+        // The floor beside the pass: as many of each part as the pass has binds.
+        let binds = rate.arrivals().div_ceil(QUIET_KINDS.len());
         let quiet = arrive(&senders, *rate, &pool.name, &QUIET_KINDS, "quiet");
-        let (took, beside) = floor_beside(*rate, quiet).await?;
+        let (took, beside) = floor_beside(rate.per_second, binds, quiet).await?;
         let after = (
             served::read(&senders.direct).await?,
             served::kube_read(&admin).await?,
         );
         rows.extend(quiet_rows(*rate, &took));
-        let alone = floor_alone(*rate).await?;
+        let alone = floor_alone(rate.per_second, binds.clamp(1, FLOOR_SAMPLES)).await?;
         let quiet_own = served::own_part(&before.0, &after.0);
         rows.extend(quiet_split_rows(
             *rate,
@@ -249,65 +248,6 @@ async fn arrive(
 
 /// How many of each of the floor's parts a rate times alone, at most.
 const FLOOR_SAMPLES: usize = 40;
-
-/// The floor's parts, appends and round trips.
-type FloorTimes = (Vec<Duration>, Vec<Duration>);
-
-/// Runs `pass` while the floor's parts are timed beside it at `rate`'s pace, until it
-/// ends (as many of each as its binds, at most), so that each finds the machine as loaded
-/// as the pass's binds do.
-async fn floor_beside<T>(
-    rate: Rate,
-    pass: impl Future<Output = Result<T>>,
-) -> Result<(T, FloorTimes)> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let each = rate.arrivals().div_ceil(QUIET_KINDS.len());
-    let probing = {
-        let stop = stop.clone();
-        tokio::task::spawn_blocking(move || probe_floor(rate, each, &stop))
-    };
-    let passed = pass.await;
-    stop.store(true, Ordering::Release);
-    let floor = probing.await.context("the floor's probe panicked")??;
-    Ok((passed?, floor))
-}
-
-/// The floor's parts timed at `rate`'s pace with nothing else running, as many of each as
-/// the quiet pass's binds (at most [`FLOOR_SAMPLES`]), so each finds the machine as idle
-/// as a lone bind at that rate would on a machine of its own.
-async fn floor_alone(rate: Rate) -> Result<FloorTimes> {
-    let each = rate
-        .arrivals()
-        .div_ceil(QUIET_KINDS.len())
-        .clamp(1, FLOOR_SAMPLES);
-    tokio::task::spawn_blocking(move || probe_floor(rate, each, &AtomicBool::new(false)))
-        .await
-        .context("the floor's probe panicked")?
-}
-
-/// Times the floor's parts at `rate`'s pace on this thread, which they block: arrivals
-/// of a Poisson stream independent of the passes' alternate an append and a round trip,
-/// `each` of each at most, until `stop` is set.
-fn probe_floor(rate: Rate, each: usize, stop: &AtomicBool) -> Result<FloorTimes> {
-    let mut probe = FloorProbe::start()?;
-    let (mut appends, mut trips) = (Vec::new(), Vec::new());
-    let start = Instant::now();
-    for (i, at) in other_arrival_times(rate.per_second)
-        .take(2 * each)
-        .enumerate()
-    {
-        std::thread::sleep((start + at).saturating_duration_since(Instant::now()));
-        if stop.load(Ordering::Acquire) {
-            break;
-        }
-        if i % 2 == 0 {
-            appends.push(probe.append()?);
-        } else {
-            trips.push(probe.round_trip()?);
-        }
-    }
-    Ok((appends, trips))
-}
 
 /// One arrival's request, timed from `arrived` to its answer.
 async fn send(

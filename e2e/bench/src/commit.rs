@@ -4,7 +4,8 @@
 //! `fdatasync` (what the store's log does, its blocks written ahead), taking turns so all
 //! meet the same disk at the same moment. The target: the commit's p50 at most 2x the
 //! append's. Beside them, a loopback round trip between two threads: with the append, the
-//! floor issue 41 holds `serve`'s own part of a bind to.
+//! floor issue 41 holds `serve`'s own part of a bind to, which the arrival scenario also
+//! times at its rates' pace, beside its quiet pass and alone.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -12,11 +13,13 @@ use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use battery_apiserver::meta_store::{Key, MetaStore, StoreError};
 
+use crate::poisson::other_arrival_times;
 use crate::report::{Row, Unit, mean_millis, millis, percentiles, quantile};
 
 pub const COMMIT: &str = "durable commit";
@@ -115,10 +118,62 @@ pub fn floor_millis(appends: &[Duration], trips: &[Duration]) -> Option<f64> {
     Some(mean_millis(appends)? + mean_millis(trips)?)
 }
 
+/// The floor's parts, appends and round trips.
+pub type FloorTimes = (Vec<Duration>, Vec<Duration>);
+
+/// Runs `pass` while the floor's parts are timed beside it at `per_second`'s pace, `each`
+/// of each at most, until it ends, so that each finds the machine as loaded as the pass's
+/// requests do.
+pub async fn floor_beside<T>(
+    per_second: f64,
+    each: usize,
+    pass: impl Future<Output = Result<T>>,
+) -> Result<(T, FloorTimes)> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let probing = {
+        let stop = stop.clone();
+        tokio::task::spawn_blocking(move || probe_floor(per_second, each, &stop))
+    };
+    let passed = pass.await;
+    stop.store(true, Ordering::Release);
+    let floor = probing.await.context("the floor's probe panicked")??;
+    Ok((passed?, floor))
+}
+
+/// The floor's parts timed at `per_second`'s pace with nothing else running, `each` of
+/// each, so each finds the machine as idle as a lone request would on a machine of its
+/// own.
+pub async fn floor_alone(per_second: f64, each: usize) -> Result<FloorTimes> {
+    tokio::task::spawn_blocking(move || probe_floor(per_second, each, &AtomicBool::new(false)))
+        .await
+        .context("the floor's probe panicked")?
+}
+
+/// Times the floor's parts at `per_second`'s pace on this thread, which they block:
+/// arrivals of a Poisson stream independent of the passes' alternate an append and a
+/// round trip, `each` of each at most, until `stop` is set.
+fn probe_floor(per_second: f64, each: usize, stop: &AtomicBool) -> Result<FloorTimes> {
+    let mut probe = FloorProbe::start()?;
+    let (mut appends, mut trips) = (Vec::new(), Vec::new());
+    let start = Instant::now();
+    for (i, at) in other_arrival_times(per_second).take(2 * each).enumerate() {
+        std::thread::sleep((start + at).saturating_duration_since(Instant::now()));
+        if stop.load(Ordering::Acquire) {
+            break;
+        }
+        if i % 2 == 0 {
+            appends.push(probe.append()?);
+        } else {
+            trips.push(probe.round_trip()?);
+        }
+    }
+    Ok((appends, trips))
+}
+
 /// The floor's two parts, each timed alone when asked: a 4 KiB append and `fdatasync`
 /// to a file in the system's temporary directory (the disk `serve`'s store has in the
 /// bench's rig), and a loopback round trip.
-pub struct FloorProbe {
+struct FloorProbe {
     append: Floor,
     echo: Echo,
     /// Holds the file until the probe is dropped.
@@ -126,7 +181,7 @@ pub struct FloorProbe {
 }
 
 impl FloorProbe {
-    pub fn start() -> Result<Self> {
+    fn start() -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("battery-bench-floor-")
             .tempdir()
@@ -139,12 +194,12 @@ impl FloorProbe {
     }
 
     /// 4 KiB appended and made durable.
-    pub fn append(&mut self) -> Result<Duration> {
+    fn append(&mut self) -> Result<Duration> {
         self.append.write().context("an append and fdatasync")
     }
 
     /// One byte to a thread and back over loopback TCP.
-    pub fn round_trip(&mut self) -> Result<Duration> {
+    fn round_trip(&mut self) -> Result<Duration> {
         self.echo.round_trip().context("a loopback round trip")
     }
 }
