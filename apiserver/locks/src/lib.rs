@@ -1,4 +1,6 @@
-//! One async lock per key, forgotten once nobody holds or waits for it: see [`KeyLocks`].
+//! How our async code waits without holding up other tasks: one async lock per key,
+//! forgotten once nobody holds or waits for it ([`KeyLocks`]), and a section that blocks
+//! its thread on the disk while the runtime's other tasks go on ([`blocking`]).
 
 #![deny(missing_docs)]
 
@@ -36,9 +38,45 @@ impl<K: Hash + Eq + Clone> KeyLocks<K> {
     }
 }
 
+/// Runs `f`, which waits for the disk, at once on this thread, where the runtime's other
+/// tasks need not wait for it: on a multi-threaded runtime tokio hands this worker's other
+/// tasks to another thread meanwhile (as Go's scheduler hands on a goroutine's processor
+/// while it is in a system call), and `f` does not wait for that thread to wake.
+/// Elsewhere (a current-thread runtime, no runtime) it just runs `f`.
+pub fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_blocking_section_holds_up_no_other_task() {
+        // On the one worker: the task spawned there can run while this one blocks only if
+        // the worker's other tasks were handed on.
+        tokio::spawn(async {
+            let (started, start) = std::sync::mpsc::channel();
+            let other = tokio::spawn(async move { started.send(()).unwrap() });
+            blocking(|| {
+                start
+                    .recv_timeout(std::time::Duration::from_secs(60))
+                    .expect("the other task never ran while this one blocked")
+            });
+            other.await.unwrap();
+        })
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_blocking_section_runs_on_a_current_thread_runtime() {
+        assert_eq!(blocking(|| 7), 7);
+    }
 
     #[tokio::test]
     async fn a_key_is_held_by_one_at_a_time_and_other_keys_are_free() {

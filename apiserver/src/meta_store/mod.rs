@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use battery_locks::blocking;
 use prometheus_client::metrics::histogram::Histogram;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable};
 use serde::de::DeserializeOwned;
@@ -581,17 +582,6 @@ fn log_path(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(".log");
     PathBuf::from(name)
-}
-
-/// Runs `f`, which waits for the disk, at once on this thread, where the other tasks need
-/// not wait for it: on a multi-threaded runtime tokio hands this worker's other tasks to
-/// another thread meanwhile, and `f` does not wait for that thread to wake.
-fn blocking<R>(f: impl FnOnce() -> R) -> R {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    match Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
-    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::sync::{PoisonError, RwLock};
 
+use battery_locks::blocking;
 use prost::Message;
 
 use redb::{
@@ -117,19 +118,25 @@ impl Store {
     /// Runs `body` in one write transaction, committed when it returns Ok. Operations check
     /// their preconditions before changing anything, so an Ok carrying a refusal commits no
     /// change.
+    ///
+    /// Waiting for the one writer and for the commit's sync blocks this thread, so the
+    /// runtime's other tasks are handed on meanwhile, as Go's scheduler does for poolmgrd's
+    /// goroutine in a system call: a commit under way holds up no other call.
     pub(super) fn write<T>(&self, body: impl FnOnce(&WriteTransaction) -> Result<T>) -> Result<T> {
-        let db = self.db.read().unwrap_or_else(PoisonError::into_inner);
-        let txn = db.as_ref().ok_or(StoreError::Closed)?.begin_write()?;
-        match body(&txn) {
-            Ok(value) => {
-                txn.commit()?;
-                Ok(value)
+        blocking(|| {
+            let db = self.db.read().unwrap_or_else(PoisonError::into_inner);
+            let txn = db.as_ref().ok_or(StoreError::Closed)?.begin_write()?;
+            match body(&txn) {
+                Ok(value) => {
+                    txn.commit()?;
+                    Ok(value)
+                }
+                Err(err) => {
+                    txn.abort()?;
+                    Err(err)
+                }
             }
-            Err(err) => {
-                txn.abort()?;
-                Err(err)
-            }
-        }
+        })
     }
 }
 
