@@ -27,9 +27,9 @@
 //!
 //! Last at each rate, as many binds straight to `serve` as the first pass paced, each
 //! sent when the one before is answered, taking turns with as many raw `ClaimVM`s: a
-//! lone bind should cost what a streamed one does. Beside that ratio, battery's own
-//! (raw `ClaimVM` paced / back to back) and `serve`'s own part's (its request less
-//! `ClaimVM`, the quiet pass's against the streamed binds') say whose the difference is.
+//! lone bind should cost what a streamed one does. Beside it, battery's own ratio (raw
+//! `ClaimVM`), `serve`'s own part's (the quiet pass's against the streamed binds') and
+//! the floor's parts' (alone at the pace against back to back) say whose the cost is.
 
 use std::time::{Duration, Instant};
 
@@ -39,7 +39,9 @@ use serde_json::json;
 
 use super::binds::bind;
 use super::client::{Client, NAMESPACE};
-use super::commit::{floor_alone, floor_beside, floor_millis};
+use super::commit::{
+    floor_alone, floor_back_to_back, floor_beside, floor_millis, paced_floor_rows,
+};
 use super::poisson::open_loop;
 use super::report::{Row, Unit, mean_millis, millis, quantile, rank};
 use super::rig::Rig;
@@ -215,6 +217,13 @@ pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row
             &paced,
             &streamed,
             (quiet_own, streamed_own),
+        ));
+        let back_to_back = floor_back_to_back(alone.0.len()).await?;
+        rows.extend(paced_floor_rows(
+            ARRIVAL,
+            &rate.label(),
+            &alone,
+            &back_to_back,
         ));
     }
     Ok(rows)

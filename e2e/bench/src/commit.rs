@@ -132,7 +132,7 @@ pub async fn floor_beside<T>(
     let stop = Arc::new(AtomicBool::new(false));
     let probing = {
         let stop = stop.clone();
-        tokio::task::spawn_blocking(move || probe_floor(per_second, each, &stop))
+        tokio::task::spawn_blocking(move || probe_floor(Some(per_second), each, &stop))
     };
     let passed = pass.await;
     stop.store(true, Ordering::Release);
@@ -144,19 +144,58 @@ pub async fn floor_beside<T>(
 /// each, so each finds the machine as idle as a lone request would on a machine of its
 /// own.
 pub async fn floor_alone(per_second: f64, each: usize) -> Result<FloorTimes> {
-    tokio::task::spawn_blocking(move || probe_floor(per_second, each, &AtomicBool::new(false)))
+    tokio::task::spawn_blocking(move || {
+        probe_floor(Some(per_second), each, &AtomicBool::new(false))
+    })
+    .await
+    .context("the floor's probe panicked")?
+}
+
+/// The floor's parts back to back, `each` of each, the machine never idle between them:
+/// against [`floor_alone`]'s, what waking an idle machine adds to work no lone request
+/// can skip.
+pub async fn floor_back_to_back(each: usize) -> Result<FloorTimes> {
+    tokio::task::spawn_blocking(move || probe_floor(None, each, &AtomicBool::new(false)))
         .await
         .context("the floor's probe panicked")?
 }
 
-/// Times the floor's parts at `per_second`'s pace on this thread, which they block:
+/// Each part's p50 timed alone at `label`'s pace over its p50 back to back: the ratio
+/// issue 41 holds a lone bind to (1.2x), for the floor's two parts.
+pub fn paced_floor_rows(
+    scenario: &'static str,
+    label: &str,
+    (paced_appends, paced_trips): &FloorTimes,
+    (appends, trips): &FloorTimes,
+) -> Vec<Row> {
+    [
+        ("append of 4 KiB and fdatasync", paced_appends, appends),
+        ("loopback round trip", paced_trips, trips),
+    ]
+    .into_iter()
+    .map(|(what, paced, back_to_back)| {
+        Row::new(
+            scenario,
+            format!("{label}: the floor's {what}, paced alone / back to back p50"),
+            millis(quantile(paced, 0.5)) / millis(quantile(back_to_back, 0.5)),
+            Unit::Times,
+        )
+    })
+    .collect()
+}
+
+/// Times the floor's parts on this thread, which they block: at `pace`'s per-second rate,
 /// arrivals of a Poisson stream independent of the passes' alternate an append and a
-/// round trip, `each` of each at most, until `stop` is set.
-fn probe_floor(per_second: f64, each: usize, stop: &AtomicBool) -> Result<FloorTimes> {
+/// round trip, `each` of each at most, until `stop` is set; with no pace, back to back.
+fn probe_floor(pace: Option<f64>, each: usize, stop: &AtomicBool) -> Result<FloorTimes> {
     let mut probe = FloorProbe::start()?;
     let (mut appends, mut trips) = (Vec::new(), Vec::new());
+    let arrivals: Box<dyn Iterator<Item = Duration>> = match pace {
+        Some(per_second) => Box::new(other_arrival_times(per_second)),
+        None => Box::new(std::iter::repeat(Duration::ZERO)),
+    };
     let start = Instant::now();
-    for (i, at) in other_arrival_times(per_second).take(2 * each).enumerate() {
+    for (i, at) in arrivals.take(2 * each).enumerate() {
         std::thread::sleep((start + at).saturating_duration_since(Instant::now()));
         if stop.load(Ordering::Acquire) {
             break;
