@@ -16,7 +16,9 @@
 //! loading etcd, so the reference create is as fast as the machine allows (the five-kind
 //! mix slows it, which flatters us). Its binds' and creates' time is split from `serve`'s
 //! and kube-apiserver's own histograms: kube-apiserver's part, `serve`'s, battery's
-//! `ClaimVM`, the durable writes; and kube-apiserver's handling and etcd's create.
+//! `ClaimVM`, the durable writes; and kube-apiserver's handling and etcd's create. In
+//! both passes each bind through kube-apiserver is also split where `serve` asked
+//! battery, for where the slowest binds' time went (`bind_split`).
 //!
 //! Beside the quiet pass, on a thread of its own, the floor issue 41 holds `serve`'s own
 //! part of a bind to is timed at the same pace: arrivals of a Poisson stream of their own
@@ -35,10 +37,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use http::{Method, StatusCode};
-use serde_json::json;
 
+use super::bind_split::{self, Split};
 use super::binds::bind;
-use super::client::{Client, NAMESPACE};
+use super::client::{Client, NAMESPACE, configmaps_path, create_config_map};
 use super::commit::{
     floor_alone, floor_back_to_back, floor_beside, floor_millis, paced_floor_rows,
 };
@@ -172,13 +174,14 @@ pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row
             rate.lasting
         );
         let before = served::read(&senders.direct).await?;
-        let took = arrive(&senders, *rate, &pool.name, &KINDS, "arrival").await?;
+        let (took, splits) = arrive(&senders, *rate, &pool.name, &KINDS, "arrival").await?;
         let paced = (
             samples_of(&KINDS, &took, Kind::BindDirect).to_vec(),
             samples_of(&KINDS, &took, Kind::RawClaimVm).to_vec(),
         );
         let after = served::read(&senders.direct).await?;
         rows.extend(rate_rows(*rate, &took));
+        rows.extend(bind_split::rows(ARRIVAL, &rate.label(), &splits));
         rows.extend(split_rows(*rate, &before, &after));
 
         eprintln!("bench: the quiet comparison at {}", rate.label());
@@ -189,12 +192,14 @@ pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row
         // The floor beside the pass: as many of each part as the pass has binds.
         let binds = rate.arrivals().div_ceil(QUIET_KINDS.len());
         let quiet = arrive(&senders, *rate, &pool.name, &QUIET_KINDS, "quiet");
-        let (took, beside) = floor_beside(rate.per_second, binds, quiet).await?;
+        let ((took, splits), beside) = floor_beside(rate.per_second, binds, quiet).await?;
         let after = (
             served::read(&senders.direct).await?,
             served::kube_read(&admin).await?,
         );
         rows.extend(quiet_rows(*rate, &took));
+        let label = format!("{} quiet", rate.label());
+        rows.extend(bind_split::rows(ARRIVAL, &label, &splits));
         let alone = floor_alone(rate.per_second, binds.clamp(1, FLOOR_SAMPLES)).await?;
         let quiet_own = served::own_part(&before.0, &after.0);
         rows.extend(quiet_split_rows(
@@ -230,14 +235,15 @@ pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row
 }
 
 /// Sends `rate`'s arrivals, taking turns through `kinds`, and returns each kind's times
-/// in `kinds`' order; `pass` names their objects.
+/// in `kinds`' order, and the binds through kube-apiserver split; `pass` names their
+/// objects.
 async fn arrive(
     senders: &Senders,
     rate: Rate,
     pool: &str,
     kinds: &[Kind],
     pass: &str,
-) -> Result<Vec<Vec<Duration>>> {
+) -> Result<(Vec<Vec<Duration>>, Vec<Split>)> {
     let times = open_loop(rate.per_second, rate.arrivals(), |i, arrived| {
         let kind = kinds[i % kinds.len()];
         let (senders, name, pool) = (
@@ -248,30 +254,34 @@ async fn arrive(
         async move { send(&senders, kind, &name, &pool, arrived).await }
     })
     .await?;
-    let mut took = vec![Vec::new(); kinds.len()];
-    for (i, time) in times.into_iter().enumerate() {
+    let (mut took, mut splits) = (vec![Vec::new(); kinds.len()], Vec::new());
+    for (i, (time, split)) in times.into_iter().enumerate() {
         took[i % kinds.len()].push(time);
+        splits.extend(split);
     }
-    Ok(took)
+    Ok((took, splits))
 }
 
 /// How many of each of the floor's parts a rate times alone, at most.
 const FLOOR_SAMPLES: usize = 40;
 
-/// One arrival's request, timed from `arrived` to its answer.
+/// One arrival's request, timed from `arrived` to its answer, and split where `serve`
+/// asked battery if it is a bind through kube-apiserver.
 async fn send(
     senders: &Senders,
     kind: Kind,
     name: &str,
     pool: &str,
     arrived: Instant,
-) -> Result<Duration> {
+) -> Result<(Duration, Option<Split>)> {
     match kind {
         Kind::BindDirect => {
             bind(&senders.direct, name, pool).await?;
         }
         Kind::BindThroughKube => {
-            bind(&senders.kube, name, pool).await?;
+            let (_, bound) = bind(&senders.kube, name, pool).await?;
+            let took = arrived.elapsed();
+            return Ok((took, Some(Split::of(&bound, took)?)));
         }
         Kind::RawClaimVm => {
             let mut lease = senders.lease.clone();
@@ -293,7 +303,7 @@ async fn send(
                 })
                 .await
                 .context("releasing a raw lease")?;
-            return Ok(took);
+            return Ok((took, None));
         }
         Kind::ConfigMapCreate => create_config_map(&senders.reference, name).await?,
         Kind::ConfigMapGet => {
@@ -307,28 +317,7 @@ async fn send(
             }
         }
     }
-    Ok(arrived.elapsed())
-}
-
-/// Creates the ConfigMap `name`, a small one, as the reference writes through
-/// kube-apiserver.
-async fn create_config_map(kube: &Client, name: &str) -> Result<()> {
-    let object = json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": name}, "data": {"key": "value"}
-    });
-    kube.json(
-        Method::POST,
-        &configmaps_path(),
-        Some(&object),
-        StatusCode::CREATED,
-    )
-    .await?;
-    Ok(())
-}
-
-fn configmaps_path() -> String {
-    format!("/api/v1/namespaces/{NAMESPACE}/configmaps")
+    Ok((arrived.elapsed(), None))
 }
 
 /// Fewer samples than this, and a p99.9 is only the largest sample: not reported.
@@ -409,7 +398,7 @@ async fn streamed(
         let name = format!("streamed-{}-{i}", rate.per_second);
         binds.push(bind(&senders.direct, &name, pool).await?.0);
         let sent = Instant::now();
-        claims.push(send(senders, Kind::RawClaimVm, &name, pool, sent).await?);
+        claims.push(send(senders, Kind::RawClaimVm, &name, pool, sent).await?.0);
     }
     Ok((binds, claims))
 }

@@ -142,3 +142,25 @@ pub fn claim(name: &str, pool: &str) -> Value {
         "spec": {"poolRef": {"name": pool}, "serviceAccountName": "dev"}
     })
 }
+
+/// The ConfigMaps' path in the bench's namespace.
+pub fn configmaps_path() -> String {
+    format!("/api/v1/namespaces/{NAMESPACE}/configmaps")
+}
+
+/// Creates the small ConfigMap `name` through `kube`: the reference write the targets
+/// name.
+pub async fn create_config_map(kube: &Client, name: &str) -> Result<()> {
+    let object = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name}, "data": {"key": "value"}
+    });
+    kube.json(
+        Method::POST,
+        &configmaps_path(),
+        Some(&object),
+        StatusCode::CREATED,
+    )
+    .await?;
+    Ok(())
+}

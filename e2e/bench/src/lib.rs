@@ -18,6 +18,7 @@
 //! never runs dry.
 
 mod arrival;
+mod bind_split;
 mod binds;
 mod client;
 mod commit;
