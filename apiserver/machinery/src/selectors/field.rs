@@ -259,6 +259,12 @@ mod tests {
                 "b=1,a=2",
                 vec![term("a", Equals, "2"), term("b", Equals, "1")],
             ),
+            // Their raw text: `==` sorts before `=a`, so printed (`a=b,a=a`) and parsed
+            // again the same terms come in the other order, as in Go.
+            (
+                "a==b,a=a",
+                vec![term("a", Equals, "b"), term("a", Equals, "a")],
+            ),
             (r"a=x\,y\=z\\", vec![term("a", Equals, r"x,y=z\")]),
             ("a=!b", vec![term("a", Equals, "!b")]),
             (
