@@ -11,7 +11,7 @@ use anyhow::{Context as _, Result};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use serde_json::Value;
 
-use crate::report::{Row, Unit, mean_millis, millis, quantile};
+use crate::report::{Row, Unit, mean_millis, quantile};
 
 /// One bind's time on either side of `serve`'s asking battery.
 #[derive(Clone, Copy)]
@@ -53,11 +53,10 @@ pub fn rows(scenario: &'static str, label: &str, splits: &[Split]) -> Vec<Row> {
     let (slow_before, slow_after) = sides(&slowest);
     let of_all = |what: &str, side: &[Duration]| {
         (!side.is_empty()).then(|| {
-            Row::new(
+            Row::millis(
                 scenario,
                 format!("{label}, a bind's p50: {what}"),
-                millis(quantile(side, 0.5)),
-                Unit::Millis,
+                quantile(side, 0.5),
             )
         })
     };

@@ -144,18 +144,19 @@ pub async fn floor_beside<T>(
 /// each, so each finds the machine as idle as a lone request would on a machine of its
 /// own.
 pub async fn floor_alone(per_second: f64, each: usize) -> Result<FloorTimes> {
-    tokio::task::spawn_blocking(move || {
-        probe_floor(Some(per_second), each, &AtomicBool::new(false))
-    })
-    .await
-    .context("the floor's probe panicked")?
+    probe_floor_to_the_end(Some(per_second), each).await
 }
 
 /// The floor's parts back to back, `each` of each, the machine never idle between them:
 /// against [`floor_alone`]'s, what waking an idle machine adds to work no lone request
 /// can skip.
 pub async fn floor_back_to_back(each: usize) -> Result<FloorTimes> {
-    tokio::task::spawn_blocking(move || probe_floor(None, each, &AtomicBool::new(false)))
+    probe_floor_to_the_end(None, each).await
+}
+
+/// [`probe_floor`] on a blocking thread, with nothing to stop it before `each` of each.
+async fn probe_floor_to_the_end(pace: Option<f64>, each: usize) -> Result<FloorTimes> {
+    tokio::task::spawn_blocking(move || probe_floor(pace, each, &AtomicBool::new(false)))
         .await
         .context("the floor's probe panicked")?
 }
