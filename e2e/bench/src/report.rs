@@ -211,10 +211,10 @@ pub fn mean_millis(samples: &[Duration]) -> Option<f64> {
 }
 
 /// The `p`-th quantile (0 < p <= 1) of `samples` by nearest rank.
-pub fn quantile(samples: &[Duration], p: f64) -> Duration {
+pub fn quantile<T: Copy + PartialOrd>(samples: &[T], p: f64) -> T {
     assert!(!samples.is_empty(), "a quantile of no samples");
     let mut sorted = samples.to_vec();
-    sorted.sort_unstable();
+    sorted.sort_unstable_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
     // Nearest rank: the smallest sample with at least p of all at or below it.
     let rank = (p * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
