@@ -24,6 +24,7 @@ pub mod server;
 #[cfg(feature = "test-util")]
 pub mod testing;
 pub mod tls_files;
+pub mod trace;
 pub mod watch;
 
 /// Runs the command the user chose.

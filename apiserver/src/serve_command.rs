@@ -36,6 +36,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         cluster,
         data_dir,
         bind_wait,
+        slow_request_threshold,
         guest_api_server,
         limits,
         agent_relay,
@@ -65,6 +66,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         store,
         &Settings {
             bind_wait,
+            slow_request_threshold,
             authorizer: Some(match cluster.clone() {
                 Some(client) => Arc::new(SubjectAccessReviewer::new(client)) as Arc<dyn Authorizer>,
                 None => Arc::new(AuthenticatedOnly),

@@ -48,11 +48,16 @@ const EVENT_FANOUT: usize = 1024;
 /// long another client's change to a Host, or a deleted Host's progress, takes to show.
 const HOST_SYNC_INTERVAL: Duration = Duration::from_secs(2);
 
+/// As kube-apiserver's handlers log a create's or an update's trace.
+const DEFAULT_SLOW_REQUEST_THRESHOLD: Duration = Duration::from_millis(500);
+
 /// How the server behaves, beyond where it listens.
 #[derive(Clone)]
 pub struct Settings {
     /// How long a claim's create waits for a MicroVM when its pool has none available.
     pub bind_wait: Duration,
+    /// A request at least this slow is logged with its steps.
+    pub slow_request_threshold: Duration,
     /// The cluster served, for namespace lifecycle and Events; `None` in `dev`.
     pub cluster: Option<Arc<Cluster>>,
     /// Watches, create rate and request deadline.
@@ -77,6 +82,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             bind_wait: Duration::from_secs(5),
+            slow_request_threshold: DEFAULT_SLOW_REQUEST_THRESHOLD,
             cluster: None,
             limits: Limits::default(),
             authentication: Arc::default(),
@@ -350,7 +356,10 @@ pub fn build(
             // Logs and counts every request once, whoever answers it below, with labels
             // from the request info.
             .layer(axum::middleware::from_fn_with_state(
-                metrics.clone(),
+                metrics::Observer {
+                    metrics: metrics.clone(),
+                    slow_request_threshold: settings.slow_request_threshold,
+                },
                 metrics::observe,
             ))
             // A panic below becomes a 500 `Status`, logged and counted above.

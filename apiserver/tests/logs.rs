@@ -95,3 +95,91 @@ fn issue_9_the_error_that_ends_the_process_is_a_json_line_too() {
         "the error names the file: {log}"
     );
 }
+
+/// A slow request's trace (issue 41), as kube-apiserver logs one: with a threshold of 0s
+/// every request is slow, and a claim's create is logged once, named, with its total and
+/// its steps in the order they happened, from authentication to the encoded answer.
+#[tokio::test]
+async fn a_slow_create_is_logged_with_its_steps_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let dev = DevProcess::start(
+        &dir.path().join("dev"),
+        &[
+            "--log-format",
+            "json",
+            "--slow-request-threshold",
+            "0s",
+            // However long the Pool's first MicroVMs take to boot on a loaded machine.
+            "--bind-wait",
+            "60s",
+        ],
+        &[],
+        Stdio::from(File::create(&log).unwrap()),
+    );
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(dev.dir.join("kubeconfig")).unwrap(),
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    let client = kube::Client::try_from(config).unwrap();
+    let claim = serde_json::json!({
+        "apiVersion": battery_types::API_VERSION, "kind": "MicroVMClaim",
+        "metadata": {"name": "traced"},
+        "spec": {
+            "poolRef": {"name": battery_apiserver::dev::DEV_POOL},
+            "serviceAccountName": "dev"
+        }
+    });
+    let request = http::Request::post(format!(
+        "/apis/{}/namespaces/default/microvmclaims",
+        battery_types::API_VERSION
+    ))
+    .header(http::header::CONTENT_TYPE, "application/json")
+    .body(serde_json::to_vec(&claim).unwrap())
+    .unwrap();
+    let created: Value = client.request(request).await.unwrap();
+    assert_eq!(created["status"]["phase"], "Bound", "{created}");
+    assert!(dev.stop().success());
+
+    let log = std::fs::read_to_string(&log).unwrap();
+    let traced: Vec<Value> = json_lines(&log)
+        .into_iter()
+        .filter(|line| line["message"] == "slow request" && line["name"] == "traced")
+        .collect();
+    let [create] = traced.as_slice() else {
+        panic!("one slow request named traced: {log}");
+    };
+    assert_eq!(create["method"], "POST", "{create}");
+    assert_eq!(create["status"], 201, "{create}");
+    assert!(
+        create["total_ms"].as_f64().is_some_and(|ms| ms > 0.0),
+        "{create}"
+    );
+    let steps = create["steps"].as_str().expect("steps");
+    let mut from = 0;
+    for step in [
+        "authenticated +",
+        "authorized +",
+        "body read +",
+        "decoded +",
+        "validated and admitted +",
+        "claim's configuration resolved +",
+        "claim locked +",
+        "pool's limits and quota checked +",
+        "pool's lease settings read +",
+        "ClaimVM sent +",
+        "pending record handed to the store +",
+        "ClaimVM answered +",
+        "pending record durable +",
+        "claim recorded +",
+        "stored +",
+        "encoded +",
+    ] {
+        let at = steps[from..]
+            .find(step)
+            .unwrap_or_else(|| panic!("{step:?} after byte {from} of {steps:?}"));
+        from += at + step.len();
+    }
+}

@@ -1,5 +1,5 @@
 //! The request context every storage call gets besides its arguments: who asks, in which
-//! namespace, and the namespace admission a create must pass. Built once per request by
+//! namespace, the namespace admission a create must pass, and the request's trace. Built once per request by
 //! dispatch from what the layers left in the request's extensions, as Go's handlers read
 //! `request.UserFrom` and `request.NamespaceValue` from the request's context.
 
@@ -10,6 +10,7 @@ use battery_api_machinery::status::ApiError;
 
 use super::namespace_lifecycle::NamespaceLifecycle;
 use crate::auth::UserInfo;
+use crate::trace::Trace;
 
 /// What every storage call gets besides its arguments.
 #[derive(Clone)]
@@ -20,6 +21,8 @@ pub struct RequestContext {
     pub namespace: Option<String>,
     /// `None` where there is no cluster (`dev`): every namespace is taken to exist.
     pub lifecycle: Option<Arc<dyn NamespaceLifecycle>>,
+    /// Where the handler and the storage record the steps a slow request is logged with.
+    pub trace: Trace,
 }
 
 impl RequestContext {
@@ -34,6 +37,7 @@ impl RequestContext {
             user: user(extensions)?,
             namespace: (!info.namespace.is_empty()).then(|| info.namespace.clone()),
             lifecycle,
+            trace: Trace::of(extensions),
         })
     }
 

@@ -313,6 +313,10 @@ async fn route(resources: &Resources, request: Request) -> Result<Response, ApiE
             ))
         })?;
     let ctx = RequestContext::of(&parts.extensions, &info, resources.lifecycle.clone())?;
+    ctx.trace.step("body read");
+    if !info.name.is_empty() {
+        ctx.trace.name(&info.name);
+    }
     let limiter = &resources.limiter;
     let watch_slot = match verb {
         Verb::Watch => Some(limiter.admit_watch()?),

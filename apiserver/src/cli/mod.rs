@@ -124,6 +124,12 @@ pub struct DevArgs {
     #[arg(long, env = "BATTERY_APISERVER_BIND_WAIT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub bind_wait: Duration,
 
+    /// A request that takes at least this long is logged, at info, with its steps and
+    /// the time each took (authenticated, authorized, ClaimVM answered, ...), as
+    /// kube-apiserver logs its slow requests' traces; 0s logs every request.
+    #[arg(long, env = "BATTERY_APISERVER_SLOW_REQUEST_THRESHOLD", default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub slow_request_threshold: Duration,
+
     /// Size of the Pool `default/dev` made at start; 0 makes none.
     #[arg(long, env = "BATTERY_APISERVER_DEV_POOL_SIZE", default_value_t = 3)]
     pub pool_size: i32,

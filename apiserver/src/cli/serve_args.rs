@@ -196,6 +196,12 @@ pub struct ServeArgs {
     #[arg(long, env = "BATTERY_APISERVER_BIND_WAIT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub bind_wait: Duration,
 
+    /// A request that takes at least this long is logged, at info, with its steps and
+    /// the time each took (authenticated, authorized, ClaimVM answered, ...), as
+    /// kube-apiserver logs its slow requests' traces; 0s logs every request.
+    #[arg(long, env = "BATTERY_APISERVER_SLOW_REQUEST_THRESHOLD", default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub slow_request_threshold: Duration,
+
     /// PEM CA that signs the exec agents' serving certificates; each agent's must name
     /// its Host. Without the three `--agent-*` files, exec answers 503.
     #[arg(long, env = "BATTERY_APISERVER_AGENT_CA_FILE", requires_all = ["agent_client_cert_file", "agent_client_key_file"])]

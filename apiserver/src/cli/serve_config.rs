@@ -33,6 +33,7 @@ pub struct ServeConfig {
     pub cluster: Option<kube::Client>,
     pub data_dir: Option<PathBuf>,
     pub bind_wait: Duration,
+    pub slow_request_threshold: Duration,
     pub guest_api_server: Option<GuestApiServer>,
     pub limits: Limits,
     pub agent_relay: Option<AgentRelayTls>,
@@ -97,6 +98,7 @@ impl ServeArgs {
             cluster,
             data_dir: self.data_dir,
             bind_wait: self.bind_wait,
+            slow_request_threshold: self.slow_request_threshold,
             guest_api_server: self.guest_api_server,
             limits: Limits {
                 max_watches: self.max_watches,

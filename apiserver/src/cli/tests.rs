@@ -110,6 +110,16 @@ fn serve_with(extra: &[&str]) -> Result<Box<ServeArgs>, clap::Error> {
 }
 
 #[test]
+fn slow_requests_are_logged_from_half_a_second_unless_told() {
+    let args = serve_with(&[]).unwrap();
+    assert_eq!(args.slow_request_threshold, Duration::from_millis(500));
+    let args = serve_with(&["--slow-request-threshold", "20ms"]).unwrap();
+    assert_eq!(args.slow_request_threshold, Duration::from_millis(20));
+    let err = serve_with(&["--slow-request-threshold", "soon"]).unwrap_err();
+    assert!(err.to_string().contains("--slow-request-threshold"), "{err}");
+}
+
+#[test]
 fn creates_are_limited_only_when_a_rate_is_given() {
     let args = serve_with(&[]).unwrap();
     assert_eq!(args.creates_per_second, None);

@@ -96,6 +96,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         store,
         &Settings {
             bind_wait: args.bind_wait,
+            slow_request_threshold: args.slow_request_threshold,
             cluster: None,
             limits: Default::default(),
             authentication: Arc::new(Authentication::new(

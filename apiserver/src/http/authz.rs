@@ -269,7 +269,10 @@ pub async fn authorize(
     let attributes = info.for_authorization();
     let decision = authorizer.authorize(user, &attributes).await;
     match decision {
-        Ok(Decision::Allow) => next.run(request).await,
+        Ok(Decision::Allow) => {
+            crate::trace::Trace::of(request.extensions()).step("authorized");
+            next.run(request).await
+        }
         Ok(Decision::Deny(reason)) => {
             ApiError::forbidden(&user.name, &attributes, &reason).into_response()
         }

@@ -4,7 +4,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -17,16 +17,31 @@ use http_body::{Frame, SizeHint};
 use prometheus_client::metrics::gauge::Gauge;
 
 use super::registry::{Metrics, RouteLabels};
+use crate::trace::{Finished, Trace};
+
+/// What the counting layer holds.
+#[derive(Clone)]
+pub struct Observer {
+    pub metrics: Arc<Metrics>,
+    /// A request at least this slow is logged with its trace's steps.
+    pub slow_request_threshold: Duration,
+}
 
 /// Counts the request, and logs it: an error's internal cause, which the response body
-/// never carries, is logged here. Runs inside the request-info layer, whose
-/// [`RequestInfo`] names the labels.
+/// never carries, is logged here, and so is a slow request's [`Trace`], which this layer
+/// starts and leaves in the request's extensions for the layers and handlers below. Runs
+/// inside the request-info layer, whose [`RequestInfo`] names the labels.
 pub async fn observe(
-    State(metrics): State<Arc<Metrics>>,
-    request: Request,
+    State(Observer {
+        metrics,
+        slow_request_threshold,
+    }): State<Observer>,
+    mut request: Request,
     next: Next,
 ) -> Response {
     let started = Instant::now();
+    let trace = Trace::start(started);
+    request.extensions_mut().insert(trace.clone());
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let route = request
@@ -39,6 +54,15 @@ pub async fn observe(
     let elapsed = started.elapsed();
     let status = response.status();
     metrics.record_request(route, status.as_u16(), elapsed);
+    trace.log_if_long(
+        slow_request_threshold,
+        &Finished {
+            method: &method,
+            path: &path,
+            status: status.as_u16(),
+            elapsed,
+        },
+    );
     match response.extensions().get::<ErrorSource>() {
         Some(source) if status.is_server_error() => {
             tracing::error!(%method, %path, status = status.as_u16(), ?elapsed, error = %battery_telemetry::error_chain(&*source.0), "request failed");

@@ -12,5 +12,5 @@
 mod layer;
 mod registry;
 
-pub use layer::observe;
+pub use layer::{Observer, observe};
 pub use registry::{BatteryOutcome, BindOutcome, CONTENT_TYPE, Metrics, PoolCounts};

@@ -17,8 +17,8 @@
 //! mix slows it, which flatters us). Its binds' and creates' time is split from `serve`'s
 //! and kube-apiserver's own histograms: kube-apiserver's part, `serve`'s, battery's
 //! `ClaimVM`, the durable writes; and kube-apiserver's handling and etcd's create. In
-//! both passes each bind through kube-apiserver is also split where `serve` asked
-//! battery, for where the slowest binds' time went (`bind_split`).
+//! both passes each bind through kube-apiserver is also split at `serve`'s steps, from
+//! its trace in `serve`'s log, for where the slowest binds' time went (`bind_split`).
 //!
 //! Beside the quiet pass, on a thread of its own, the floor issue 41 holds `serve`'s own
 //! part of a bind to is timed at the same pace: arrivals of a Poisson stream of their own
@@ -181,7 +181,8 @@ pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row
         );
         let after = served::read(&senders.direct).await?;
         rows.extend(rate_rows(*rate, &took));
-        rows.extend(bind_split::rows(ARRIVAL, &rate.label(), &splits));
+        let traces = bind_split::read_traces(&rig.serve_log())?;
+        rows.extend(bind_split::rows(ARRIVAL, &rate.label(), &splits, &traces));
         rows.extend(split_rows(*rate, &before, &after));
 
         eprintln!("bench: the quiet comparison at {}", rate.label());
@@ -199,7 +200,8 @@ pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row
         );
         rows.extend(quiet_rows(*rate, &took));
         let label = format!("{} quiet", rate.label());
-        rows.extend(bind_split::rows(ARRIVAL, &label, &splits));
+        let traces = bind_split::read_traces(&rig.serve_log())?;
+        rows.extend(bind_split::rows(ARRIVAL, &label, &splits, &traces));
         let alone = floor_alone(rate.per_second, binds.clamp(1, FLOOR_SAMPLES)).await?;
         let quiet_own = served::own_part(&before.0, &after.0);
         rows.extend(quiet_split_rows(
@@ -265,8 +267,8 @@ async fn arrive(
 /// How many of each of the floor's parts a rate times alone, at most.
 const FLOOR_SAMPLES: usize = 40;
 
-/// One arrival's request, timed from `arrived` to its answer, and split where `serve`
-/// asked battery if it is a bind through kube-apiserver.
+/// One arrival's request, timed from `arrived` to its answer, and named for its split
+/// if it is a bind through kube-apiserver.
 async fn send(
     senders: &Senders,
     kind: Kind,
@@ -279,9 +281,9 @@ async fn send(
             bind(&senders.direct, name, pool).await?;
         }
         Kind::BindThroughKube => {
-            let (_, bound) = bind(&senders.kube, name, pool).await?;
+            bind(&senders.kube, name, pool).await?;
             let took = arrived.elapsed();
-            return Ok((took, Some(Split::of(&bound, took)?)));
+            return Ok((took, Some(Split::of(name, took))));
         }
         Kind::RawClaimVm => {
             let mut lease = senders.lease.clone();

@@ -1,89 +1,251 @@
-//! A bind split at the instant `serve` asked battery's `ClaimVM`, which the bound claim's
-//! `status.renewTime` records on `serve`'s clock, this machine's: before it, the client,
-//! kube-apiserver's proxy and `serve`'s work before `ClaimVM`; after it, battery's
-//! `ClaimVM`, `serve`'s work after it and the answer's way back. Each bind's own split
-//! says where the slowest binds spent their time, which the servers' histograms, means
-//! and buckets of 5 ms and more, cannot.
+//! Each bind through kube-apiserver split at `serve`'s own steps: the arrival rig runs
+//! `serve` with `--slow-request-threshold 0s` and JSON logs, so every request's trace
+//! (its steps and the time each took, on `serve`'s clock) is in its log, named by the
+//! claim. Joined with the bench's time of the same bind, they say where each bind's time
+//! went: outside `serve` (the client, kube-apiserver's proxy, both ways), `serve` up to
+//! sending `ClaimVM`, battery's `ClaimVM`, and `serve` from its answer to the 201. The
+//! servers' histograms, means and buckets of 5 ms and more, cannot say it of the slowest
+//! binds.
 
-use std::time::{Duration, SystemTime};
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use serde_json::Value;
 
-use crate::report::{Row, Unit, mean_millis, quantile};
+use crate::report::{Row, Unit, mean_millis, millis, quantile};
 
-/// One bind's time on either side of `serve`'s asking battery.
-#[derive(Clone, Copy)]
+/// The step after which `ClaimVM` is on the wire, and the one that says it answered.
+const SENT: &str = "ClaimVM sent";
+const ANSWERED: &str = "ClaimVM answered";
+
+/// One bind through kube-apiserver, as the bench timed it.
 pub struct Split {
-    before: Duration,
-    after: Duration,
+    name: String,
+    took: Duration,
 }
 
 impl Split {
-    /// The split of the bind `bound` answered just now, `took` after it arrived.
-    pub fn of(bound: &Value, took: Duration) -> Result<Self> {
-        let answered = SystemTime::now();
-        let arrived = answered - took;
-        let asked: MicroTime = serde_json::from_value(bound["status"]["renewTime"].clone())
-            .context("a bound claim's status.renewTime")?;
-        let asked = SystemTime::from(asked.0);
-        // Both clocks are this machine's: a split off by a clock step reads as zero.
-        Ok(Self {
-            before: asked.duration_since(arrived).unwrap_or_default(),
-            after: answered.duration_since(asked).unwrap_or_default(),
-        })
-    }
-
-    fn total(self) -> Duration {
-        self.before + self.after
+    /// The bind of the claim `name`, answered `took` after it arrived.
+    pub fn of(name: &str, took: Duration) -> Self {
+        Self {
+            name: name.to_owned(),
+            took,
+        }
     }
 }
 
-/// The rows of `label`'s binds split: each side's p50 over all of them, then each side's
-/// mean over the slowest 1% (at least one), which hold the p99.
-pub fn rows(scenario: &'static str, label: &str, splits: &[Split]) -> Vec<Row> {
-    let sides = |splits: &[Split]| -> (Vec<Duration>, Vec<Duration>) {
-        splits.iter().map(|s| (s.before, s.after)).unzip()
-    };
-    let (before, after) = sides(splits);
-    let mut slowest = splits.to_vec();
-    slowest.sort_by_key(|s| std::cmp::Reverse(s.total()));
-    slowest.truncate(splits.len().div_ceil(100));
-    let (slow_before, slow_after) = sides(&slowest);
-    let of_all = |what: &str, side: &[Duration]| {
-        (!side.is_empty()).then(|| {
-            Row::millis(
-                scenario,
-                format!("{label}, a bind's p50: {what}"),
-                quantile(side, 0.5),
-            )
+/// One create as `serve` traced it: its total, and each step's time since the request
+/// arrived.
+pub struct Traced {
+    total: Duration,
+    steps: Vec<(String, Duration)>,
+}
+
+impl Traced {
+    fn at(&self, step: &str) -> Option<Duration> {
+        self.steps
+            .iter()
+            .find(|(what, _)| what == step)
+            .map(|(_, at)| *at)
+    }
+
+    /// Each step's own time: since the step before it.
+    fn durations(&self) -> impl Iterator<Item = (&str, Duration)> {
+        let mut previous = Duration::ZERO;
+        self.steps.iter().map(move |(what, at)| {
+            let took = at.saturating_sub(previous);
+            previous = *at;
+            (what.as_str(), took)
         })
-    };
-    let of_slowest = |what: &str, side: &[Duration]| {
-        mean_millis(side).map(|mean| {
-            Row::new(
+    }
+}
+
+/// The creates `serve` traced in its JSON `log`, by the name of what they created.
+pub fn read_traces(log: &Path) -> Result<HashMap<String, Traced>> {
+    let text = std::fs::read_to_string(log).with_context(|| format!("{}", log.display()))?;
+    let mut traced = HashMap::new();
+    for line in text.lines() {
+        let Ok(line) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if line["message"] != "slow request" || line["method"] != "POST" {
+            continue;
+        }
+        let (Some(name), Some(total), Some(steps)) = (
+            line["name"].as_str(),
+            line["total_ms"].as_f64(),
+            line["steps"].as_str(),
+        ) else {
+            continue;
+        };
+        traced.insert(
+            name.to_owned(),
+            Traced {
+                total: from_millis(total),
+                steps: parse_steps(steps),
+            },
+        );
+    }
+    Ok(traced)
+}
+
+/// `authenticated +0.041 ms, ...` as each step with its time since arrival.
+fn parse_steps(steps: &str) -> Vec<(String, Duration)> {
+    let mut since_arrival = Duration::ZERO;
+    steps
+        .split(", ")
+        .filter_map(|step| {
+            let (what, took) = step.rsplit_once(" +")?;
+            let took = took.strip_suffix(" ms")?.parse::<f64>().ok()?;
+            since_arrival += from_millis(took);
+            Some((what.to_owned(), since_arrival))
+        })
+        .collect()
+}
+
+fn from_millis(millis: f64) -> Duration {
+    Duration::from_secs_f64(millis.max(0.0) / 1000.0)
+}
+
+/// A bind's time in four parts, from its trace.
+struct Parts([Duration; 4]);
+
+const PARTS: [&str; 4] = [
+    "outside serve (client, kube-apiserver, both ways)",
+    "serve, arrival to ClaimVM sent",
+    "ClaimVM sent to answered",
+    "serve, ClaimVM answered to its answer",
+];
+
+impl Parts {
+    fn of(split: &Split, traced: &Traced) -> Option<Self> {
+        let (sent, answered) = (traced.at(SENT)?, traced.at(ANSWERED)?);
+        Some(Self([
+            split.took.saturating_sub(traced.total),
+            sent,
+            answered.saturating_sub(sent),
+            traced.total.saturating_sub(answered),
+        ]))
+    }
+}
+
+/// The rows of `label`'s binds split at `serve`'s steps: each part's p50 over all of
+/// them, then each part's mean over the slowest 1% (at least one), which hold the p99,
+/// and the step of `serve`'s that took longest among those, on average.
+pub fn rows(
+    scenario: &'static str,
+    label: &str,
+    splits: &[Split],
+    traces: &HashMap<String, Traced>,
+) -> Vec<Row> {
+    let joined: Vec<(&Split, &Traced, Parts)> = splits
+        .iter()
+        .filter_map(|split| {
+            let traced = traces.get(&split.name)?;
+            Some((split, traced, Parts::of(split, traced)?))
+        })
+        .collect();
+    let mut rows = vec![Row::new(
+        scenario,
+        format!("{label}: binds without serve's trace"),
+        (splits.len() - joined.len()) as f64,
+        Unit::Count,
+    )];
+    if joined.is_empty() {
+        return rows;
+    }
+    for (i, part) in PARTS.iter().enumerate() {
+        let all: Vec<Duration> = joined.iter().map(|(_, _, parts)| parts.0[i]).collect();
+        rows.push(Row::millis(
+            scenario,
+            format!("{label}, a bind's p50: {part}"),
+            quantile(&all, 0.5),
+        ));
+    }
+    let mut slowest: Vec<&(&Split, &Traced, Parts)> = joined.iter().collect();
+    slowest.sort_by_key(|(split, _, _)| std::cmp::Reverse(split.took));
+    slowest.truncate(joined.len().div_ceil(100));
+    let of_slowest = format!("{label}, the slowest 1% of binds ({}), mean", slowest.len());
+    for (i, part) in PARTS.iter().enumerate() {
+        let side: Vec<Duration> = slowest.iter().map(|(_, _, parts)| parts.0[i]).collect();
+        if let Some(mean) = mean_millis(&side) {
+            rows.push(Row::new(
                 scenario,
-                format!(
-                    "{label}, the slowest 1% of binds ({}), mean: {what}",
-                    slowest.len()
-                ),
+                format!("{of_slowest}: {part}"),
                 mean,
                 Unit::Millis,
-            )
-        })
-    };
-    let (to_claim_vm, from_claim_vm) = (
-        "arrival to serve asking battery's ClaimVM",
-        "serve asking battery's ClaimVM to the answer",
-    );
-    [
-        of_all(to_claim_vm, &before),
-        of_all(from_claim_vm, &after),
-        of_slowest(to_claim_vm, &slow_before),
-        of_slowest(from_claim_vm, &slow_after),
-    ]
-    .into_iter()
-    .flatten()
-    .collect()
+            ));
+        }
+    }
+    let mut by_step: HashMap<&str, Duration> = HashMap::new();
+    for (_, traced, _) in &slowest {
+        for (what, took) in traced.durations() {
+            *by_step.entry(what).or_default() += took;
+        }
+    }
+    if let Some((step, total)) = by_step.into_iter().max_by_key(|(_, total)| *total) {
+        rows.push(Row::new(
+            scenario,
+            format!("{of_slowest}: serve's longest step, up to \"{step}\""),
+            millis(total) / slowest.len() as f64,
+            Unit::Millis,
+        ));
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_parse_to_their_times_since_arrival() {
+        let steps = parse_steps(
+            "authenticated +0.040 ms, ClaimVM sent +1.000 ms, ClaimVM answered +2.500 ms, \
+             and 3 more steps",
+        );
+        let at: Vec<(&str, u128)> = steps
+            .iter()
+            .map(|(what, at)| (what.as_str(), at.as_micros()))
+            .collect();
+        assert_eq!(
+            at,
+            [
+                ("authenticated", 40),
+                ("ClaimVM sent", 1_040),
+                ("ClaimVM answered", 3_540)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_bind_splits_into_four_parts_that_sum_to_its_time() {
+        let traced = Traced {
+            total: Duration::from_millis(5),
+            steps: parse_steps("ClaimVM sent +1.000 ms, ClaimVM answered +3.000 ms"),
+        };
+        let split = Split::of("a", Duration::from_millis(8));
+        let Parts(parts) = Parts::of(&split, &traced).unwrap();
+        assert_eq!(
+            parts.map(|part| part.as_millis()),
+            [3, 1, 3, 1],
+            "outside, before, ClaimVM, after"
+        );
+        let rows = rows(
+            "s",
+            "10/s",
+            &[split],
+            &HashMap::from([("a".into(), traced)]),
+        );
+        assert_eq!(rows[0].value, 0.0, "every bind traced");
+        let longest = rows.last().unwrap();
+        assert!(
+            longest.figure.ends_with("up to \"ClaimVM answered\""),
+            "{}",
+            longest.figure
+        );
+        assert_eq!(longest.value, 3.0);
+    }
 }

@@ -272,10 +272,15 @@ async fn run(args: &Args, binary: &Path) -> Result<Report> {
     };
     // With the defaults a user gets (no per-user rate of creates, ADR 32), but room for
     // the scale scenario's watches: straight to serve, then through kube-apiserver while
-    // the first ones may still be closing.
+    // the first ones may still be closing. Every request's trace in serve's log, one
+    // JSON line each, so the arrivals can split each bind at serve's steps.
     let serve_args = [
         "--max-watches".to_owned(),
         (2 * sizes.scale.watchers + 16).to_string(),
+        "--log-format".to_owned(),
+        "json".to_owned(),
+        "--slow-request-threshold".to_owned(),
+        "0s".to_owned(),
     ];
     let battery_args = args.battery_events.battery_args();
     let battery = (battery_args.as_slice(), args.battery_store);

@@ -30,6 +30,8 @@ use battery_telemetry::free_loopback_address;
 use tonic::transport::Channel;
 
 /// What `battery-apiserver serve` prints once it accepts connections, before the URL.
+/// `serve`'s stderr, in the rig's directory.
+const SERVE_LOG: &str = "server.log";
 const SERVE_SERVING_PREFIX: &str = "battery-apiserver serve: serving ";
 /// What `battery-apiserver embedded-battery` prints once it serves, before the address.
 const BATTERY_SERVING_PREFIX: &str = "embedded battery serving battery's gRPC API on ";
@@ -157,12 +159,8 @@ impl Rig {
             .arg(dir.path().join(STORE_DIR))
             .args(agents.serve_args())
             .args(serve_args);
-        let (serve, url) = Process::start(
-            command,
-            &dir.path().join("server.log"),
-            SERVE_SERVING_PREFIX,
-        )
-        .await;
+        let (serve, url) =
+            Process::start(command, &dir.path().join(SERVE_LOG), SERVE_SERVING_PREFIX).await;
         cluster.wait_serving().await;
         // The kubectl user's ServiceAccount, as a client certificate: `serve` verifies it
         // itself, with no TokenReview per connection.
@@ -349,6 +347,11 @@ impl Rig {
     /// `serve` has, so a raw ClaimVM pays what a bind's does.
     pub fn lease_client(&self) -> LeaseClient<BatteryChannel> {
         LeaseClient::new(self.battery.channel())
+    }
+
+    /// `serve`'s log.
+    pub fn serve_log(&self) -> PathBuf {
+        self.dir.path().join(SERVE_LOG)
     }
 
     /// Where `serve` keeps its metadata store.

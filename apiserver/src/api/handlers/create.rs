@@ -73,14 +73,17 @@ pub(in crate::api) async fn create_object<S: Storage>(
         return Err(ApiError::invalid(info::<S>(), &name, &[error]));
     }
     let name = meta.name.clone().unwrap_or_default();
+    ctx.trace.name(&name);
     record_fields(&mut object)?;
     invalid::<S>(&name, storage.validate(&object))?;
     ctx.admit_create().await?;
+    ctx.trace.step("validated and admitted");
     if dry_run {
-        Ok(object)
-    } else {
-        storage.create(ctx, object).await
+        return Ok(object);
     }
+    let created = storage.create(ctx, object).await?;
+    ctx.trace.step("stored");
+    Ok(created)
 }
 
 pub async fn create<S: Storage>(
@@ -92,6 +95,7 @@ pub async fn create<S: Storage>(
 ) -> Result<Response, ApiError> {
     let value = decode_body(write.format, write.body)?;
     let (object, warnings) = decode_object::<S>(value, options.field_validation)?;
+    ctx.trace.step("decoded");
     let manager = options
         .field_manager
         .clone()
@@ -99,12 +103,14 @@ pub async fn create<S: Storage>(
     let record_fields =
         |object: &mut S::Object| managed_fields::record_update(object, None, &manager);
     let created = create_object(storage, ctx, object, record_fields, options.dry_run).await?;
-    respond::object(
+    let response = respond::object(
         storage,
         StatusCode::CREATED,
         negotiated,
         TableOptions::default(),
         &created,
         &warnings,
-    )
+    );
+    ctx.trace.step("encoded");
+    response
 }

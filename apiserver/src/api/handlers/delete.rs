@@ -105,7 +105,9 @@ async fn delete_object<S: Storage>(
     if options.dry_run {
         return Ok((StatusCode::OK, current));
     }
-    match storage.delete(ctx, current).await? {
+    let deleted = storage.delete(ctx, current).await?;
+    ctx.trace.step("deleted from storage");
+    match deleted {
         Deleted::Gone(object) => Ok((StatusCode::OK, object)),
         // Go answers 202 only for the legacy `orphanDependents=false`.
         Deleted::Pending(object) if options.orphan_dependents == Some(false) => {

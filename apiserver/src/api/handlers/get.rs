@@ -18,5 +18,6 @@ pub async fn get<S: Storage>(
     table: TableOptions,
 ) -> Result<Response, ApiError> {
     let object = storage.get(ctx, name).await?;
+    ctx.trace.step("read from storage");
     respond::object(storage, StatusCode::OK, negotiated, table, &object, &[])
 }

@@ -23,6 +23,7 @@ pub async fn select<S: Storage>(
 ) -> Result<(Vec<S::Object>, u64), ApiError> {
     check_selectable(storage, options)?;
     let (items, rv) = storage.list(ctx).await?;
+    ctx.trace.step("listed from storage");
     let items = items
         .into_iter()
         .filter(|o| matches(storage, o, options))
@@ -102,6 +103,7 @@ pub async fn list<S: Storage>(
             .list_page_stored(ctx, after.as_deref(), limit)
             .await?
     {
+        ctx.trace.step("listed from storage");
         let last = page.items.last().map(StoredItem::list_key);
         let metadata = list_meta(options, page.resource_version, page.rest, last);
         let items: Vec<_> = page
@@ -120,6 +122,7 @@ pub async fn list<S: Storage>(
         return respond::stored_list(storage, negotiated, table, &items, metadata);
     }
     let page = storage.list_page(ctx, after.as_deref(), limit).await?;
+    ctx.trace.step("listed from storage");
     let last = page.items.last().map(list_key);
     let metadata = list_meta(options, page.resource_version, page.rest, last);
     let items: Vec<_> = page

@@ -143,6 +143,7 @@ pub(in crate::api) async fn replace<S: Storage>(
     }
     let finalized = being_deleted && new_finalizers.is_empty();
     let updated = storage.update(ctx, current, new).await?;
+    ctx.trace.step("stored");
     if finalized {
         // The last finalizer is gone: the deletion asked for earlier completes now.
         return Ok(match storage.delete(ctx, updated).await? {

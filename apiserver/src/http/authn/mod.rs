@@ -194,6 +194,7 @@ pub async fn authenticate(
     };
     match user {
         Ok(user) => {
+            crate::trace::Trace::of(request.extensions()).step("authenticated");
             request.extensions_mut().insert(user);
             next.run(request).await
         }

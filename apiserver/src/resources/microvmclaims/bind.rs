@@ -23,6 +23,7 @@ use crate::meta_store::{Durable, StoreError};
 use crate::metrics::BindOutcome;
 use crate::resources::hosts::HostDirectory;
 use crate::resources::write_object;
+use crate::trace::Trace;
 use crate::watch::ChangeType;
 
 /// ABORTED from ClaimVM means the MicroVM was deleted under the claim: battery says
@@ -78,6 +79,7 @@ impl ClaimStorage {
         request_id: &str,
         name: &str,
         threshold: Option<battery_types::Duration>,
+        trace: &Trace,
     ) -> Result<crate::battery::Lease, BindFailure> {
         let deadline = tokio::time::Instant::now() + self.bind_wait;
         let mut aborted = 0;
@@ -92,11 +94,16 @@ impl ClaimStorage {
             };
             match err.failure() {
                 Failure::Aborted if aborted < ABORTED_RETRIES => {
+                    trace.step("ClaimVM aborted: its MicroVM was deleted");
                     aborted += 1;
                     tokio::time::sleep(Duration::from_millis(50 << aborted)).await;
                 }
                 Failure::Exhausted => {
-                    if !wait_for_available(&mut events, namespace, pool, deadline).await {
+                    trace.step("ClaimVM found no MicroVM available");
+                    let available =
+                        wait_for_available(&mut events, namespace, pool, deadline).await;
+                    trace.step("waited for an available MicroVM");
+                    if !available {
                         return Err(BindFailure {
                             error: ApiError::too_many_requests(
                                 format!(
@@ -134,12 +141,13 @@ impl ClaimStorage {
         claim: MicroVMClaim,
         resolved: config::Resolved,
         minted: Option<Minted>,
+        trace: Trace,
     ) -> Result<MicroVMClaim, ApiError> {
         let started = Instant::now();
         let namespace = claim.metadata.namespace.clone().unwrap_or_default();
         let uid = claim.metadata.uid.clone().unwrap_or_default();
         let token = minted.is_some();
-        let bound = self.bind_steps(claim, resolved, minted).await;
+        let bound = self.bind_steps(claim, resolved, minted, trace).await;
         if bound.is_err() && token {
             // No claim holds the token minted for it: it stops authenticating now.
             self.config.end_token(namespace, uid);
@@ -158,6 +166,7 @@ impl ClaimStorage {
         mut claim: MicroVMClaim,
         resolved: config::Resolved,
         minted: Option<Minted>,
+        trace: Trace,
     ) -> Result<MicroVMClaim, BindFailure> {
         let namespace = claim.metadata.namespace.clone().unwrap_or_default();
         let name = claim.metadata.name.clone().unwrap_or_default();
@@ -165,6 +174,7 @@ impl ClaimStorage {
         let pool = claim.spec.pool_ref.name.clone();
         let key = key(&namespace, &name);
         let _guard = self.locks.lock(&key).await;
+        trace.step("claim locked");
         if self.store.get::<ClaimRecord>(&key)?.is_some() {
             return Err(BindFailure::refused(ApiError::already_exists(
                 info(),
@@ -193,12 +203,14 @@ impl ClaimStorage {
                 .map_err(BindFailure::refused)?,
             None => None,
         };
+        trace.step("pool's limits and quota checked");
         let request_id = request_id(&uid);
         // Until the claim is recorded: `recover` leaves its lease alone meanwhile.
         let _in_flight = self.binds_in_flight.enter(&request_id);
         // Usually cached; a Pool battery lacks is ClaimVM's to refuse.
         let settings = self.pools.lease_settings(&namespace, &pool).await.ok();
         let threshold = settings.as_ref().map(|s| s.expiry_threshold);
+        trace.step("pool's lease settings read");
         let mut finish = Finish {
             secrets: LeaseRecord {
                 lease: None,
@@ -210,11 +222,19 @@ impl ClaimStorage {
             files: resolved.files,
             minted,
             recorded: Recorded::Durably,
+            trace,
         };
         // A bind that writes nothing into its MicroVM is recorded while battery leases,
         // and its claim answered before its record is durable (ADR 48).
         let pending = finish.files.is_empty() && finish.minted.is_none();
-        let claiming = self.claim_vm(&namespace, &pool, &request_id, &name, threshold);
+        let claiming = self.claim_vm(
+            &namespace,
+            &pool,
+            &request_id,
+            &name,
+            threshold,
+            &finish.trace,
+        );
         let claimed = if pending {
             // ClaimVM goes on the wire first: the thread that writes the pending record
             // may take this CPU when woken, and then delays nothing battery does.
@@ -222,7 +242,10 @@ impl ClaimStorage {
             let first = futures::poll!(claiming.as_mut());
             // The call's own tasks (the channel's buffer, the connection) send it now.
             tokio::task::yield_now().await;
-            finish.recorded = Recorded::Pending(self.record_pending(&claim, &finish, threshold));
+            finish.trace.step("ClaimVM sent");
+            let pending = self.record_pending(&claim, &finish, threshold);
+            finish.trace.step("pending record handed to the store");
+            finish.recorded = Recorded::Pending(pending);
             crate::failpoint::crash_point("bind:pending");
             match first {
                 Poll::Ready(claimed) => claimed,
@@ -231,6 +254,7 @@ impl ClaimStorage {
         } else {
             claiming.await
         };
+        finish.trace.step("ClaimVM answered");
         let lease = match claimed {
             Ok(lease) => lease,
             Err(failure) => {
@@ -324,6 +348,7 @@ impl ClaimStorage {
             files,
             minted,
             recorded,
+            trace,
         } = finish;
         // The pending record is on disk before the bind can fail: one that fails drops a
         // record that is there.
@@ -331,6 +356,7 @@ impl ClaimStorage {
             Recorded::Durably => false,
             Recorded::Pending(written) => {
                 written.wait().await?;
+                trace.step("pending record durable");
                 true
             }
             Recorded::Recovered => true,
@@ -340,15 +366,19 @@ impl ClaimStorage {
             status.idle_timeout = idle_timeout;
             status.max_lifetime = max_lifetime;
         }
-        self.config
-            .write_files(claim, files)
-            .await
-            .map_err(BindFailure::refused)?;
+        if !files.is_empty() {
+            self.config
+                .write_files(claim, files)
+                .await
+                .map_err(BindFailure::refused)?;
+            trace.step("files written");
+        }
         if let Some(minted) = &minted {
             self.write_identity(claim, minted)
                 .await
                 .map_err(BindFailure::refused)?;
             secrets.token = Some(minted.settings.clone());
+            trace.step("identity written");
         }
         let lease = secrets.lease.clone();
         if pending {
@@ -357,6 +387,7 @@ impl ClaimStorage {
         } else {
             self.commit(claim, secrets, ChangeType::Added).await?;
         }
+        trace.step("claim recorded");
         self.follow_limits(&ClaimRecord::of(
             claim,
             LeaseRecord {
@@ -411,6 +442,8 @@ pub(super) struct Finish {
     pub(super) files: Vec<config::FileContent>,
     pub(super) minted: Option<Minted>,
     pub(super) recorded: Recorded,
+    /// The create's, when a request binds.
+    pub(super) trace: Trace,
 }
 
 /// How a bind's claim is recorded.

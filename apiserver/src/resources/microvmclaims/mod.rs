@@ -163,10 +163,12 @@ impl Storage for ClaimStorage {
         let minted = self
             .mint_token(&ctx.user, &claim, pool.service_account_token.as_ref())
             .await?;
+        ctx.trace.step("claim's configuration resolved");
         let this = self.clone();
+        let trace = ctx.trace.clone();
         // Detachable, so a client that disconnects mid-bind (kube-apiserver gives up after
         // 60 s) leaves no bind half done: it completes and the claim exists.
-        Detachable::new(async move { this.bind(claim, resolved, minted).await }).await
+        Detachable::new(async move { this.bind(claim, resolved, minted, trace).await }).await
     }
 
     async fn update(

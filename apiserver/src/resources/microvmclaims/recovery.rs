@@ -18,6 +18,7 @@ use super::record::{
 };
 use super::storage::ClaimStorage;
 use crate::battery::LeaseInfo;
+use crate::trace::Trace;
 
 impl ClaimStorage {
     /// Finishes or drops the binds a restart interrupted, then releases every lease a bind
@@ -110,6 +111,7 @@ impl ClaimStorage {
                 files: Vec::new(),
                 minted: None,
                 recorded: Recorded::Recovered,
+                trace: Trace::default(),
             };
             let lease = lease.asked_at(bind.asked.0, bind.threshold);
             let mut claim = object(bind.claim);
