@@ -116,7 +116,10 @@ fn slow_requests_are_logged_from_half_a_second_unless_told() {
     let args = serve_with(&["--slow-request-threshold", "20ms"]).unwrap();
     assert_eq!(args.slow_request_threshold, Duration::from_millis(20));
     let err = serve_with(&["--slow-request-threshold", "soon"]).unwrap_err();
-    assert!(err.to_string().contains("--slow-request-threshold"), "{err}");
+    assert!(
+        err.to_string().contains("--slow-request-threshold"),
+        "{err}"
+    );
 }
 
 #[test]
