@@ -268,7 +268,7 @@ async fn arrive(
 const FLOOR_SAMPLES: usize = 40;
 
 /// One arrival's request, timed from `arrived` to its answer, and named for its split
-/// if it is a bind through kube-apiserver.
+/// if it is a bind.
 async fn send(
     senders: &Senders,
     kind: Kind,
@@ -277,13 +277,14 @@ async fn send(
     arrived: Instant,
 ) -> Result<(Duration, Option<Split>)> {
     match kind {
-        Kind::BindDirect => {
-            bind(&senders.direct, name, pool).await?;
-        }
-        Kind::BindThroughKube => {
-            bind(&senders.kube, name, pool).await?;
+        Kind::BindDirect | Kind::BindThroughKube => {
+            let client = match kind {
+                Kind::BindDirect => &senders.direct,
+                _ => &senders.kube,
+            };
+            bind(client, name, pool).await?;
             let took = arrived.elapsed();
-            return Ok((took, Some(Split::of(name, took))));
+            return Ok((took, Some(Split::of(kind.name(), name, took))));
         }
         Kind::RawClaimVm => {
             let mut lease = senders.lease.clone();

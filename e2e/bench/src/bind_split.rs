@@ -1,11 +1,11 @@
-//! Each bind through kube-apiserver split at `serve`'s own steps: the arrival rig runs
-//! `serve` with `--slow-request-threshold 0s` and JSON logs, so every request's trace
-//! (its steps and the time each took, on `serve`'s clock) is in its log, named by the
-//! claim. Joined with the bench's time of the same bind, they say where each bind's time
-//! went: outside `serve` (the client, kube-apiserver's proxy, both ways), `serve` up to
-//! sending `ClaimVM`, battery's `ClaimVM`, and `serve` from its answer to the 201. The
-//! servers' histograms, means and buckets of 5 ms and more, cannot say it of the slowest
-//! binds.
+//! Each bind split at `serve`'s own steps: the bench runs `serve` with
+//! `--slow-request-threshold 0s` and JSON logs, so every request's trace (its steps and
+//! the time each took, on `serve`'s clock) is in its log, named by the claim. Joined with
+//! the bench's time of the same bind, they say where each bind's time went: outside
+//! `serve`'s routes (the client, the connections, kube-apiserver's proxy on that route),
+//! `serve` up to sending `ClaimVM`, battery's `ClaimVM`, and `serve` from its answer to
+//! the 201. The servers' histograms, means and buckets of 5 ms and more, cannot say it of
+//! the slowest binds.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -20,16 +20,19 @@ use crate::report::{Row, Unit, mean_millis, millis, quantile};
 const SENT: &str = "ClaimVM sent";
 const ANSWERED: &str = "ClaimVM answered";
 
-/// One bind through kube-apiserver, as the bench timed it.
+/// One bind, as the bench timed it.
 pub struct Split {
+    /// How it reached `serve`: straight, or through kube-apiserver.
+    route: &'static str,
     name: String,
     took: Duration,
 }
 
 impl Split {
-    /// The bind of the claim `name`, answered `took` after it arrived.
-    pub fn of(name: &str, took: Duration) -> Self {
+    /// The bind of the claim `name` by `route`, answered `took` after it arrived.
+    pub fn of(route: &'static str, name: &str, took: Duration) -> Self {
         Self {
+            route,
             name: name.to_owned(),
             took,
         }
@@ -113,7 +116,7 @@ fn from_millis(millis: f64) -> Duration {
 struct Parts([Duration; 4]);
 
 const PARTS: [&str; 4] = [
-    "outside serve (client, kube-apiserver, both ways)",
+    "outside serve's routes (the client, the connections, any proxy)",
     "serve, arrival to ClaimVM sent",
     "ClaimVM sent to answered",
     "serve, ClaimVM answered to its answer",
@@ -131,17 +134,41 @@ impl Parts {
     }
 }
 
-/// The rows of `label`'s binds split at `serve`'s steps: each part's p50 over all of
-/// them, then each part's mean over the slowest 1% (at least one), which hold the p99,
-/// and the step of `serve`'s that took longest among those, on average.
+/// The rows of `label`'s binds split at `serve`'s steps, for each route in the order
+/// they came.
 pub fn rows(
     scenario: &'static str,
     label: &str,
     splits: &[Split],
     traces: &HashMap<String, Traced>,
 ) -> Vec<Row> {
+    let mut routes: Vec<&str> = Vec::new();
+    for split in splits {
+        if !routes.contains(&split.route) {
+            routes.push(split.route);
+        }
+    }
+    routes
+        .into_iter()
+        .flat_map(|route| {
+            let of_route: Vec<&Split> = splits.iter().filter(|s| s.route == route).collect();
+            route_rows(scenario, &format!("{label}, {route}"), &of_route, traces)
+        })
+        .collect()
+}
+
+/// The rows of one route's binds: each part's p50 over all of them, then each part's
+/// mean over the slowest 1% (at least one), which hold the p99, and the step of
+/// `serve`'s that took longest among those, on average.
+fn route_rows(
+    scenario: &'static str,
+    label: &str,
+    splits: &[&Split],
+    traces: &HashMap<String, Traced>,
+) -> Vec<Row> {
     let joined: Vec<(&Split, &Traced, Parts)> = splits
         .iter()
+        .copied()
         .filter_map(|split| {
             let traced = traces.get(&split.name)?;
             Some((split, traced, Parts::of(split, traced)?))
@@ -226,7 +253,7 @@ mod tests {
             total: Duration::from_millis(5),
             steps: parse_steps("ClaimVM sent +1.000 ms, ClaimVM answered +3.000 ms"),
         };
-        let split = Split::of("a", Duration::from_millis(8));
+        let split = Split::of("straight", "a", Duration::from_millis(8));
         let Parts(parts) = Parts::of(&split, &traced).unwrap();
         assert_eq!(
             parts.map(|part| part.as_millis()),
