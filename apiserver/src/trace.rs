@@ -26,7 +26,7 @@ struct Steps {
 struct Recorded {
     steps: Vec<(&'static str, Instant)>,
     dropped: usize,
-    /// The object's name, known once its body is decoded.
+    /// The object's name: from the path, or once a create's body is decoded.
     name: Option<String>,
 }
 
