@@ -1,7 +1,8 @@
 //! The request context every storage call gets besides its arguments: who asks, in which
-//! namespace, the namespace admission a create must pass, and the request's trace. Built once per request by
-//! dispatch from what the layers left in the request's extensions, as Go's handlers read
-//! `request.UserFrom` and `request.NamespaceValue` from the request's context.
+//! namespace, the namespace admission a create must pass, and the request's trace. Built
+//! once per request by dispatch from what the layers left in the request's extensions, as
+//! Go's handlers read `request.UserFrom` and `request.NamespaceValue` from the request's
+//! context.
 
 use std::sync::Arc;
 

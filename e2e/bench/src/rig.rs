@@ -29,9 +29,9 @@ use battery_proto::agent::v1alpha1::relay_client::RelayClient;
 use battery_telemetry::free_loopback_address;
 use tonic::transport::Channel;
 
-/// What `battery-apiserver serve` prints once it accepts connections, before the URL.
 /// `serve`'s stderr, in the rig's directory.
 const SERVE_LOG: &str = "server.log";
+/// What `battery-apiserver serve` prints once it accepts connections, before the URL.
 const SERVE_SERVING_PREFIX: &str = "battery-apiserver serve: serving ";
 /// What `battery-apiserver embedded-battery` prints once it serves, before the address.
 const BATTERY_SERVING_PREFIX: &str = "embedded battery serving battery's gRPC API on ";
