@@ -165,6 +165,7 @@ pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row
     create_config_map(&senders.reference, REFERENCE)
         .await
         .context("creating the ConfigMap the gets read")?;
+    let mut serve_log = bind_split::TraceLog::new(rig.serve_log());
     let mut rows = Vec::new();
     for (rate, pool) in rates.iter().zip(pools) {
         eprintln!(
@@ -181,7 +182,7 @@ pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row
         );
         let after = served::read(&senders.direct).await?;
         rows.extend(rate_rows(*rate, &took));
-        let traces = bind_split::read_traces(&rig.serve_log())?;
+        let traces = serve_log.read_new()?;
         rows.extend(bind_split::rows(ARRIVAL, &rate.label(), &splits, &traces));
         rows.extend(split_rows(*rate, &before, &after));
 
@@ -200,7 +201,7 @@ pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row
         );
         rows.extend(quiet_rows(*rate, &took));
         let label = format!("{} quiet", rate.label());
-        let traces = bind_split::read_traces(&rig.serve_log())?;
+        let traces = serve_log.read_new()?;
         rows.extend(bind_split::rows(ARRIVAL, &label, &splits, &traces));
         let alone = floor_alone(rate.per_second, binds.clamp(1, FLOOR_SAMPLES)).await?;
         let quiet_own = served::own_part(&before.0, &after.0);

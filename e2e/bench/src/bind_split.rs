@@ -8,7 +8,9 @@
 //! the slowest binds.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::fs::File;
+use std::io::{Read as _, Seek as _, SeekFrom};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
@@ -65,9 +67,37 @@ impl Traced {
     }
 }
 
-/// The creates `serve` traced in its JSON `log`, by the name of what they created.
-pub fn read_traces(log: &Path) -> Result<HashMap<String, Traced>> {
-    let text = std::fs::read_to_string(log).with_context(|| format!("{}", log.display()))?;
+/// `serve`'s JSON log, read on from where the last read stopped, so that each pass
+/// parses only the lines written since the one before.
+pub struct TraceLog {
+    path: PathBuf,
+    /// Bytes read so far, up to the end of a whole line.
+    read: u64,
+}
+
+impl TraceLog {
+    pub fn new(path: PathBuf) -> Self {
+        Self { path, read: 0 }
+    }
+
+    /// The creates `serve` traced since the last read, by the name of what they created.
+    pub fn read_new(&mut self) -> Result<HashMap<String, Traced>> {
+        let mut text = String::new();
+        let mut file =
+            File::open(&self.path).with_context(|| format!("{}", self.path.display()))?;
+        file.seek(SeekFrom::Start(self.read))?;
+        file.read_to_string(&mut text)
+            .with_context(|| format!("{}", self.path.display()))?;
+        // A line still being written is read whole next time.
+        let whole = text.rfind('\n').map_or(0, |end| end + 1);
+        self.read += whole as u64;
+        Ok(parse_traces(&text[..whole]))
+    }
+}
+
+/// The creates traced in `text`, lines of `serve`'s JSON log, by the name of what they
+/// created.
+fn parse_traces(text: &str) -> HashMap<String, Traced> {
     let mut traced = HashMap::new();
     for line in text.lines() {
         let Ok(line) = serde_json::from_str::<Value>(line) else {
@@ -91,7 +121,7 @@ pub fn read_traces(log: &Path) -> Result<HashMap<String, Traced>> {
             },
         );
     }
-    Ok(traced)
+    traced
 }
 
 /// `authenticated +0.041 ms, ...` as each step with its time since arrival.
@@ -247,6 +277,31 @@ mod tests {
                 ("ClaimVM answered", 3_540)
             ]
         );
+    }
+
+    #[test]
+    fn the_log_is_read_on_from_the_last_whole_line() {
+        use std::io::Write as _;
+        let line = |name: &str| {
+            serde_json::json!({
+                "message": "slow request", "method": "POST", "name": name,
+                "total_ms": 2.0, "steps": "ClaimVM sent +1.000 ms"
+            })
+            .to_string()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("server.log");
+        let (first, second) = (line("first"), line("second"));
+        let (begun, rest) = second.split_at(10);
+        std::fs::write(&path, format!("{first}\n{begun}")).unwrap();
+        let mut log = TraceLog::new(path.clone());
+        let read = log.read_new().unwrap();
+        assert_eq!(read.keys().collect::<Vec<_>>(), ["first"]);
+        let mut file = File::options().append(true).open(&path).unwrap();
+        writeln!(file, "{rest}").unwrap();
+        let read = log.read_new().unwrap();
+        assert_eq!(read.keys().collect::<Vec<_>>(), ["second"]);
+        assert_eq!(read["second"].total, Duration::from_millis(2));
     }
 
     #[test]
