@@ -48,8 +48,11 @@ const EVENT_FANOUT: usize = 1024;
 /// long another client's change to a Host, or a deleted Host's progress, takes to show.
 const HOST_SYNC_INTERVAL: Duration = Duration::from_secs(2);
 
+/// How long a claim's create waits for a MicroVM, unless told.
+pub const DEFAULT_BIND_WAIT: Duration = Duration::from_secs(5);
+
 /// As kube-apiserver's handlers log a create's or an update's trace.
-const DEFAULT_SLOW_REQUEST_THRESHOLD: Duration = Duration::from_millis(500);
+pub const DEFAULT_SLOW_REQUEST_THRESHOLD: Duration = Duration::from_millis(500);
 
 /// How the server behaves, beyond where it listens.
 #[derive(Clone)]
@@ -81,7 +84,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Self {
-            bind_wait: Duration::from_secs(5),
+            bind_wait: DEFAULT_BIND_WAIT,
             slow_request_threshold: DEFAULT_SLOW_REQUEST_THRESHOLD,
             cluster: None,
             limits: Limits::default(),

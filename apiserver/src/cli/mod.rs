@@ -3,6 +3,7 @@
 //! [`ServeConfig`], checked whole before anything is bound or called.
 
 mod parse;
+mod requests;
 mod serve_args;
 mod serve_config;
 
@@ -13,6 +14,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use parse::{absolute, certificate_validity, loopback};
+pub use requests::RequestArgs;
 pub use serve_args::ServeArgs;
 pub use serve_config::{ConfigError, ServeConfig};
 
@@ -120,15 +122,8 @@ pub struct DevArgs {
     #[arg(long, env = "BATTERY_APISERVER_SWEEP_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
     pub sweep_interval: Duration,
 
-    /// How long creating a claim waits for a MicroVM when the pool has none available.
-    #[arg(long, env = "BATTERY_APISERVER_BIND_WAIT", default_value = "5s", value_parser = humantime::parse_duration)]
-    pub bind_wait: Duration,
-
-    /// A request that takes at least this long is logged, at info, with its steps and
-    /// the time each took (authenticated, authorized, ClaimVM answered, ...), as
-    /// kube-apiserver logs its slow requests' traces; 0s logs every request.
-    #[arg(long, env = "BATTERY_APISERVER_SLOW_REQUEST_THRESHOLD", default_value = "500ms", value_parser = humantime::parse_duration)]
-    pub slow_request_threshold: Duration,
+    #[command(flatten)]
+    pub requests: RequestArgs,
 
     /// Size of the Pool `default/dev` made at start; 0 makes none.
     #[arg(long, env = "BATTERY_APISERVER_DEV_POOL_SIZE", default_value_t = 3)]

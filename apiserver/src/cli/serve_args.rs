@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::parse::{certificate_lifetime, positive_rate};
+use super::requests::RequestArgs;
 use crate::resources::microvmclaims::GuestApiServer;
 
 /// Options of `serve`.
@@ -191,16 +192,8 @@ pub struct ServeArgs {
     )]
     pub guest_api_server: Option<GuestApiServer>,
 
-    /// How long creating a claim waits for a MicroVM when the pool has none available,
-    /// before answering 429.
-    #[arg(long, env = "BATTERY_APISERVER_BIND_WAIT", default_value = "5s", value_parser = humantime::parse_duration)]
-    pub bind_wait: Duration,
-
-    /// A request that takes at least this long is logged, at info, with its steps and
-    /// the time each took (authenticated, authorized, ClaimVM answered, ...), as
-    /// kube-apiserver logs its slow requests' traces; 0s logs every request.
-    #[arg(long, env = "BATTERY_APISERVER_SLOW_REQUEST_THRESHOLD", default_value = "500ms", value_parser = humantime::parse_duration)]
-    pub slow_request_threshold: Duration,
+    #[command(flatten)]
+    pub requests: RequestArgs,
 
     /// PEM CA that signs the exec agents' serving certificates; each agent's must name
     /// its Host. Without the three `--agent-*` files, exec answers 503.

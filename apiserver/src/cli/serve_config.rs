@@ -97,8 +97,8 @@ impl ServeArgs {
             trust: self.trust(),
             cluster,
             data_dir: self.data_dir,
-            bind_wait: self.bind_wait,
-            slow_request_threshold: self.slow_request_threshold,
+            bind_wait: self.requests.bind_wait.into(),
+            slow_request_threshold: self.requests.slow_request_threshold.into(),
             guest_api_server: self.guest_api_server,
             limits: Limits {
                 max_watches: self.max_watches,

@@ -112,9 +112,15 @@ fn serve_with(extra: &[&str]) -> Result<Box<ServeArgs>, clap::Error> {
 #[test]
 fn slow_requests_are_logged_from_half_a_second_unless_told() {
     let args = serve_with(&[]).unwrap();
-    assert_eq!(args.slow_request_threshold, Duration::from_millis(500));
+    assert_eq!(
+        *args.requests.slow_request_threshold,
+        Duration::from_millis(500)
+    );
     let args = serve_with(&["--slow-request-threshold", "20ms"]).unwrap();
-    assert_eq!(args.slow_request_threshold, Duration::from_millis(20));
+    assert_eq!(
+        *args.requests.slow_request_threshold,
+        Duration::from_millis(20)
+    );
     let err = serve_with(&["--slow-request-threshold", "soon"]).unwrap_err();
     assert!(
         err.to_string().contains("--slow-request-threshold"),
@@ -260,4 +266,28 @@ fn the_guests_api_server_is_host_and_port() {
         err.contains("--guest-api-server") && err.contains("give HOST:PORT"),
         "{err}"
     );
+}
+
+#[test]
+fn serve_and_dev_default_to_the_servers_own_waits() {
+    let defaults = crate::server::Settings::default();
+    let serve = serve_with(&[]).unwrap().requests;
+    let Command::Dev(dev) = Cli::try_parse_from(["battery-apiserver", "dev"])
+        .unwrap()
+        .command
+    else {
+        panic!("parsed another command");
+    };
+    for requests in [serve, dev.requests] {
+        assert_eq!(*requests.bind_wait, defaults.bind_wait);
+        assert_eq!(
+            *requests.slow_request_threshold,
+            defaults.slow_request_threshold
+        );
+    }
+    let dev = Cli::try_parse_from(["battery-apiserver", "dev", "--bind-wait", "7s"]).unwrap();
+    let Command::Dev(dev) = dev.command else {
+        panic!("parsed another command");
+    };
+    assert_eq!(*dev.requests.bind_wait, Duration::from_secs(7));
 }

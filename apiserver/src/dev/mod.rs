@@ -95,8 +95,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         battery,
         store,
         &Settings {
-            bind_wait: args.bind_wait,
-            slow_request_threshold: args.slow_request_threshold,
+            bind_wait: args.requests.bind_wait.into(),
+            slow_request_threshold: args.requests.slow_request_threshold.into(),
             cluster: None,
             limits: Default::default(),
             authentication: Arc::new(Authentication::new(

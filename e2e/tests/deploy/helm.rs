@@ -293,7 +293,7 @@ fn values_reach_the_objects_they_are_for() {
     assert_eq!(tolerations[0].effect.as_deref(), Some("NoExecute"));
 
     // serve's own flags parse (serve_args_in), with the extra ones.
-    assert_eq!(args.bind_wait, Duration::from_secs(10));
+    assert_eq!(*args.requests.bind_wait, Duration::from_secs(10));
     assert_eq!(args.max_watches, 2000);
     let guest_api = args.guest_api_server.as_ref().expect("--guest-api-server");
     assert_eq!((guest_api.host.as_str(), guest_api.port), ("fd00::1", 6443));
