@@ -18,7 +18,8 @@
 //! and kube-apiserver's own histograms: kube-apiserver's part, `serve`'s, battery's
 //! `ClaimVM`, the durable writes; and kube-apiserver's handling and etcd's create. In
 //! both passes each bind through kube-apiserver is also split at `serve`'s steps, from
-//! its trace in `serve`'s log, for where the slowest binds' time went (`bind_split`).
+//! its trace in `serve`'s log, for where the slowest binds' time went (`bind_split`); in
+//! the quiet pass, each of `serve`'s own steps has its p50 too.
 //!
 //! Beside the quiet pass, on a thread of its own, the floor issue 41 holds `serve`'s own
 //! part of a bind to is timed at the same pace: arrivals of a Poisson stream of their own
@@ -203,6 +204,7 @@ pub async fn run(rig: &Rig, rates: &[Rate], pools: &[PoolRef]) -> Result<Vec<Row
         let label = format!("{} quiet", rate.label());
         let traces = serve_log.read_new()?;
         rows.extend(bind_split::rows(ARRIVAL, &label, &splits, &traces));
+        rows.extend(bind_split::step_rows(ARRIVAL, &label, &splits, &traces));
         let alone = floor_alone(rate.per_second, binds.clamp(1, FLOOR_SAMPLES)).await?;
         let quiet_own = served::own_part(&before.0, &after.0);
         rows.extend(quiet_split_rows(
