@@ -36,9 +36,9 @@ const FLAGS: [&str; 8] = [
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Value>>>>;
 
-/// A running headless Chromium with one attached page, killed when dropped.
+/// A running headless Chromium with one attached page, killed when dropped unless closed.
 pub struct Browser {
-    _child: Child,
+    child: Child,
     _profile: tempfile::TempDir,
     outgoing: mpsc::UnboundedSender<Message>,
     pending: Pending,
@@ -119,7 +119,7 @@ impl Browser {
             }
         });
         let mut browser = Self {
-            _child: child,
+            child,
             _profile: profile,
             outgoing,
             pending,
@@ -145,6 +145,21 @@ impl Browser {
             browser.page_call(domain, json!({})).await;
         }
         browser
+    }
+
+    /// Closes Chromium as a user would and waits for it to exit, so that its helpers (its
+    /// cache writer among them) have stopped before its profile is removed: a Chromium
+    /// killed on drop leaves them writing there after the directory is gone.
+    pub async fn close(mut self) {
+        self.next_id += 1;
+        let close = json!({"id": self.next_id, "method": "Browser.close"});
+        // Chromium may exit before it answers, so the answer is not waited for.
+        let _ = self.outgoing.send(Message::text(close.to_string()));
+        let exited = tokio::time::timeout(TIMEOUT, self.child.wait()).await;
+        assert!(
+            exited.is_ok(),
+            "Chromium did not exit in {TIMEOUT:?} once closed"
+        );
     }
 
     /// Opens `url`, waits for its load event, and returns what went wrong meanwhile

@@ -27,6 +27,10 @@ use tokio::sync::mpsc;
 const PAGE: &str = "quick-start.md";
 /// The comment that marks a block as running in the background.
 const KEEPS_RUNNING: &str = "<!-- docs-test: keeps running -->";
+/// The directory, in the one the Quick start is followed in, that its commands' `TMPDIR`
+/// names.
+const TMP: &str = "tmp";
+
 /// The address the page shows `dev` serving on.
 const PAGE_ADDRESS: &str = "127.0.0.1:8443";
 /// The most one command may take, the background one to print its output included.
@@ -54,6 +58,7 @@ async fn quick_start_runs_as_written() {
         .prefix("docs-quick-start-")
         .tempdir()
         .expect("a directory to follow the Quick start in");
+    std::fs::create_dir(dir.path().join(TMP)).expect("a TMPDIR for the Quick start's commands");
     let profile_dir =
         battery_e2e::apiserver::target_binary("battery-apiserver", "battery-apiserver")
             .parent()
@@ -121,6 +126,8 @@ async fn quick_start_runs_as_written() {
         server.try_wait().expect("poll the server").is_none(),
         "the server the Quick start started exited while it was followed"
     );
+    // Gone before `dir` is removed, with the scratch directories it kept in its TMPDIR.
+    server.kill().await.expect("stop the server");
 }
 
 /// `bash` running `command` in `dir` after `exports`, failing on the first error.
@@ -134,6 +141,9 @@ fn shell(dir: &Path, exports: &str, command: &str) -> Command {
         .env("KUBERC", "off")
         .env("KUBECACHEDIR", dir.join(".kube-cache"))
         .env_remove("KUBECONFIG")
+        // Inside `dir`, so that what a killed `dev` cleans up nothing of (its simulated
+        // Hosts' scratch directories) goes with it.
+        .env("TMPDIR", dir.join(TMP))
         .stdin(Stdio::null())
         .kill_on_drop(true);
     shell

@@ -91,6 +91,7 @@ async fn every_page_renders_without_a_console_error_and_every_internal_link_reso
             },
         );
     }
+    browser.close().await;
     for (url, page) in &seen {
         for link in &page.links {
             if let Some(broken) = check_link(&base, &book, &seen, link) {
