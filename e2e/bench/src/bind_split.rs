@@ -56,14 +56,18 @@ impl Traced {
             .map(|(_, at)| *at)
     }
 
-    /// Each step's own time: since the step before it.
-    fn durations(&self) -> impl Iterator<Item = (&str, Duration)> {
+    /// Each of `serve`'s own steps with its own time (since the step before it): every
+    /// step but the wait for `ClaimVM`'s answer.
+    fn own_steps(&self) -> impl Iterator<Item = (&str, Duration)> {
         let mut previous = Duration::ZERO;
-        self.steps.iter().map(move |(what, at)| {
-            let took = at.saturating_sub(previous);
-            previous = *at;
-            (what.as_str(), took)
-        })
+        self.steps
+            .iter()
+            .map(move |(what, at)| {
+                let took = at.saturating_sub(previous);
+                previous = *at;
+                (what.as_str(), took)
+            })
+            .filter(|(what, _)| *what != ANSWERED)
     }
 }
 
@@ -193,7 +197,7 @@ pub fn step_rows(
     for (route, of_route) in by_route(splits) {
         let mut steps: Vec<(&str, Vec<Duration>)> = Vec::new();
         for traced in of_route.iter().filter_map(|split| traces.get(&split.name)) {
-            for (what, took) in traced.durations().filter(|(what, _)| *what != ANSWERED) {
+            for (what, took) in traced.own_steps() {
                 match steps.iter_mut().find(|(step, _)| *step == what) {
                     Some((_, times)) => times.push(took),
                     None => steps.push((what, vec![took])),
@@ -274,10 +278,8 @@ fn route_rows(
     }
     let mut by_step: HashMap<&str, Duration> = HashMap::new();
     for (_, traced, _) in &slowest {
-        for (what, took) in traced.durations() {
-            if what != ANSWERED {
-                *by_step.entry(what).or_default() += took;
-            }
+        for (what, took) in traced.own_steps() {
+            *by_step.entry(what).or_default() += took;
         }
     }
     if let Some((step, total)) = by_step.into_iter().max_by_key(|(_, total)| *total) {
