@@ -151,10 +151,8 @@ impl Browser {
     /// cache writer among them) have stopped before its profile is removed: a Chromium
     /// killed on drop leaves them writing there after the directory is gone.
     pub async fn close(mut self) {
-        self.next_id += 1;
-        let close = json!({"id": self.next_id, "method": "Browser.close"});
         // Chromium may exit before it answers, so the answer is not waited for.
-        let _ = self.outgoing.send(Message::text(close.to_string()));
+        drop(self.send(None, "Browser.close", json!({})));
         let exited = tokio::time::timeout(TIMEOUT, self.child.wait()).await;
         assert!(
             exited.is_ok(),
@@ -218,6 +216,26 @@ impl Browser {
     }
 
     async fn call(&mut self, session: Option<&str>, method: &str, params: Value) -> Value {
+        let answer = tokio::time::timeout(TIMEOUT, self.send(session, method, params))
+            .await
+            .unwrap_or_else(|_| panic!("Chromium did not answer {method} in {TIMEOUT:?}"))
+            .unwrap_or_else(|_| panic!("Chromium closed the connection during {method}"));
+        assert!(
+            answer.get("error").is_none(),
+            "{method} failed: {}",
+            answer["error"]
+        );
+        answer["result"].clone()
+    }
+
+    /// Sends `method` (to the page's `session`, or to the browser) and returns where its
+    /// answer will come.
+    fn send(
+        &mut self,
+        session: Option<&str>,
+        method: &str,
+        params: Value,
+    ) -> oneshot::Receiver<Value> {
         self.next_id += 1;
         let id = self.next_id;
         let mut command = json!({"id": id, "method": method, "params": params});
@@ -232,16 +250,7 @@ impl Browser {
         self.outgoing
             .send(Message::text(command.to_string()))
             .expect("the connection to Chromium is open");
-        let answer = tokio::time::timeout(TIMEOUT, rx)
-            .await
-            .unwrap_or_else(|_| panic!("Chromium did not answer {method} in {TIMEOUT:?}"))
-            .unwrap_or_else(|_| panic!("Chromium closed the connection during {method}"));
-        assert!(
-            answer.get("error").is_none(),
-            "{method} failed: {}",
-            answer["error"]
-        );
-        answer["result"].clone()
+        rx
     }
 }
 
