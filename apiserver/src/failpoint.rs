@@ -8,8 +8,9 @@ use std::sync::OnceLock;
 pub const CRASH_AT: &str = "BATTERY_APISERVER_CRASH_AT";
 
 /// Every point, in the order a bind, release or pool deletion passes them, then the
-/// metadata store's: a commit that changes a claim, after its record is in the log,
-/// after the log's sync (before anyone is answered, but a pending bind's claim, ADR 48),
+/// metadata store's: a commit that changes a claim, after its record is written to the
+/// log (by its sync, ADR 52), after the log's sync (before anyone is answered, but a
+/// pending bind's claim, ADR 48),
 /// and a checkpoint between redb's durable commit and the log's truncation (ADR 39).
 pub const POINTS: &[&str] = &[
     "bind:pending",

@@ -1,5 +1,6 @@
-//! The metadata store's log (ADR 39): each commit is one record written here, made
-//! durable by one `fdatasync` that the commits beside it share. redb holds the same
+//! The metadata store's log (ADR 39): each commit is one record here, queued by the
+//! commit and written, with the records queued beside it, by the sync that makes them
+//! durable with one `fdatasync` (ADR 52). redb holds the same
 //! commits without syncing and is made durable now and then (a checkpoint), after which
 //! the log starts again from its first byte; at open, the records redb lacks are applied
 //! to it again.
@@ -21,6 +22,7 @@ use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// One change a commit made, as replay applies it to redb.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -182,14 +184,27 @@ pub fn parse(mut rest: &[u8]) -> Parsed {
     }
 }
 
-/// The log file, written under the store's writer lock and synced by whichever writer
-/// syncs for the group.
+/// The log file: records queued under the store's writer lock, written and synced by
+/// whichever writer syncs for the group.
 pub struct Log {
     file: File,
     /// Set when a write or sync failed and the file's tail cannot be vouched for: every
     /// later write and sync fails, so nothing is acknowledged on top of it. A restart
     /// replays what is whole.
     broken: AtomicBool,
+    /// Held by a writer queueing its record and by the write of those queued, which
+    /// orders that write with the log's rewind.
+    tail: Mutex<Tail>,
+}
+
+/// The log's end and the records queued before it.
+#[derive(Default)]
+struct Tail {
+    /// Where the next record goes: the bytes the log's records take since it last started
+    /// again, those queued included.
+    end: u64,
+    /// The records queued and not yet written, in commit order: they end at `end`.
+    queued: Vec<u8>,
 }
 
 impl Log {
@@ -221,6 +236,7 @@ impl Log {
         let log = Self {
             file,
             broken: AtomicBool::new(false),
+            tail: Mutex::default(),
         };
         Ok((log, parsed))
     }
@@ -234,24 +250,39 @@ impl Log {
         Ok(())
     }
 
-    /// Writes `record` at byte `at`, the log's end, with the end marker after it. A
-    /// failed write is undone ([`Log::cut`]), so the next record follows a whole one.
-    pub fn append(&self, record: &[u8], at: u64) -> io::Result<()> {
-        self.usable()?;
-        let mut framed = Vec::with_capacity(record.len() + END.len());
-        framed.extend_from_slice(record);
-        framed.extend_from_slice(&END);
-        self.file
-            .write_all_at(&framed, at)
-            .inspect_err(|_| self.cut(at))
+    fn lock_tail(&self) -> MutexGuard<'_, Tail> {
+        self.tail.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Ends the log at byte `at` again: the record written there was for a commit that
-    /// failed.
-    pub fn cut(&self, at: u64) {
-        if self.file.write_all_at(&END, at).is_err() {
-            self.broken.store(true, Ordering::Release);
+    /// Queues `record` at the log's end, for the next [`Log::write_queued`]: the caller
+    /// holds the store's writer lock, so records queue in commit order.
+    pub fn queue(&self, record: &[u8]) {
+        let mut tail = self.lock_tail();
+        tail.queued.extend_from_slice(record);
+        tail.end += record.len() as u64;
+    }
+
+    /// Where the next record goes: how long the log is since it last started again.
+    pub fn end(&self) -> u64 {
+        self.lock_tail().end
+    }
+
+    /// Writes the records queued, with the end marker after them, in one write; returns
+    /// whether there were any. A failed write breaks the log: its commits are in redb,
+    /// and none after them may be acknowledged without them.
+    pub fn write_queued(&self) -> io::Result<bool> {
+        self.usable()?;
+        let mut tail = self.lock_tail();
+        if tail.queued.is_empty() {
+            return Ok(false);
         }
+        let at = tail.end - tail.queued.len() as u64;
+        tail.queued.extend_from_slice(&END);
+        self.file
+            .write_all_at(&tail.queued, at)
+            .inspect_err(|_| self.broken.store(true, Ordering::Release))?;
+        tail.queued.clear();
+        Ok(true)
     }
 
     /// Makes every record written so far durable.
@@ -264,11 +295,15 @@ impl Log {
             .inspect_err(|_| self.broken.store(true, Ordering::Release))
     }
 
-    /// Starts the log again from its first byte, once redb holds every record durably.
-    /// The end marker need not reach the disk before the next record: a crash before it
-    /// leaves records that redb already holds, which replay skips.
+    /// Starts the log again from its first byte, once redb holds every record durably,
+    /// those still queued included: they are dropped. The end marker need not reach the
+    /// disk before the next record: a crash before it leaves records that redb already
+    /// holds, which replay skips.
     pub fn rewind(&self) -> io::Result<()> {
         self.usable()?;
-        self.file.write_all_at(&END, 0)
+        let mut tail = self.lock_tail();
+        self.file.write_all_at(&END, 0)?;
+        *tail = Tail::default();
+        Ok(())
     }
 }

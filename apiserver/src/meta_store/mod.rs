@@ -82,13 +82,8 @@ impl Durable {
     }
 }
 
-/// What the one writer holds.
-#[derive(Default)]
-struct Writer {
-    /// Where the log's next record goes: the bytes its records take since it last
-    /// started again.
-    log_len: u64,
-}
+/// The writer lock held: one writer at a time commits and queues its record.
+type Writing<'a> = tokio::sync::MutexGuard<'a, ()>;
 
 /// The commits made and the changes of those not yet durable.
 #[derive(Default)]
@@ -107,7 +102,7 @@ pub struct MetaStore {
     log: Option<Log>,
     /// Orders commits and their records in the log. Async, so a writer waiting while a
     /// checkpoint holds it parks its task, not its worker thread.
-    writer: tokio::sync::Mutex<Writer>,
+    writer: tokio::sync::Mutex<()>,
     /// Held only for moments, by a writer adding its commit and a sync taking them.
     unsynced: Mutex<Unsynced>,
     /// How many commits are durable (a count of `Unsynced::commits`).
@@ -305,11 +300,12 @@ impl MetaStore {
     /// changes `f` recorded are published to watchers. Nothing is committed or published
     /// if `f` fails.
     ///
-    /// The commit goes to redb without syncing and to the log as one record (ADR 39),
-    /// then waits for an `fdatasync` of the log. The first writer that finds none under
-    /// way syncs for every record appended so far (ADR 23): a lone writer at once, on its
-    /// worker (ADR 47), writers at concurrency in groups. Readers see the commit before it
-    /// is durable: a crash in between loses it, and its writer was answered nothing.
+    /// The commit goes to redb without syncing and is queued in the log as one record
+    /// (ADR 39), then waits for a sync. The first writer that finds none under way writes
+    /// every record queued so far and syncs them with one `fdatasync` (ADR 23, ADR 52): a
+    /// lone writer at once, on its worker (ADR 47), writers at concurrency in groups.
+    /// Readers see the commit before it is durable: a crash in between loses it, and its
+    /// writer was answered nothing.
     pub async fn transact<R, E>(
         self: &Arc<Self>,
         f: impl FnOnce(&mut Txn) -> Result<R, E>,
@@ -393,12 +389,12 @@ impl MetaStore {
     where
         E: From<StoreError>,
     {
-        let (out, commit, log_len) = {
-            let mut writer = self.writer.lock().await;
-            let (out, commit) = self.write(&mut writer, f)?;
-            (out, commit, writer.log_len)
+        let (out, commit, log_end) = {
+            let writing = self.writer.lock().await;
+            let (out, commit) = self.write(&writing, f)?;
+            (out, commit, self.log.as_ref().map_or(0, Log::end))
         };
-        if log_len >= CHECKPOINT_BYTES && !self.checkpointing.swap(true, Ordering::AcqRel) {
+        if log_end >= CHECKPOINT_BYTES && !self.checkpointing.swap(true, Ordering::AcqRel) {
             let store = self.clone();
             tokio::task::spawn_blocking(move || {
                 if let Err(err) = store.checkpoint() {
@@ -410,12 +406,12 @@ impl MetaStore {
         Ok((out, commit))
     }
 
-    /// Runs `f` in a write transaction, commits it without syncing and appends its
-    /// record to the log; returns the commit's number. The changes it recorded wait in
-    /// `unsynced` for the sync that makes it durable.
+    /// Runs `f` in a write transaction, commits it without syncing and queues its
+    /// record in the log; returns the commit's number. The record and the changes it
+    /// recorded wait for the sync that makes it durable.
     fn write<R, E>(
         &self,
-        writer: &mut Writer,
+        _writing: &Writing<'_>,
         f: impl FnOnce(&mut Txn) -> Result<R, E>,
     ) -> Result<(R, u64), E>
     where
@@ -448,26 +444,19 @@ impl MetaStore {
             counters.insert(RESOURCE_VERSION, rv).map_err(tx_err)?;
             counters.insert(LOG_SEQUENCE, seq).map_err(tx_err)?;
         }
+        tx.commit().map_err(tx_err)?;
+        // Queued, not written: a commit answered before it is durable (ADR 48) leaves the
+        // write to its sync, off its answer's path (ADR 52). Queued before the commit is
+        // counted, so a sync that counts it writes it.
         if let Some(log) = &self.log {
-            let record = Record {
-                seq,
-                resource_version: rv,
-                ops,
-            }
-            .encode();
-            // Written before redb commits, so a failed write commits nothing.
-            log.append(&record, writer.log_len)
-                .map_err(StoreError::Log)?;
-            if let Err(err) = tx.commit() {
-                log.cut(writer.log_len);
-                return Err(tx_err(err).into());
-            }
-            writer.log_len += record.len() as u64;
-            if changes_a_claim(&changes) {
-                crash_point("commit:logged");
-            }
-        } else {
-            tx.commit().map_err(tx_err)?;
+            log.queue(
+                &Record {
+                    seq,
+                    resource_version: rv,
+                    ops,
+                }
+                .encode(),
+            );
         }
         let mut unsynced = self.lock_unsynced();
         unsynced.commits += 1;
@@ -509,13 +498,20 @@ impl MetaStore {
         }
     }
 
-    /// Makes every commit so far durable with one `fdatasync` of the log, and publishes
-    /// their changes in commit order.
+    /// Makes every commit so far durable: writes their records queued in the log and
+    /// syncs it with one `fdatasync`; then publishes their changes in commit order.
     fn sync(&self) -> Result<(), StoreError> {
-        let through = self.lock_unsynced().commits;
+        let (through, claims) = {
+            let unsynced = self.lock_unsynced();
+            let claims = unsynced.changes.iter().any(|(_, c)| changes_a_claim(c));
+            (unsynced.commits, claims)
+        };
         if let Some(log) = &self.log
             && through > *self.durable.borrow()
         {
+            if log.write_queued().map_err(StoreError::Log)? && claims {
+                crash_point("commit:logged");
+            }
             log.sync().map_err(StoreError::Log)?;
         }
         let mut synced = Vec::new();
@@ -525,7 +521,7 @@ impl MetaStore {
                 synced.extend(unsynced.changes.pop_front().map(|(_, c)| c));
             }
         }
-        if self.log.is_some() && synced.iter().any(|changes| changes_a_claim(changes)) {
+        if self.log.is_some() && claims {
             crash_point("commit:synced");
         }
         self.hub.publish(synced.into_iter().flatten());
@@ -543,20 +539,20 @@ impl MetaStore {
 
     /// Makes redb durable and starts the log again, holding the writers meanwhile.
     fn checkpoint(&self) -> Result<(), StoreError> {
-        let mut writer = self.writer.blocking_lock();
-        self.checkpoint_with(&mut writer)
+        let writing = self.writer.blocking_lock();
+        self.checkpoint_with(&writing)
     }
 
     /// [`MetaStore::checkpoint`] where no writer can be: at open.
     fn checkpoint_now(&self) -> Result<(), StoreError> {
-        let mut writer = self
+        let writing = self
             .writer
             .try_lock()
             .expect("no writer while the store opens");
-        self.checkpoint_with(&mut writer)
+        self.checkpoint_with(&writing)
     }
 
-    fn checkpoint_with(&self, writer: &mut Writer) -> Result<(), StoreError> {
+    fn checkpoint_with(&self, _writing: &Writing<'_>) -> Result<(), StoreError> {
         let Some(log) = &self.log else {
             return Ok(());
         };
@@ -566,7 +562,6 @@ impl MetaStore {
         tx.commit().map_err(sync_err)?;
         crash_point("commit:checkpointed");
         log.rewind().map_err(StoreError::Log)?;
-        writer.log_len = 0;
         Ok(())
     }
 }

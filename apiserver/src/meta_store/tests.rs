@@ -203,13 +203,17 @@ async fn grouped_writes_are_durable_when_they_return_and_published_once_in_order
     // A commit whose sync has not come yet is seen by readers, not told to watchers.
     let unsynced = key("a", "unsynced");
     {
-        let mut writer = store.writer.lock().await;
+        let writing = store.writer.lock().await;
         store
-            .write(&mut writer, |tx| put_added(tx, &unsynced, 0))
+            .write(&writing, |tx| put_added(tx, &unsynced, 0))
             .unwrap();
     }
     assert_eq!(store.get::<Rec>(&unsynced).unwrap(), Some(Rec { n: 0 }));
     assert!(rx.try_recv().is_err());
+    assert!(
+        logged(&path).is_empty(),
+        "its record waits for a sync to write it"
+    );
 
     let writes: Vec<_> = (1..=64)
         .map(|n| {
@@ -419,8 +423,8 @@ async fn the_log_is_checkpointed_once_it_outgrows_its_bound() {
     while store.checkpointing.load(Ordering::Acquire) {
         tokio::task::yield_now().await;
     }
-    let log_len = store.writer.lock().await.log_len;
-    assert!(log_len < CHECKPOINT_BYTES, "checkpointed");
+    let log_end = store.log.as_ref().unwrap().end();
+    assert!(log_end < CHECKPOINT_BYTES, "checkpointed");
     assert!(logged(&path).len() < usize::try_from(writes).unwrap());
     assert_eq!(
         std::fs::metadata(log_path(&path)).unwrap().len(),
@@ -430,6 +434,39 @@ async fn the_log_is_checkpointed_once_it_outgrows_its_bound() {
     let copy = crash_copy(&path, "copy");
     let (all, _) = copy.list::<String>("pools", Some("a")).unwrap();
     assert_eq!(all.len() as u64, writes);
+}
+
+/// A checkpoint drops the records still queued (ADR 52): redb's durable commit holds
+/// their commits, and the log starts again without them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_makes_queued_records_durable_in_redb_and_drops_them() {
+    let (_dir, path, store) = store_in_a_new_directory();
+    let queued = key("a", "queued");
+    {
+        let writing = store.writer.lock().await;
+        store
+            .write(&writing, |tx| put_added(tx, &queued, 1))
+            .unwrap();
+    }
+    let checkpointed = store.clone();
+    tokio::task::spawn_blocking(move || checkpointed.checkpoint())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(store.log.as_ref().unwrap().end(), 0);
+    store
+        .transact(|tx| put_added(tx, &key("a", "after"), 2))
+        .await
+        .unwrap();
+    let records = logged(&path);
+    assert_eq!(records.len(), 1, "only the commit after the checkpoint");
+    assert_eq!(records[0].seq, 2);
+    let copy = crash_copy(&path, "copy");
+    assert_eq!(copy.get::<Rec>(&queued).unwrap(), Some(Rec { n: 1 }));
+    assert_eq!(
+        copy.get::<Rec>(&key("a", "after")).unwrap(),
+        Some(Rec { n: 2 })
+    );
 }
 
 /// Today's tables, as the store before ADR 39 wrote them, with no log beside them.
