@@ -294,6 +294,15 @@ fn logged(path: &Path) -> Vec<log::Record> {
     log::parse(&std::fs::read(log_path(path)).unwrap()).records
 }
 
+/// Checkpoints `store` on a blocking thread, as its writers do.
+async fn checkpoint(store: &Arc<MetaStore>) {
+    let store = store.clone();
+    tokio::task::spawn_blocking(move || store.checkpoint())
+        .await
+        .unwrap()
+        .unwrap();
+}
+
 /// How many bytes of a log's `bytes` its records take.
 fn logged_bytes(bytes: &[u8]) -> usize {
     log::parse(bytes)
@@ -387,11 +396,7 @@ async fn records_a_checkpoint_covered_are_not_applied_again() {
         })
         .await
         .unwrap();
-    let checkpointing = store.clone();
-    tokio::task::spawn_blocking(move || checkpointing.checkpoint())
-        .await
-        .unwrap()
-        .unwrap();
+    checkpoint(&store).await;
     assert!(logged(&path).is_empty());
     // A crash after redb's durable commit, before the log's start was marked: its
     // records are older than what redb holds.
@@ -448,11 +453,7 @@ async fn a_checkpoint_makes_queued_records_durable_in_redb_and_drops_them() {
             .write(&writing, |tx| put_added(tx, &queued, 1))
             .unwrap();
     }
-    let checkpointed = store.clone();
-    tokio::task::spawn_blocking(move || checkpointed.checkpoint())
-        .await
-        .unwrap()
-        .unwrap();
+    checkpoint(&store).await;
     assert_eq!(store.log.as_ref().unwrap().end(), 0);
     store
         .transact(|tx| put_added(tx, &key("a", "after"), 2))
