@@ -241,13 +241,21 @@ impl Log {
         Ok((log, parsed))
     }
 
-    fn usable(&self) -> io::Result<()> {
+    /// Fails once a write or sync of the log has failed: a writer asks first, so that a
+    /// broken log takes no commit it could not make durable.
+    pub fn usable(&self) -> io::Result<()> {
         if self.broken.load(Ordering::Acquire) {
             return Err(io::Error::other(
                 "an earlier write or sync of the log failed; restart to replay it",
             ));
         }
         Ok(())
+    }
+
+    /// Marks the log broken, as a failed write would.
+    #[cfg(test)]
+    pub fn break_it(&self) {
+        self.broken.store(true, Ordering::Release);
     }
 
     fn lock_tail(&self) -> MutexGuard<'_, Tail> {

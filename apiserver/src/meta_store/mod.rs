@@ -417,6 +417,10 @@ impl MetaStore {
     where
         E: From<StoreError>,
     {
+        if let Some(log) = &self.log {
+            // Its record would never be written: nothing is committed, nothing queued.
+            log.usable().map_err(StoreError::Log)?;
+        }
         let mut tx = self.db.begin_write().map_err(tx_err)?;
         tx.set_durability(Durability::None).map_err(tx_err)?;
         let (rv, seq) = {

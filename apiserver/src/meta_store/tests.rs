@@ -470,6 +470,23 @@ async fn a_checkpoint_makes_queued_records_durable_in_redb_and_drops_them() {
     );
 }
 
+/// Once a write or sync of the log failed, a commit fails before redb takes it: readers
+/// never see a commit that could not be made durable, and no record waits for a write
+/// that cannot come.
+#[tokio::test]
+async fn a_broken_log_takes_no_commit() {
+    let (_dir, _path, store) = store_in_a_new_directory();
+    let log = store.log.as_ref().unwrap();
+    log.break_it();
+    let refused = store
+        .transact(|tx| put_added(tx, &key("a", "refused"), 1))
+        .await;
+    assert!(matches!(refused, Err(StoreError::Log(_))));
+    assert_eq!(store.get::<Rec>(&key("a", "refused")).unwrap(), None);
+    assert_eq!(store.resource_version().unwrap(), 0);
+    assert_eq!(log.end(), 0, "nothing queued");
+}
+
 /// Today's tables, as the store before ADR 39 wrote them, with no log beside them.
 #[tokio::test]
 async fn a_store_written_before_the_log_opens_with_everything_in_it() {
