@@ -17,7 +17,9 @@ use common::eventually;
 use battery_apiserver::battery::BatteryClient;
 use battery_embedded::local::LocalBattery;
 use battery_types::{MicroVMClaim, Pool};
-use kube::api::{Api, DeleteParams, PostParams};
+use futures::TryStreamExt;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, ObjectList, PostParams, WatchEvent, WatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::json;
 
@@ -160,6 +162,32 @@ async fn wait_ready(server: &Server) {
         server.client.request_text(request).await.is_ok()
     })
     .await;
+}
+
+/// Waits until watchers are told of the claims `names`, created after the list `before`:
+/// a bound claim is told once its record is durable (ADR 48), which its answer may
+/// precede (ADR 52).
+async fn wait_durable(server: &Server, before: &ObjectList<MicroVMClaim>, names: &[&str]) {
+    let since = before.metadata.resource_version.clone().unwrap_or_default();
+    let events = claims(server)
+        .watch(&WatchParams::default(), &since)
+        .await
+        .unwrap();
+    let mut events = std::pin::pin!(events);
+    let mut told = BTreeSet::new();
+    tokio::time::timeout(DEADLINE, async {
+        while !names.iter().all(|name| told.contains(*name)) {
+            match events.try_next().await.unwrap() {
+                Some(WatchEvent::Added(claim) | WatchEvent::Modified(claim)) => {
+                    told.insert(claim.name_any());
+                }
+                Some(_) => {}
+                None => panic!("the watch ended before {names:?} were told"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{names:?} were not told to watchers: not durable"));
 }
 
 /// A Pool that replaces each leased MicroVM at once.
@@ -405,6 +433,10 @@ async fn a_crash_after_release_leaves_no_lease_and_the_retry_finishes() {
     drop(server);
 
     let mut crashing = world.start(Some("release:released")).await;
+    // The create's Bound record may have been lost with the kill (ADR 52): until the
+    // restart rebuilds it from its pending record the server is not ready, and the
+    // aggregator sends it nothing (a Service's endpoints are its ready pods).
+    wait_ready(&crashing).await;
     assert!(
         claims(&crashing)
             .delete("c", &DeleteParams::default())
@@ -511,12 +543,14 @@ async fn a_kill_inside_a_commit_loses_no_acknowledged_claim_and_leaks_no_lease()
             .await
             .unwrap();
         wait_available(&server, "p", 4).await;
+        let before = claims(&server).list(&ListParams::default()).await.unwrap();
         for name in ["a0", "a1"] {
             claims(&server)
                 .create(&PostParams::default(), &claim(name, "p"))
                 .await
                 .unwrap();
         }
+        wait_durable(&server, &before, &["a0", "a1"]).await;
         // Killed: the acknowledged claims are in the log, not yet checkpointed into redb.
         drop(server);
 
