@@ -507,7 +507,9 @@ impl MetaStore {
     fn sync(&self) -> Result<(), StoreError> {
         let (through, claims) = {
             let unsynced = self.lock_unsynced();
-            let claims = unsynced.changes.iter().any(|(_, c)| changes_a_claim(c));
+            // Only a store on disk has crash points to aim at.
+            let claims =
+                self.log.is_some() && unsynced.changes.iter().any(|(_, c)| changes_a_claim(c));
             (unsynced.commits, claims)
         };
         if let Some(log) = &self.log
@@ -525,7 +527,7 @@ impl MetaStore {
                 synced.extend(unsynced.changes.pop_front().map(|(_, c)| c));
             }
         }
-        if self.log.is_some() && claims {
+        if claims {
             crash_point("commit:synced");
         }
         self.hub.publish(synced.into_iter().flatten());
