@@ -204,7 +204,6 @@ async fn a_slow_create_is_logged_with_its_steps_in_order() {
             "claim's configuration resolved",
             "claim locked",
             "pool's limits and quota checked",
-            "pool's lease settings read",
             "ClaimVM sent",
             "pending record handed to the store",
             "ClaimVM answered",

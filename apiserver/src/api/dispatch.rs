@@ -303,8 +303,9 @@ async fn route(resources: &Resources, request: Request) -> Result<Response, ApiE
         .get(info.resource.as_str())
         .ok_or_else(|| not_found(&info))?;
     let resource = endpoint.info();
-    check_scope(resource, &info)?;
-    let verb = check_verb(resource, &info, &parts.method)?;
+    let asked = info.resource_verb();
+    check_scope(resource, &info, asked)?;
+    let verb = check_verb(resource, &info, asked, &parts.method)?;
     let body = axum::body::to_bytes(Body::new(body), MAX_BODY_BYTES)
         .await
         .map_err(|_| {
@@ -327,6 +328,7 @@ async fn route(resources: &Resources, request: Request) -> Result<Response, ApiE
         _ => None,
     };
     let long_running = watch_slot.is_some();
+    let timeout = limiter.request_timeout();
     let call = endpoint.handle(Call {
         ctx,
         info,
@@ -340,7 +342,7 @@ async fn route(resources: &Resources, request: Request) -> Result<Response, ApiE
         return call.await;
     }
     // A bind outlives its request, so giving up here leaves nothing half done.
-    tokio::time::timeout(limiter.request_timeout(), call)
+    tokio::time::timeout(timeout, call)
         .await
         .unwrap_or_else(|_| Err(limits::timed_out()))
 }
@@ -350,9 +352,13 @@ fn not_found(info: &RequestInfo) -> ApiError {
     ApiError::no_route(Some(&info.path))
 }
 
-fn check_scope(resource: &ResourceInfo, info: &RequestInfo) -> Result<(), ApiError> {
+fn check_scope(
+    resource: &ResourceInfo,
+    info: &RequestInfo,
+    verb: Option<Verb>,
+) -> Result<(), ApiError> {
     let collection_verb = matches!(
-        info.resource_verb(),
+        verb,
         Some(Verb::List | Verb::Watch | Verb::DeleteCollection)
     );
     match resource.scope {
@@ -367,9 +373,10 @@ fn check_scope(resource: &ResourceInfo, info: &RequestInfo) -> Result<(), ApiErr
 fn check_verb(
     resource: &ResourceInfo,
     info: &RequestInfo,
+    verb: Option<Verb>,
     method: &http::Method,
 ) -> Result<Verb, ApiError> {
-    let Some(verb) = info.resource_verb() else {
+    let Some(verb) = verb else {
         return Err(ApiError::method_not_allowed(resource, &info.verb));
     };
     // The `/watch/` prefix makes any method a watch in request info; Go serves only GET

@@ -1,5 +1,6 @@
 //! The one question exec and port-forward ask of the claims before a session opens: may
-//! this user act on this claim (only its Holder may), and where is its MicroVM.
+//! this user act on this claim (only its Holder may, as for renewing its lease), and
+//! where is its MicroVM.
 
 use battery_api_machinery::status::ApiError;
 use battery_types::MicroVMClaimStatus;
@@ -7,7 +8,6 @@ use battery_types::conditions::{self, ClaimHostReadyReason, ConditionStatus};
 use futures::future::BoxFuture;
 
 use super::exec::{ClaimSessions, Target};
-use super::lease::check_holder;
 use super::read::Ask;
 use super::record::{ClaimRecord, info, key, object};
 use super::storage::ClaimStorage;
@@ -32,6 +32,30 @@ impl ClaimSessions for ClaimStorage {
     ) -> BoxFuture<'a, ApiError> {
         Box::pin(self.session_refused(namespace, name, error))
     }
+}
+
+/// Only the claim's Holder may renew its lease (or exec into its MicroVM): being allowed
+/// to write `microvmclaims/lease` is not enough.
+pub(super) fn check_holder(
+    ctx: &RequestContext,
+    record: &ClaimRecord,
+    action: &str,
+) -> Result<(), ApiError> {
+    let namespace = record.metadata.namespace.as_deref().unwrap_or_default();
+    let holder =
+        battery_types::service_account_username(namespace, &record.spec.service_account_name);
+    if ctx.user.name == holder {
+        return Ok(());
+    }
+    let name = record.metadata.name.as_deref().unwrap_or_default();
+    Err(ApiError::forbidden_object(
+        info(),
+        name,
+        format_args!(
+            "User \"{}\" cannot {action} this claim: only its Holder {holder} may",
+            ctx.user.name
+        ),
+    ))
 }
 
 /// Why the claim's Host cannot run an exec, when its agent said so (`HostReady` False).
@@ -107,8 +131,7 @@ impl ClaimStorage {
         }
         // The Host's current address: its agent may have registered after the bind.
         let agent_address = self
-            .pools
-            .hosts()
+            .hosts
             .agent_address(&host.node_name)?
             .or_else(|| host.agent_address.clone())
             .ok_or_else(|| {

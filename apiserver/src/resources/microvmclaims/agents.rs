@@ -24,8 +24,7 @@ impl ClaimStorage {
                 continue;
             };
             let address = self
-                .pools
-                .hosts()
+                .hosts
                 .agent_address(&host.node_name)?
                 .or(host.agent_address);
             if let Some(address) = address {

@@ -181,20 +181,18 @@ impl ClaimStorage {
                 &name,
             )));
         }
+        // Usually cached; a Pool battery lacks is ClaimVM's to refuse.
+        let settings = self.pools.bind_settings(&namespace, &pool).await.ok();
         // Before anything is leased: a claim asking for more than its Pool allows leaves
-        // nothing. A Pool battery lacks is ClaimVM's to refuse.
-        let pool_limits = self
-            .pools
-            .claim_limits(&namespace, &pool)
-            .await
-            .ok()
-            .flatten();
+        // nothing.
+        let pool_limits = settings.as_ref().and_then(|s| s.claim_limits.as_ref());
         let (idle_timeout, max_lifetime) = claim
             .spec
-            .limits_on(pool_limits.as_ref())
+            .limits_on(pool_limits)
             .map_err(|errors| BindFailure::refused(ApiError::invalid(info(), &name, &errors)))?;
         // Held until the claim is recorded Bound (or the bind fails), so quotas count it.
-        let usage = self.quotas.usage_of(&self.pools, &namespace, &pool).await;
+        let vm_size = settings.as_ref().map(|s| (s.vcpu, s.memory_in_mb));
+        let usage = self.quotas.usage_of(vm_size);
         let _reservation = match usage {
             Some(usage) => self
                 .quotas
@@ -207,14 +205,12 @@ impl ClaimStorage {
         let request_id = request_id(&uid);
         // Until the claim is recorded: `recover` leaves its lease alone meanwhile.
         let _in_flight = self.binds_in_flight.enter(&request_id);
-        // Usually cached; a Pool battery lacks is ClaimVM's to refuse.
-        let settings = self.pools.lease_settings(&namespace, &pool).await.ok();
-        let threshold = settings.as_ref().map(|s| s.expiry_threshold);
-        trace.step("pool's lease settings read");
+        let lease_settings = settings.map(|s| s.lease);
+        let threshold = lease_settings.as_ref().map(|s| s.expiry_threshold);
         let mut finish = Finish {
             secrets: LeaseRecord {
                 lease: None,
-                duration_seconds: settings.as_ref().and_then(lease_seconds),
+                duration_seconds: lease_settings.as_ref().and_then(lease_seconds),
                 usage,
                 token: None,
             },
@@ -361,7 +357,7 @@ impl ClaimStorage {
             }
             Recorded::Recovered => true,
         };
-        secrets.lease = Some(bind_status(claim, self.pools.hosts(), lease)?);
+        secrets.lease = Some(bind_status(claim, &self.hosts, lease)?);
         if let Some(status) = &mut claim.status {
             status.idle_timeout = idle_timeout;
             status.max_lifetime = max_lifetime;

@@ -81,7 +81,7 @@ impl ClaimStorage {
                 continue;
             };
             if !hosts.contains_key(&host) {
-                let readiness = self.pools.hosts().readiness(&host)?;
+                let readiness = self.hosts.readiness(&host)?;
                 hosts.insert(host.clone(), readiness);
             }
             let readiness = &hosts[&host];

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use battery_api_machinery::status::{ApiError, Reason};
 use battery_types::validation::{FieldError, FieldPath};
-use battery_types::{MicroVMClaim, ServiceAccountToken, TokenSettings};
+use battery_types::{MicroVMClaim, TokenSettings};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use secrecy::ExposeSecret as _;
@@ -42,23 +42,18 @@ pub(super) struct Minted {
 }
 
 impl ClaimStorage {
-    /// The token `claim`'s guest gets, if its Pool (`pool_token`) or it asks for one:
-    /// authorized as `user` (a `403` naming the ServiceAccount), its binding Secret
-    /// created, the token requested. A failure deletes the binding, so it leaves nothing.
+    /// The token `claim`'s guest gets, as its Pool or it asks (`settings`): authorized
+    /// as `user` (a `403` naming the ServiceAccount), its binding Secret created, the
+    /// token requested. A failure deletes the binding, so it leaves nothing.
     pub(super) async fn mint_token(
         &self,
         user: &UserInfo,
         claim: &MicroVMClaim,
-        pool_token: Option<&ServiceAccountToken>,
-    ) -> Result<Option<Minted>, ApiError> {
+        settings: TokenSettings,
+    ) -> Result<Minted, ApiError> {
         let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
         let name = claim.metadata.name.as_deref().unwrap_or_default();
         let uid = claim.metadata.uid.as_deref().unwrap_or_default();
-        let Some(settings) =
-            ServiceAccountToken::resolve(pool_token, claim.spec.service_account_token.as_ref())
-        else {
-            return Ok(None);
-        };
         let cluster = self.config.cluster_for_tokens()?.clone();
         let account = claim.spec.service_account_name.as_str();
         self.config
@@ -96,7 +91,7 @@ impl ClaimStorage {
                     err => unavailable("request its ServiceAccount's token", &err),
                 })?;
             Ok(Minted {
-                settings: settings.clone(),
+                settings,
                 ca,
                 issued,
             })
@@ -105,7 +100,7 @@ impl ClaimStorage {
         if minted.is_err() {
             self.config.end_token(namespace.to_owned(), uid.to_owned());
         }
-        minted.map(Some)
+        minted
     }
 
     /// Writes a minted token, the CA and the namespace into the bound claim's guest.

@@ -10,6 +10,7 @@ use battery_types::conditions::ClaimBoundReason;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 
+use super::access::check_holder;
 use super::read::expire;
 use super::record::{ClaimRecord, info, key, object};
 use super::storage::ClaimStorage;
@@ -86,30 +87,6 @@ fn ended(record: &ClaimRecord) -> ApiError {
         }
         _ => lease_expired(namespace, name),
     }
-}
-
-/// Only the claim's Holder may renew its lease (or exec into its MicroVM): being allowed
-/// to write `microvmclaims/lease` is not enough.
-pub fn check_holder(
-    ctx: &RequestContext,
-    record: &ClaimRecord,
-    action: &str,
-) -> Result<(), ApiError> {
-    let namespace = record.metadata.namespace.as_deref().unwrap_or_default();
-    let holder =
-        battery_types::service_account_username(namespace, &record.spec.service_account_name);
-    if ctx.user.name == holder {
-        return Ok(());
-    }
-    let name = record.metadata.name.as_deref().unwrap_or_default();
-    Err(ApiError::forbidden_object(
-        info(),
-        name,
-        format_args!(
-            "User \"{}\" cannot {action} this claim: only its Holder {holder} may",
-            ctx.user.name
-        ),
-    ))
 }
 
 impl Subresource for ClaimLeases {

@@ -18,7 +18,7 @@
 use battery_api_machinery::status::ApiError;
 use battery_api_machinery::table::TableColumnDefinition;
 use battery_types::validation::FieldError;
-use battery_types::{MicroVMClaim, MicroVMClaimSpec};
+use battery_types::{MicroVMClaim, MicroVMClaimSpec, ServiceAccountToken};
 use serde_json::Value;
 
 use super::check_resource_version;
@@ -160,9 +160,14 @@ impl Storage for ClaimStorage {
         }
         // As the requesting user and before anything is leased: a refusal leaves nothing.
         let resolved = self.config.resolve(&ctx.user, &claim).await?;
-        let minted = self
-            .mint_token(&ctx.user, &claim, pool.service_account_token.as_ref())
-            .await?;
+        let token = ServiceAccountToken::resolve(
+            pool.service_account_token.as_ref(),
+            claim.spec.service_account_token.as_ref(),
+        );
+        let minted = match token {
+            Some(settings) => Some(self.mint_token(&ctx.user, &claim, settings).await?),
+            None => None,
+        };
         ctx.trace.step("claim's configuration resolved");
         let this = self.clone();
         let trace = ctx.trace.clone();

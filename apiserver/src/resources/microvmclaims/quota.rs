@@ -32,7 +32,6 @@ use super::record::Usage;
 use super::record::{ClaimRecord, RESOURCE, info};
 use crate::meta_store::{Key, MetaStore};
 use crate::resources::KeyLocks;
-use crate::resources::pools::PoolStorage;
 
 /// The standard object-count name for claims.
 pub const COUNT: &str = "count/microvmclaims.battery.liquidmetal-x.dev";
@@ -313,21 +312,12 @@ impl ClaimQuotas {
         self.source.is_some()
     }
 
-    /// What a claim on `pool` will use, for quotas; `None` where none apply (`dev`).
-    pub async fn usage_of(
-        &self,
-        pools: &PoolStorage,
-        namespace: &str,
-        pool: &str,
-    ) -> Option<Usage> {
-        if !self.enabled() {
-            return None;
-        }
-        // A Pool battery lacks is ClaimVM's to refuse: the claim then counts only itself.
-        Some(match pools.vm_size(namespace, pool).await {
-            Ok((vcpu, memory_in_mb)) => Usage::of_vm(vcpu, memory_in_mb),
-            Err(_) => Usage::default(),
-        })
+    /// What a claim on a Pool of MicroVMs of `vm_size` (vCPUs, MiB) will use, for quotas;
+    /// `None` where none apply (`dev`). A Pool battery lacks is ClaimVM's to refuse: the
+    /// claim then counts only itself.
+    pub fn usage_of(&self, vm_size: Option<(i32, i32)>) -> Option<Usage> {
+        self.enabled()
+            .then(|| vm_size.map_or_else(Usage::default, |(vcpu, mib)| Usage::of_vm(vcpu, mib)))
     }
 
     /// Admits the bind of claim `name` (`uid`) using `usage` against every quota of

@@ -22,6 +22,7 @@ use super::token::Rotations;
 use crate::battery::{BatteryClient, BatteryEvent};
 use crate::meta_store::MetaStore;
 use crate::metrics::Metrics;
+use crate::resources::hosts::HostDirectory;
 use crate::resources::pools::PoolStorage;
 use crate::resources::{KeyLocks, commit};
 use crate::watch::ChangeType;
@@ -66,6 +67,8 @@ pub struct ClaimStorage {
     pub(super) battery: BatteryClient,
     pub(super) store: Arc<MetaStore>,
     pub(super) pools: Arc<PoolStorage>,
+    /// The Hosts, for where a claim's MicroVM runs and its agent listens.
+    pub(super) hosts: Arc<HostDirectory>,
     pub(super) locks: Arc<KeyLocks>,
     /// battery's events, so a bind waiting for a MicroVM wakes on `VM_AVAILABLE`.
     pub(super) events: broadcast::Sender<BatteryEvent>,
@@ -112,6 +115,7 @@ impl ClaimStorage {
         Self {
             battery,
             store: store.clone(),
+            hosts: pools.hosts().clone(),
             pools,
             locks: Arc::default(),
             events,

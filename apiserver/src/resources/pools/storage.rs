@@ -40,11 +40,11 @@ pub(super) fn counts(status: &PoolStatus) -> PoolCounts {
 /// What a bind reads of its Pool: the lease settings, the limits on its claims and the
 /// size of its MicroVMs.
 #[derive(Debug, Clone)]
-struct BindSettings {
-    lease: LeaseSettings,
-    claim_limits: Option<ClaimLimits>,
-    vcpu: i32,
-    memory_in_mb: i32,
+pub(crate) struct BindSettings {
+    pub(crate) lease: LeaseSettings,
+    pub(crate) claim_limits: Option<ClaimLimits>,
+    pub(crate) vcpu: i32,
+    pub(crate) memory_in_mb: i32,
 }
 
 impl BindSettings {
@@ -190,36 +190,13 @@ impl PoolStorage {
         Ok(self.assemble(record, pool))
     }
 
-    /// The Pool's lease settings, read from battery only when not seen lately.
-    pub(crate) async fn lease_settings(
+    /// What a bind reads of the Pool, from battery only when not seen lately (the limits
+    /// on its claims are ours, but they ride with the read this caches).
+    pub(crate) async fn bind_settings(
         &self,
         namespace: &str,
         name: &str,
-    ) -> Result<LeaseSettings, ApiError> {
-        Ok(self.settings_of(namespace, name).await?.lease)
-    }
-
-    /// The limits the Pool sets on its claims' lives, read from battery only when not
-    /// seen lately (they are ours, but the read is the one `settings_of` caches).
-    pub(crate) async fn claim_limits(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Option<ClaimLimits>, ApiError> {
-        Ok(self.settings_of(namespace, name).await?.claim_limits)
-    }
-
-    /// The vCPUs and memory (MiB) of the Pool's MicroVMs, for quotas on claims.
-    pub(crate) async fn vm_size(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Result<(i32, i32), ApiError> {
-        let settings = self.settings_of(namespace, name).await?;
-        Ok((settings.vcpu, settings.memory_in_mb))
-    }
-
-    async fn settings_of(&self, namespace: &str, name: &str) -> Result<BindSettings, ApiError> {
+    ) -> Result<BindSettings, ApiError> {
         if let Some(settings) = self.bind_settings.get(&key(namespace, name)) {
             return Ok(settings);
         }
@@ -361,7 +338,7 @@ impl PoolStorage {
     }
 
     /// The Hosts Pools are placed on, for what a claim's status shows of its Host.
-    pub fn hosts(&self) -> &HostDirectory {
+    pub fn hosts(&self) -> &Arc<HostDirectory> {
         &self.hosts
     }
 }

@@ -12,6 +12,7 @@ pub(in crate::resources::microvmclaims) mod session;
 mod sessions;
 mod target;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use battery_api_machinery::params::decode_query;
@@ -40,6 +41,9 @@ pub struct ExecOptions {
     container: String,
     env: Vec<String>,
     working_dir: String,
+    /// `env` as the variables it sets, read once by `parse`.
+    #[serde(skip)]
+    variables: HashMap<String, String>,
 }
 
 impl ExecOptions {
@@ -60,12 +64,12 @@ impl ExecOptions {
             ));
         }
         options.attached().required()?;
-        options.environment()?;
+        options.variables = options.environment()?;
         Ok(options)
     }
 
     /// `env` as the variables it sets; a later `NAME=` wins, as in a shell.
-    fn environment(&self) -> Result<std::collections::HashMap<String, String>, ApiError> {
+    fn environment(&self) -> Result<HashMap<String, String>, ApiError> {
         self.env
             .iter()
             .map(|pair| match pair.split_once('=') {
@@ -116,6 +120,7 @@ impl SessionSubresource for ClaimExec {
         let permit = self.sessions.admit()?;
         let target = self.claims.target(ctx, name, "exec into").await?;
         let command = format!("[{}]", options.command.join(" "));
+        let attached = options.attached();
         let opened = self
             .relay
             .open(
@@ -124,9 +129,9 @@ impl SessionSubresource for ClaimExec {
                 ExecOpen {
                     claim: target.claim.clone(),
                     microvm_uid: target.microvm_uid,
-                    command: options.command.clone(),
-                    env: super::config::session_env(&target.env, options.environment()?),
-                    working_dir: options.working_dir.clone(),
+                    command: options.command,
+                    env: super::config::session_env(&target.env, options.variables),
+                    working_dir: options.working_dir,
                     stdin: options.stdin,
                     stdout: options.stdout,
                     stderr: options.stderr,
@@ -144,7 +149,7 @@ impl SessionSubresource for ClaimExec {
         };
         Ok(Session {
             protocol,
-            attached: options.attached(),
+            attached,
             tty: options.tty,
             command,
             relay,
