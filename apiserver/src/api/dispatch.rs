@@ -298,12 +298,12 @@ async fn dispatch(State(resources): State<Arc<Resources>>, request: Request) -> 
 async fn route(resources: &Resources, request: Request) -> Result<Response, ApiError> {
     let (parts, body) = request.into_parts();
     let info = request_info::of(&parts.extensions)?.clone();
+    let asked = info.resource_verb();
     let endpoint = resources
         .endpoints
         .get(info.resource.as_str())
         .ok_or_else(|| not_found(&info))?;
     let resource = endpoint.info();
-    let asked = info.resource_verb();
     check_scope(resource, &info, asked)?;
     let verb = check_verb(resource, &info, asked, &parts.method)?;
     let body = axum::body::to_bytes(Body::new(body), MAX_BODY_BYTES)

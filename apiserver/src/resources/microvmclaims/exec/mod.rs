@@ -114,13 +114,12 @@ impl SessionSubresource for ClaimExec {
         &self,
         ctx: &RequestContext,
         name: &str,
-        options: ExecOptions,
+        mut options: ExecOptions,
         protocol: Protocol,
     ) -> Result<Session, ApiError> {
         let permit = self.sessions.admit()?;
         let target = self.claims.target(ctx, name, "exec into").await?;
         let command = format!("[{}]", options.command.join(" "));
-        let attached = options.attached();
         let opened = self
             .relay
             .open(
@@ -129,9 +128,12 @@ impl SessionSubresource for ClaimExec {
                 ExecOpen {
                     claim: target.claim.clone(),
                     microvm_uid: target.microvm_uid,
-                    command: options.command,
-                    env: super::config::session_env(&target.env, options.variables),
-                    working_dir: options.working_dir,
+                    command: std::mem::take(&mut options.command),
+                    env: super::config::session_env(
+                        &target.env,
+                        std::mem::take(&mut options.variables),
+                    ),
+                    working_dir: std::mem::take(&mut options.working_dir),
                     stdin: options.stdin,
                     stdout: options.stdout,
                     stderr: options.stderr,
@@ -149,7 +151,7 @@ impl SessionSubresource for ClaimExec {
         };
         Ok(Session {
             protocol,
-            attached,
+            attached: options.attached(),
             tty: options.tty,
             command,
             relay,
